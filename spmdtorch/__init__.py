@@ -1,0 +1,32 @@
+"""spmdtorch: run ordinary PyTorch programs sharded over every device with GSPMD.
+
+Example:
+    >>> import torch, spmdtorch
+    >>> x = torch.randn(4, 4, device="xla")
+    >>> y = (x @ x).sum()
+    >>> spmdtorch.sync()
+    >>> y.item() == y.item()
+    True
+"""
+
+from spmdtorch import runtime as runtime
+
+runtime._apply_pjrt_device_env()
+
+from spmdtorch import ops as _ops  # noqa: E402  (fills the lowering table)
+from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402
+
+_device_mode.install()
+
+from spmdtorch import debug  # noqa: E402
+from spmdtorch.lazy.rng import manual_seed  # noqa: E402
+from spmdtorch.lazy.step import mark_step, step, sync, wait_device_ops  # noqa: E402
+from spmdtorch.runtime import device, device_count, devices  # noqa: E402
+from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "XlaTensor", "debug", "device", "device_count", "devices", "manual_seed",
+    "mark_step", "runtime", "step", "sync", "wait_device_ops",
+]

@@ -1,0 +1,100 @@
+"""Debugging: metrics, counters, HLO of the pending graph.
+
+Mirrors ``torch_xla.debug.metrics``: ``metrics_report()``, ``counter_value``,
+``metric_data``; plus ``get_hlo_text``/``get_stablehlo`` for the graph that the
+next barrier would run. Set ``SPMDTORCH_LOG_RECOMPILES=1`` (or enable INFO on
+the ``spmdtorch.compile`` logger) to get a line on every recompilation saying
+which input changed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from spmdtorch.lazy import metrics
+from spmdtorch.lazy.graph import LazyRef
+
+__all__ = [
+    "metrics_report", "counter_names", "counter_value", "metric_names", "metric_data",
+    "clear_metrics", "get_hlo_text", "get_stablehlo", "log_recompiles",
+]
+
+
+def counter_names() -> list[str]:
+    return sorted(metrics.counters)
+
+
+def counter_value(name: str) -> int:
+    """Current value of counter ``name`` (0 if it never fired).
+
+    Example:
+        >>> from spmdtorch import debug
+        >>> debug.counter_value("UncachedCompile") >= 0
+        True
+    """
+    return metrics.counters.get(name, 0)
+
+
+def metric_names() -> list[str]:
+    return sorted(metrics.timers)
+
+
+def metric_data(name: str):
+    """``(count, total_seconds, max_seconds)`` of timer ``name``, or None."""
+    entry = metrics.timers.get(name)
+    return None if entry is None else tuple(entry)
+
+
+def clear_metrics() -> None:
+    metrics.reset()
+
+
+def metrics_report() -> str:
+    """A text report of every timer and counter (compiles, executions, transfers…)."""
+    lines = []
+    for name in sorted(metrics.timers):
+        count, total, peak = metrics.timers[name]
+        lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {total * 1e3:.3f}ms\n"
+                     f"  Mean: {total / count * 1e3:.3f}ms\n  Max: {peak * 1e3:.3f}ms")
+    for name in sorted(metrics.counters):
+        lines.append(f"Counter: {name}\n  Value: {metrics.counters[name]}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _pending_refs(tensors):
+    from spmdtorch.tensor.dispatch import read_value
+    from spmdtorch.tensor.xla_tensor import XlaTensor
+
+    refs = []
+    for t in tensors:
+        if not isinstance(t, XlaTensor):
+            raise TypeError(f"get_hlo_text expects xla tensors, got {type(t).__name__}")
+        v = read_value(t)
+        if isinstance(v, LazyRef):  # concrete tensors have no pending graph
+            refs.append(v)
+    return refs
+
+
+def get_hlo_text(tensors) -> str:
+    """HLO text of the pending graph computing ``tensors`` (before partitioning)."""
+    from spmdtorch.lazy import executor
+
+    refs = _pending_refs(tensors)
+    if not refs:
+        return ""
+    return executor.lower(refs).as_text(dialect="hlo")
+
+
+def get_stablehlo(tensors) -> str:
+    """StableHLO (MLIR text) of the pending graph computing ``tensors``."""
+    from spmdtorch.lazy import executor
+
+    refs = _pending_refs(tensors)
+    if not refs:
+        return ""
+    return executor.lower(refs).as_text()
+
+
+def log_recompiles(enabled: bool = True) -> None:
+    """Log a line on every recompilation saying which input changed."""
+    logging.getLogger("spmdtorch.compile").setLevel(logging.INFO if enabled else logging.WARNING)

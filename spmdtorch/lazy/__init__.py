@@ -1,0 +1,1 @@
+"""The lazy engine: graph recording, graph keys, compile cache, execution, metrics."""

@@ -1,0 +1,278 @@
+"""Turning pending lazy values into one compiled program, and running it.
+
+``sync()`` gathers every live storage with a pending value, walks the graph
+behind them once (post-order), builds a structural key — op names, static
+arguments, input wiring, and the shape/dtype/sharding of each input — and
+looks it up in the compile cache. A training loop therefore compiles once per
+distinct step structure. Inputs whose storage was overwritten in this step are
+donated so that parameters are not held twice. Executions are asynchronous;
+at most ``MAX_IN_FLIGHT`` are queued so that XLA's CPU client cannot deadlock
+on collectives (DESIGN.md, Known hazards).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from spmdtorch.lazy import metrics, rng
+from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
+from spmdtorch.tensor import xla_tensor
+
+__all__ = ["sync", "evaluate", "lower", "MAX_IN_FLIGHT", "LoweringError"]
+
+log = logging.getLogger("spmdtorch.compile")
+
+# Blocking on the oldest result once this many executions are queued keeps the
+# CPU client's thread pool from filling with executions waiting on collectives.
+MAX_IN_FLIGHT = int(os.environ.get("SPMDTORCH_MAX_IN_FLIGHT", "8"))
+
+_INFLIGHT: collections.deque = collections.deque()
+_CACHE: dict = {}
+_last_key = None
+
+
+class LoweringError(RuntimeError):
+    """A lowering returned a value whose shape disagrees with torch's meta kernel."""
+
+
+def _fill(x, vals):
+    t = type(x)
+    if t is Slot:
+        return vals[x.i]
+    if t is tuple:
+        return tuple(_fill(y, vals) for y in x)
+    return x
+
+
+class _Plan:
+    """The graph behind a set of roots, in post-order, with its cache key."""
+
+    __slots__ = ("nodes", "codes", "leaves", "outputs", "key", "has_random")
+
+    def __init__(self, refs):
+        node_ids: dict = {}
+        leaf_ids: dict = {}
+        nodes, codes, leaves, entries = [], [], [], []
+        has_random = False
+        for ref in refs:
+            stack = [ref.node]
+            while stack:
+                n = stack[-1]
+                if id(n) in node_ids:
+                    stack.pop()
+                    continue
+                missing = [i.node for i in n.inputs if type(i) is LazyRef and id(i.node) not in node_ids]
+                if missing:
+                    stack.extend(missing)
+                    continue
+                stack.pop()
+                c = []
+                for i in n.inputs:
+                    if type(i) is LazyRef:
+                        c.append((node_ids[id(i.node)], i.index))
+                    else:
+                        lid = leaf_ids.get(id(i))
+                        if lid is None:
+                            lid = leaf_ids[id(i)] = len(leaves)
+                            leaves.append(i)
+                        c.append(-1 - lid)
+                c = tuple(c)
+                node_ids[id(n)] = len(nodes)
+                nodes.append(n)
+                codes.append(c)
+                has_random |= n.random
+                entries.append((n.name, n.static_key, n.random, c))
+        self.nodes = nodes
+        self.codes = codes
+        self.leaves = leaves
+        self.outputs = tuple((node_ids[id(r.node)], r.index) for r in refs)
+        self.has_random = has_random
+        self.key = (tuple(entries), self.outputs)
+
+
+def _leaf_sig(leaf):
+    if type(leaf) is Scalar:
+        return ("S", type(leaf.value))
+    return (leaf.shape, leaf.dtype, leaf.sharding)
+
+
+def _make_fn(plan: _Plan):
+    nodes = [(n.fn, n.template, n.random, n.out_avals, n.name) for n in plan.nodes]
+    codes = plan.codes
+    outputs = plan.outputs
+    n_leaves = len(plan.leaves)
+
+    def run(*args):
+        leaf_vals = args[:n_leaves]
+        key = None
+        if plan_has_random:
+            kd = args[n_leaves]
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.key(kd[0]), kd[1]), kd[2])
+        env = []
+        for idx, ((fn, template, random, avals, name), code) in enumerate(zip(nodes, codes)):
+            vals = [env[c[0]][c[1]] if type(c) is tuple else leaf_vals[-1 - c] for c in code]
+            a_t, kw_t = template
+            call_args = _fill(a_t, vals)
+            call_kwargs = {k: _fill(v, vals) for k, v in kw_t}
+            if random:
+                call_kwargs["key"] = jax.random.fold_in(key, idx)
+            out = fn(*call_args, **call_kwargs)
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            fixed = []
+            for o, (shape, dtype) in zip(outs, avals):
+                o = jnp.asarray(o)
+                if o.dtype != dtype:
+                    o = o.astype(dtype)
+                if tuple(o.shape) != tuple(shape):
+                    raise LoweringError(
+                        f"lowering of {name} returned shape {tuple(o.shape)}, torch expects {tuple(shape)}"
+                    )
+                fixed.append(o)
+            env.append(fixed)
+        return [env[n][i] for n, i in outputs]
+
+    plan_has_random = plan.has_random
+    return run
+
+
+class _Program:
+    __slots__ = ("compiled", "lowered", "n_leaves")
+
+
+def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple):
+    global _last_key
+    leaf_sigs = tuple(_leaf_sig(leaf) for leaf in plan.leaves)
+    key = (plan.key, leaf_sigs, donate, out_shardings)
+    prog = _CACHE.get(key)
+    if prog is not None:
+        metrics.inc("CachedCompile")
+        return prog, key
+    metrics.inc("UncachedCompile")
+    if log.isEnabledFor(logging.INFO) or os.environ.get("SPMDTORCH_LOG_RECOMPILES"):
+        _log_recompile(_last_key, key)
+    _last_key = key
+    start = time.perf_counter()
+    fn = _make_fn(plan)
+    donate_idx = tuple(i for i, d in enumerate(donate) if d)
+    jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings))
+    args = _call_args(plan)
+    with warnings.catch_warnings():
+        # Donated buffers that XLA cannot reuse for an output are harmless.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jitted.lower(*args)
+        compiled = lowered.compile()
+    prog = _Program()
+    prog.compiled = compiled
+    prog.lowered = lowered
+    prog.n_leaves = len(plan.leaves)
+    _CACHE[key] = prog
+    metrics.add_time("CompileTime", time.perf_counter() - start)
+    return prog, key
+
+
+def _log_recompile(old, new):
+    """Say which input made this graph miss the cache (opt-in)."""
+    if old is None:
+        msg = "first compilation"
+    elif old[0] != new[0]:
+        o, n = old[0][0], new[0][0]
+        first = next((i for i, (a, b) in enumerate(zip(o, n)) if a != b), min(len(o), len(n)))
+        what = n[first][0] if first < len(n) else "(end)"
+        msg = f"graph structure changed: {len(o)} -> {len(n)} ops, first difference at op {first} ({what})"
+    elif old[1] != new[1]:
+        diffs = []
+        for i, (a, b) in enumerate(zip(old[1], new[1])):
+            if a != b:
+                names = ("shape", "dtype", "sharding")
+                for k, (x, y) in enumerate(zip(a, b)):
+                    if x != y and k < 3:
+                        diffs.append(f"input {i} {names[k] if a[0] != 'S' else 'scalar type'}: {x} -> {y}")
+        if len(old[1]) != len(new[1]):
+            diffs.append(f"number of inputs: {len(old[1])} -> {len(new[1])}")
+        msg = "; ".join(diffs[:5]) or "inputs changed"
+    else:
+        msg = "donation or output shardings changed"
+    line = f"spmdtorch: recompiling ({msg})"
+    log.warning(line)
+
+
+def _call_args(plan: _Plan) -> list:
+    args = [leaf.value if type(leaf) is Scalar else leaf for leaf in plan.leaves]
+    if plan.has_random:
+        args.append(rng.next_key_data())
+    return args
+
+
+def _run(refs, storages):
+    """Compile (or reuse) and run the program computing ``refs``."""
+    plan = _Plan(refs)
+    donate = tuple(
+        type(leaf) is not Scalar and xla_tensor.holder_of(leaf) is None for leaf in plan.leaves
+    )
+    have_arrays = any(type(leaf) is not Scalar for leaf in plan.leaves)
+    from spmdtorch.tensor.transfer import replicated_sharding
+
+    default = None if have_arrays else replicated_sharding()
+    out_shardings = tuple(
+        (st.sharding if st is not None and st.sharding is not None else default) for st in storages
+    )
+    prog, _ = _program_for(plan, donate, out_shardings)
+    args = _call_args(plan)
+    metrics.inc("ExecuteCount")
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        outs = prog.compiled(*args)
+    metrics.add_time("ExecuteTime", time.perf_counter() - start)
+    if outs:
+        _INFLIGHT.append(outs[0])
+        while len(_INFLIGHT) > MAX_IN_FLIGHT:
+            _INFLIGHT.popleft().block_until_ready()
+    return outs
+
+
+def sync(wait: bool = False) -> None:
+    """Compute every pending live tensor in one compiled program.
+
+    Args:
+        wait: block until the results are ready (otherwise execution is async).
+    """
+    metrics.inc("MarkStep")
+    storages = [st for st in list(xla_tensor._PENDING) if isinstance(st.value, LazyRef)]
+    xla_tensor._PENDING.clear()
+    if storages:
+        refs = [st.value for st in storages]
+        try:
+            outs = _run(refs, storages)
+        except BaseException:
+            for st in storages:
+                xla_tensor._PENDING.add(st)
+            raise
+        for st, arr in zip(storages, outs):
+            st.set(arr)
+    if wait:
+        while _INFLIGHT:
+            _INFLIGHT.popleft().block_until_ready()
+
+
+def evaluate(ref: LazyRef) -> jax.Array:
+    """Compute one pending value that no storage holds (e.g. a view's slice)."""
+    return _run([ref], [None])[0]
+
+
+def lower(refs):
+    """``jax.stages.Lowered`` for the program computing ``refs`` (for debugging)."""
+    plan = _Plan(refs)
+    fn = _make_fn(plan)
+    return jax.jit(fn).lower(*_call_args(plan))
+
+
+def reset_cache() -> None:
+    _CACHE.clear()

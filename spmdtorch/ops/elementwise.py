@@ -1,0 +1,548 @@
+"""Elementwise unary and binary math, comparisons, logical and bitwise ops.
+
+Low-precision floats (bf16/f16) are computed in float32 (as torch's CPU and
+CUDA kernels do) and the engine rounds the result to the output dtype torch's
+meta kernel reports, so lowerings here care about precision and integer
+semantics, not about reproducing type promotion exactly.
+
+``Scalar`` arguments may be Python numbers or 0-d JAX arrays (lifted by the
+engine), so nothing here branches on a scalar's value in Python.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spmdtorch.ops._util import is_float, is_int, upcast
+from spmdtorch.ops.registry import register
+
+
+def _unary_float(*names, fn):
+    """Register a float-valued unary op computed in >= float32."""
+
+    def lower(self):
+        return fn(upcast(self))
+
+    register(*names)(lower)
+    return lower
+
+
+# Transcendental / float-valued unary ops: integer inputs give float outputs
+# in torch, and upcast() also maps ints to float32.
+for _name, _fn in {
+    "exp": jnp.exp,
+    "exp2": jnp.exp2,
+    "expm1": jnp.expm1,
+    "log": jnp.log,
+    "log2": jnp.log2,
+    "log10": jnp.log10,
+    "log1p": jnp.log1p,
+    "sqrt": jnp.sqrt,
+    "rsqrt": lax.rsqrt,
+    "sin": jnp.sin,
+    "cos": jnp.cos,
+    "tan": jnp.tan,
+    "asin": jnp.arcsin,
+    "acos": jnp.arccos,
+    "atan": jnp.arctan,
+    "sinh": jnp.sinh,
+    "cosh": jnp.cosh,
+    "tanh": jnp.tanh,
+    "asinh": jnp.arcsinh,
+    "acosh": jnp.arccosh,
+    "atanh": jnp.arctanh,
+    "sigmoid": jax.nn.sigmoid,
+    "erf": jax.scipy.special.erf,
+    "erfc": jax.scipy.special.erfc,
+    "erfinv": jax.scipy.special.erfinv,
+    "lgamma": jax.scipy.special.gammaln,
+    "digamma": jax.scipy.special.digamma,
+    "i0": jax.scipy.special.i0,
+    "special_i0e": jax.scipy.special.i0e,
+    "special_i1": jax.scipy.special.i1,
+    "special_i1e": jax.scipy.special.i1e,
+    "special_ndtri": jax.scipy.special.ndtri,
+    "special_erfcx": jax.scipy.special.erfcx,
+    "sinc": jnp.sinc,
+    "deg2rad": jnp.deg2rad,
+    "rad2deg": jnp.rad2deg,
+}.items():
+    _unary_float(f"{_name}.default", fn=_fn)
+
+
+@register("reciprocal.default")
+def _reciprocal(self):
+    return 1.0 / upcast(self)
+
+
+@register("abs.default")
+def _abs(self):
+    if self.dtype == jnp.bool_:
+        return self
+    return jnp.abs(self)
+
+
+@register("neg.default")
+def _neg(self):
+    return jnp.negative(self)
+
+
+@register("sign.default", "sgn.default")
+def _sign(self):
+    if self.dtype == jnp.bool_:
+        return self
+    return jnp.sign(self)
+
+
+@register("signbit.default")
+def _signbit(self):
+    return jnp.signbit(self)
+
+
+def _int_passthrough(fn):
+    # floor/ceil/trunc/round are the identity on integers (and jnp.floor would
+    # turn them into floats).
+    def lower(self):
+        if is_int(self):
+            return self
+        return fn(self)
+
+    return lower
+
+
+register("floor.default")(_int_passthrough(jnp.floor))
+register("ceil.default")(_int_passthrough(jnp.ceil))
+register("trunc.default", "fix.default")(_int_passthrough(jnp.trunc))
+register("round.default")(_int_passthrough(jnp.round))  # half to even, as torch
+
+
+@register("round.decimals")
+def _round_decimals(self, *, decimals=0):
+    if is_int(self):
+        return self
+    # torch scales by 10**decimals, rounds half-to-even, and scales back.
+    x = upcast(self)
+    scale = 10.0 ** decimals
+    if decimals >= 0:
+        return jnp.round(x * scale) / scale
+    return jnp.round(x / (10.0 ** -decimals)) * (10.0 ** -decimals)
+
+
+@register("frac.default")
+def _frac(self):
+    return self - jnp.trunc(self)
+
+
+@register("isnan.default")
+def _isnan(self):
+    if is_int(self):
+        return jnp.zeros(jnp.shape(self), jnp.bool_)
+    return jnp.isnan(self)
+
+
+@register("isinf.default")
+def _isinf(self):
+    if is_int(self):
+        return jnp.zeros(jnp.shape(self), jnp.bool_)
+    return jnp.isinf(self)
+
+
+@register("isfinite.default")
+def _isfinite(self):
+    if is_int(self):
+        return jnp.ones(jnp.shape(self), jnp.bool_)
+    return jnp.isfinite(self)
+
+
+@register("isposinf.default")
+def _isposinf(self):
+    return jnp.isposinf(self) if is_float(self) else jnp.zeros(self.shape, jnp.bool_)
+
+
+@register("isneginf.default")
+def _isneginf(self):
+    return jnp.isneginf(self) if is_float(self) else jnp.zeros(self.shape, jnp.bool_)
+
+
+@register("nan_to_num.default")
+def _nan_to_num(self, nan=None, posinf=None, neginf=None):
+    if is_int(self):
+        return self
+    return jnp.nan_to_num(self, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@register("logit.default")
+def _logit(self, eps=None):
+    x = upcast(self)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1.0 - eps)
+    return jnp.log(x / (1.0 - x))
+
+
+# ---------------------------------------------------------------------------
+# Binary arithmetic
+
+
+def _alpha_mul(other, alpha):
+    # alpha is 1 most of the time; skipping the multiply keeps integer math
+    # exact and the graph small. A lifted (array) alpha always multiplies.
+    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 1:
+        return other
+    return other * alpha
+
+
+def _bin_operands(self, other):
+    """Upcast bf16/f16 operands so the op runs in float32, like torch."""
+    if (is_float(self) or is_float(other)) and not (
+        jnp.iscomplexobj(self) or jnp.iscomplexobj(other)
+    ):
+        return _f32_if_low(self), _f32_if_low(other)
+    return self, other
+
+
+def _f32_if_low(x):
+    if hasattr(x, "dtype") and jnp.dtype(x.dtype) in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32)
+    return x
+
+
+@register("add.Tensor", "add.Scalar")
+def _add(self, other, alpha=1):
+    if hasattr(self, "dtype") and self.dtype == jnp.bool_ and getattr(other, "dtype", None) == jnp.bool_:
+        return jnp.logical_or(self, other)  # bool + bool is "or" in torch
+    a, b = _bin_operands(self, other)
+    return a + _alpha_mul(b, alpha)
+
+
+@register("sub.Tensor", "sub.Scalar")
+def _sub(self, other, alpha=1):
+    a, b = _bin_operands(self, other)
+    return a - _alpha_mul(b, alpha)
+
+
+@register("rsub.Tensor", "rsub.Scalar")
+def _rsub(self, other, alpha=1):
+    a, b = _bin_operands(self, other)
+    return b - _alpha_mul(a, alpha)
+
+
+@register("mul.Tensor", "mul.Scalar")
+def _mul(self, other):
+    if getattr(self, "dtype", None) == jnp.bool_ and getattr(other, "dtype", None) == jnp.bool_:
+        return jnp.logical_and(self, other)
+    a, b = _bin_operands(self, other)
+    return a * b
+
+
+def _true_div(a, b):
+    a, b = _bin_operands(a, b)
+    if is_int(a) and is_int(b):
+        a = jnp.asarray(a, jnp.float32)
+        b = jnp.asarray(b, jnp.float32)
+    return jnp.true_divide(a, b)
+
+
+def _floor_div(a, b):
+    if is_int(a) and is_int(b):
+        return jnp.floor_divide(a, b)
+    a, b = _bin_operands(a, b)
+    return jnp.floor_divide(a, b)
+
+
+def _trunc_div(a, b):
+    if is_int(a) and is_int(b):
+        a, b = jnp.asarray(a), jnp.asarray(b)
+        dt = jnp.result_type(a, b)
+        # lax.div truncates toward zero on integers (C semantics).
+        return lax.div(a.astype(dt), b.astype(dt))
+    return jnp.trunc(_true_div(a, b))
+
+
+@register("div.Tensor", "div.Scalar")
+def _div(self, other):
+    return _true_div(self, other)
+
+
+@register("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode(self, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return _true_div(self, other)
+    if rounding_mode == "floor":
+        return _floor_div(self, other)
+    if rounding_mode == "trunc":
+        return _trunc_div(self, other)
+    raise ValueError(f"div: unknown rounding_mode {rounding_mode!r}")
+
+
+@register("floor_divide.default", "floor_divide.Scalar")
+def _floor_divide(self, other):
+    return _floor_div(self, other)
+
+
+@register("true_divide.Tensor", "true_divide.Scalar")
+def _true_divide(self, other):
+    return _true_div(self, other)
+
+
+@register("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")
+def _remainder(self, other):
+    # Python sign rule (result has the divisor's sign), same as jnp.remainder.
+    a, b = _bin_operands(self, other)
+    return jnp.remainder(a, b)
+
+
+@register("fmod.Tensor", "fmod.Scalar")
+def _fmod(self, other):
+    # C sign rule (result has the dividend's sign).
+    a, b = _bin_operands(self, other)
+    return jnp.fmod(a, b)
+
+
+@register("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
+def _pow(self, exponent):
+    # A Python int exponent keeps jnp's exact integer_pow path (x**2 as x*x).
+    if isinstance(exponent, int) and not isinstance(exponent, bool):
+        if is_int(self):
+            return jnp.power(self, exponent)
+        return jnp.power(_f32_if_low(self), exponent)
+    a, b = _bin_operands(self, exponent)
+    if is_int(a) and is_int(b):
+        return jnp.power(a, b)
+    return jnp.power(a, b)
+
+
+@register("float_power.Tensor_Tensor", "float_power.Tensor_Scalar", "float_power.Scalar")
+def _float_power(self, exponent):
+    return jnp.power(upcast(self), upcast(exponent))
+
+
+@register("atan2.default")
+def _atan2(self, other):
+    return jnp.arctan2(upcast(self), upcast(other))
+
+
+@register("hypot.default")
+def _hypot(self, other):
+    return jnp.hypot(upcast(self), upcast(other))
+
+
+@register("copysign.Tensor", "copysign.Scalar")
+def _copysign(self, other):
+    return jnp.copysign(upcast(self), upcast(other))
+
+
+@register("nextafter.default")
+def _nextafter(self, other):
+    return jnp.nextafter(self, other)
+
+
+@register("xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other")
+def _xlogy(self, other):
+    return jax.scipy.special.xlogy(upcast(self), upcast(other))
+
+
+@register("special_xlog1py.default")
+def _xlog1py(self, other):
+    return jax.scipy.special.xlog1py(upcast(self), upcast(other))
+
+
+@register("logaddexp.default")
+def _logaddexp(self, other):
+    return jnp.logaddexp(upcast(self), upcast(other))
+
+
+@register("logaddexp2.default")
+def _logaddexp2(self, other):
+    return jnp.logaddexp2(upcast(self), upcast(other))
+
+
+@register("maximum.default")
+def _maximum(self, other):
+    return jnp.maximum(self, other)  # propagates NaN, as torch
+
+
+@register("minimum.default")
+def _minimum(self, other):
+    return jnp.minimum(self, other)
+
+
+@register("fmax.default")
+def _fmax(self, other):
+    return jnp.fmax(self, other)  # ignores NaN
+
+
+@register("fmin.default")
+def _fmin(self, other):
+    return jnp.fmin(self, other)
+
+
+@register("clamp.default", "clamp.Tensor")
+def _clamp(self, min=None, max=None):
+    x = self
+    if min is not None:
+        x = jnp.maximum(x, min)
+    if max is not None:
+        # applied last, so min > max gives max everywhere, as torch does
+        x = jnp.minimum(x, max)
+    return x
+
+
+@register("clamp_min.default", "clamp_min.Tensor")
+def _clamp_min(self, min):
+    return jnp.maximum(self, min)
+
+
+@register("clamp_max.default", "clamp_max.Tensor")
+def _clamp_max(self, max):
+    return jnp.minimum(self, max)
+
+
+@register("lerp.Scalar", "lerp.Tensor")
+def _lerp(self, end, weight):
+    a, b = _bin_operands(self, end)
+    w = _f32_if_low(weight)
+    # torch switches formula at |w| < 0.5 for accuracy at both ends.
+    return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
+
+
+@register("addcmul.default")
+def _addcmul(self, tensor1, tensor2, *, value=1):
+    a, t1 = _bin_operands(self, tensor1)
+    _, t2 = _bin_operands(self, tensor2)
+    return a + value * t1 * t2
+
+
+@register("addcdiv.default")
+def _addcdiv(self, tensor1, tensor2, *, value=1):
+    a, t1 = _bin_operands(self, tensor1)
+    _, t2 = _bin_operands(self, tensor2)
+    return a + value * (t1 / t2)
+
+
+# ---------------------------------------------------------------------------
+# Comparisons, logical and bitwise ops
+
+
+for _name, _fn in {
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+}.items():
+
+    def _cmp(self, other, _fn=_fn):
+        return _fn(self, other)
+
+    register(f"{_name}.Tensor", f"{_name}.Scalar")(_cmp)
+
+
+@register("logical_not.default")
+def _logical_not(self):
+    return jnp.logical_not(self)
+
+
+@register("logical_and.default")
+def _logical_and(self, other):
+    return jnp.logical_and(self, other)
+
+
+@register("logical_or.default")
+def _logical_or(self, other):
+    return jnp.logical_or(self, other)
+
+
+@register("logical_xor.default")
+def _logical_xor(self, other):
+    return jnp.logical_xor(self, other)
+
+
+@register("bitwise_not.default")
+def _bitwise_not(self):
+    if self.dtype == jnp.bool_:
+        return jnp.logical_not(self)
+    return jnp.bitwise_not(self)
+
+
+for _name, _fn in {
+    "bitwise_and": jnp.bitwise_and,
+    "bitwise_or": jnp.bitwise_or,
+    "bitwise_xor": jnp.bitwise_xor,
+}.items():
+
+    def _bitwise(self, other, _fn=_fn):
+        return _fn(self, other)
+
+    register(f"{_name}.Tensor", f"{_name}.Scalar", f"{_name}.Scalar_Tensor")(_bitwise)
+
+
+@register("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar",
+          "bitwise_left_shift.Scalar_Tensor", "__lshift__.Tensor", "__lshift__.Scalar")
+def _lshift(self, other):
+    return jnp.left_shift(self, other)
+
+
+@register("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar",
+          "bitwise_right_shift.Scalar_Tensor", "__rshift__.Tensor", "__rshift__.Scalar")
+def _rshift(self, other):
+    # Arithmetic shift for signed types, as torch.
+    return jnp.right_shift(self, other)
+
+
+@register("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def _where(condition, self, other):
+    return jnp.where(condition, self, other)
+
+
+@register("gcd.default")
+def _gcd(self, other):
+    return jnp.gcd(self, other)
+
+
+@register("lcm.default")
+def _lcm(self, other):
+    return jnp.lcm(self, other)
+
+
+@register("heaviside.default")
+def _heaviside(self, values):
+    return jnp.where(self == 0, values, (self > 0).astype(jnp.result_type(self, values)))
+
+
+@register("real.default")
+def _real(self):
+    return jnp.real(self)
+
+
+@register("imag.default")
+def _imag(self):
+    return jnp.imag(self)
+
+
+@register("conj_physical.default", "_conj.default", "conj.default", "resolve_conj.default",
+          "resolve_neg.default", "_conj_physical.default")
+def _conj(self):
+    if jnp.iscomplexobj(self):
+        return jnp.conj(self)
+    return self
+
+
+@register("angle.default")
+def _angle(self):
+    if jnp.iscomplexobj(self):
+        return jnp.angle(self)
+    x = upcast(self)
+    return jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype) + jnp.where(jnp.isnan(x), x, 0)
+
+
+@register("polar.default")
+def _polar(abs, angle):
+    return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
+
+
+@register("complex.default")
+def _complex(real, imag):
+    return lax.complex(real, imag)

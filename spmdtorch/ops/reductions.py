@@ -1,0 +1,417 @@
+"""Reductions, scans, sorting and selection.
+
+``dim=None`` and ``dim=[]`` both reduce every dim (ATen's ``int[1]? dim``);
+0-d tensors reduce over nothing. Sums of bf16/f16 accumulate in float32 and
+integer/bool sums in the int64 storage type, as torch does.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spmdtorch.ops._util import acc_dtype, canon_dim, is_int, jdtype, reduce_dims, upcast
+from spmdtorch.ops.registry import register
+
+
+@register("sum.dim_IntList", "sum.default")
+def _sum(self, dim=None, keepdim=False, *, dtype=None):
+    axes = reduce_dims(dim, self.ndim)
+    return jnp.sum(self, axis=axes, keepdims=keepdim, dtype=acc_dtype(self, dtype))
+
+
+@register("nansum.default")
+def _nansum(self, dim=None, keepdim=False, *, dtype=None):
+    axes = reduce_dims(dim, self.ndim)
+    return jnp.nansum(self, axis=axes, keepdims=keepdim, dtype=acc_dtype(self, dtype))
+
+
+@register("mean.dim", "mean.default")
+def _mean(self, dim=None, keepdim=False, *, dtype=None):
+    axes = reduce_dims(dim, self.ndim)
+    x = self if dtype is None else self.astype(jdtype(dtype))
+    return jnp.mean(upcast(x), axis=axes, keepdims=keepdim)
+
+
+@register("nanmean.default")
+def _nanmean(self, dim=None, keepdim=False, *, dtype=None):
+    axes = reduce_dims(dim, self.ndim)
+    return jnp.nanmean(upcast(self), axis=axes, keepdims=keepdim)
+
+
+@register("prod.default")
+def _prod(self, *, dtype=None):
+    return jnp.prod(self, dtype=acc_dtype(self, dtype))
+
+
+@register("prod.dim_int")
+def _prod_dim(self, dim, keepdim=False, *, dtype=None):
+    axes = reduce_dims([dim], self.ndim)
+    return jnp.prod(self, axis=axes, keepdims=keepdim, dtype=acc_dtype(self, dtype))
+
+
+@register("amax.default")
+def _amax(self, dim=(), keepdim=False):
+    return jnp.max(self, axis=reduce_dims(dim, self.ndim), keepdims=keepdim)
+
+
+@register("amin.default")
+def _amin(self, dim=(), keepdim=False):
+    return jnp.min(self, axis=reduce_dims(dim, self.ndim), keepdims=keepdim)
+
+
+@register("max.default")
+def _max_all(self):
+    return jnp.max(self)
+
+
+@register("min.default")
+def _min_all(self):
+    return jnp.min(self)
+
+
+@register("max.other", "max.binary")
+def _max_other(self, other):
+    return jnp.maximum(self, other)
+
+
+@register("min.other", "min.binary")
+def _min_other(self, other):
+    return jnp.minimum(self, other)
+
+
+def _arg_reduce(fn, self, dim, keepdim):
+    if self.ndim == 0:
+        return jnp.zeros((), jnp.int32)
+    if dim is None:
+        out = fn(self.reshape(-1), axis=0)
+        if keepdim:
+            out = out.reshape((1,) * self.ndim)
+        return out.astype(jnp.int32)
+    return fn(self, axis=canon_dim(dim, self.ndim), keepdims=keepdim).astype(jnp.int32)
+
+
+@register("argmax.default")
+def _argmax(self, dim=None, keepdim=False):
+    return _arg_reduce(jnp.argmax, self, dim, keepdim)
+
+
+@register("argmin.default")
+def _argmin(self, dim=None, keepdim=False):
+    return _arg_reduce(jnp.argmin, self, dim, keepdim)
+
+
+@register("max.dim")
+def _max_dim(self, dim, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    return jnp.max(self, axis=d, keepdims=keepdim), _argmax(self, d, keepdim)
+
+
+@register("min.dim")
+def _min_dim(self, dim, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    return jnp.min(self, axis=d, keepdims=keepdim), _argmin(self, d, keepdim)
+
+
+@register("aminmax.default")
+def _aminmax(self, *, dim=None, keepdim=False):
+    axes = reduce_dims(None if dim is None else [dim], self.ndim)
+    return jnp.min(self, axis=axes, keepdims=keepdim), jnp.max(self, axis=axes, keepdims=keepdim)
+
+
+def _bool_reduce(fn, self, dim, keepdim):
+    axes = reduce_dims(dim, self.ndim)
+    return fn(self.astype(jnp.bool_) if self.dtype != jnp.bool_ else self, axis=axes, keepdims=keepdim)
+
+
+@register("any.default", "any.dim", "any.dims")
+def _any(self, dim=None, keepdim=False):
+    return _bool_reduce(jnp.any, self, dim, keepdim)
+
+
+@register("all.default", "all.dim", "all.dims")
+def _all(self, dim=None, keepdim=False):
+    return _bool_reduce(jnp.all, self, dim, keepdim)
+
+
+def _var(self, dim, correction, keepdim):
+    """Variance with torch's ``max(0, N - correction)`` divisor."""
+    x = upcast(self)
+    axes = reduce_dims(dim, x.ndim)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    sq = jnp.sum(jnp.square(jnp.abs(x - mean)), axis=axes, keepdims=keepdim)
+    corr = 1 if correction is None else correction
+    return sq / jnp.maximum(n - corr, 0), jnp.mean(x, axis=axes, keepdims=keepdim)
+
+
+@register("var.correction")
+def _var_correction(self, dim=None, *, correction=None, keepdim=False):
+    return _var(self, dim, correction, keepdim)[0]
+
+
+@register("var.dim", "var.default")
+def _var_dim(self, dim=None, unbiased=True, keepdim=False):
+    if isinstance(dim, bool):  # var.default(self, bool unbiased)
+        dim, unbiased = None, dim
+    return _var(self, dim, 1 if unbiased else 0, keepdim)[0]
+
+
+@register("std.correction")
+def _std_correction(self, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_var(self, dim, correction, keepdim)[0])
+
+
+@register("std.dim", "std.default")
+def _std_dim(self, dim=None, unbiased=True, keepdim=False):
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    return jnp.sqrt(_var(self, dim, 1 if unbiased else 0, keepdim)[0])
+
+
+@register("var_mean.correction")
+def _var_mean(self, dim=None, *, correction=None, keepdim=False):
+    return _var(self, dim, correction, keepdim)
+
+
+@register("std_mean.correction")
+def _std_mean(self, dim=None, *, correction=None, keepdim=False):
+    v, m = _var(self, dim, correction, keepdim)
+    return jnp.sqrt(v), m
+
+
+@register("logsumexp.default")
+def _logsumexp(self, dim=(), keepdim=False):
+    x = upcast(self)
+    if x.ndim == 0:
+        return x
+    return jax.nn.logsumexp(x, axis=reduce_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@register("norm.ScalarOpt_dim", "norm.Scalar", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype")
+def _norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
+    if not isinstance(dim, (list, tuple, int, type(None))):  # norm.ScalarOpt_dtype: dtype positional
+        dim, dtype = None, dim
+    return _vector_norm(self, 2 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+@register("linalg_vector_norm.default")
+def _vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
+    x = upcast(self if dtype is None else self.astype(jdtype(dtype)))
+    axes = reduce_dims(dim, x.ndim)
+    a = jnp.abs(x)
+    if isinstance(ord, (int, float)):
+        if ord == float("inf"):
+            return jnp.max(a, axis=axes, keepdims=keepdim)
+        if ord == float("-inf"):
+            return jnp.min(a, axis=axes, keepdims=keepdim)
+        if ord == 0:
+            return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
+        if ord == 1:
+            return jnp.sum(a, axis=axes, keepdims=keepdim)
+        if ord == 2:
+            return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+
+
+# ---------------------------------------------------------------------------
+# Scans
+
+
+def _scan_input(self, dtype):
+    if dtype is not None:
+        return self.astype(jdtype(dtype))
+    if is_int(self):
+        return self.astype(jnp.int32)  # integer scans give int64 in torch
+    return upcast(self)
+
+
+@register("cumsum.default")
+def _cumsum(self, dim, *, dtype=None):
+    x = _scan_input(self, dtype)
+    if x.ndim == 0:
+        return x
+    return jnp.cumsum(x, axis=canon_dim(dim, x.ndim))
+
+
+@register("cumprod.default")
+def _cumprod(self, dim, *, dtype=None):
+    x = _scan_input(self, dtype)
+    if x.ndim == 0:
+        return x
+    return jnp.cumprod(x, axis=canon_dim(dim, x.ndim))
+
+
+@register("logcumsumexp.default")
+def _logcumsumexp(self, dim):
+    x = upcast(self)
+    if x.ndim == 0:
+        return x
+    return lax.cumlogsumexp(x, axis=canon_dim(dim, x.ndim))
+
+
+def _cum_extreme(self, dim, better):
+    """cummax/cummin: (values, indices), the index of the last extreme seen.
+
+    torch reports the *last* index among equal extremes (and NaN wins).
+    """
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    idx = lax.broadcasted_iota(jnp.int32, self.shape, d)
+
+    def combine(a, b):
+        va, ia = a
+        vb, ib = b
+        take_b = better(vb, va) | (vb == va)
+        if not is_int(self):
+            take_b = take_b | jnp.isnan(vb)
+            take_b = take_b & ~(jnp.isnan(va) & ~jnp.isnan(vb))
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    return lax.associative_scan(combine, (self, idx), axis=d)
+
+
+@register("cummax.default")
+def _cummax(self, dim):
+    return _cum_extreme(self, dim, jnp.greater)
+
+
+@register("cummin.default")
+def _cummin(self, dim):
+    return _cum_extreme(self, dim, jnp.less)
+
+
+# ---------------------------------------------------------------------------
+# Sorting and selection
+
+
+def _sort(self, dim, descending, stable=True):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    if self.dtype == jnp.bool_:
+        x = self.astype(jnp.int8)
+    else:
+        x = self
+    idx = jnp.argsort(x, axis=d, stable=True, descending=descending).astype(jnp.int32)
+    return jnp.take_along_axis(self, idx, axis=d), idx
+
+
+@register("sort.default")
+def _sort_default(self, dim=-1, descending=False):
+    return _sort(self, dim, descending)
+
+
+@register("sort.stable")
+def _sort_stable(self, *, stable=None, dim=-1, descending=False):
+    return _sort(self, dim, descending)
+
+
+@register("argsort.default", "argsort.stable")
+def _argsort(self, dim=-1, descending=False, *, stable=False):
+    if isinstance(dim, bool):  # argsort.stable(self, *, stable, dim, descending) passed positionally
+        dim = -1
+    return _sort(self, dim, descending)[1]
+
+
+@register("topk.default")
+def _topk(self, k, dim=-1, largest=True, sorted=True):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    x = jnp.moveaxis(self, d, -1)
+    if largest and x.dtype != jnp.bool_:
+        vals, idx = lax.top_k(x, k)
+    else:
+        v, i = _sort(x, -1, largest)
+        vals, idx = v[..., :k], i[..., :k]
+    return jnp.moveaxis(vals, -1, d), jnp.moveaxis(idx.astype(jnp.int32), -1, d)
+
+
+@register("kthvalue.default")
+def _kthvalue(self, k, dim=-1, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    v, i = _sort(self, d, False)
+    v = lax.index_in_dim(v, k - 1, d, keepdims=keepdim)
+    i = lax.index_in_dim(i, k - 1, d, keepdims=keepdim)
+    return v, i
+
+
+def _median_dim(self, dim, keepdim, ignore_nan):
+    """Lower median (torch never averages the two middle values)."""
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    n = self.shape[d]
+    v, i = _sort(self, d, False)
+    if ignore_nan and not is_int(self):
+        cnt = jnp.sum(~jnp.isnan(self), axis=d, keepdims=True)
+        pos = jnp.maximum((cnt - 1) // 2, 0).astype(jnp.int32)
+    else:
+        # NaN sorts last; a slice with any NaN has median NaN (index of a NaN).
+        pos = jnp.full([1 if a == d else s for a, s in enumerate(self.shape)], (n - 1) // 2, jnp.int32)
+        if not is_int(self):
+            has_nan = jnp.any(jnp.isnan(self), axis=d, keepdims=True)
+            first_nan = jnp.sum(~jnp.isnan(self), axis=d, keepdims=True).astype(jnp.int32)
+            pos = jnp.where(has_nan, first_nan, pos)
+    vv = jnp.take_along_axis(v, pos, axis=d)
+    ii = jnp.take_along_axis(i, pos, axis=d)
+    if not keepdim:
+        vv, ii = jnp.squeeze(vv, d), jnp.squeeze(ii, d)
+    return vv, ii
+
+
+@register("median.default")
+def _median(self):
+    return _median_dim(self.reshape(-1), 0, False, False)[0]
+
+
+@register("median.dim")
+def _median_d(self, dim, keepdim=False):
+    return _median_dim(self, dim, keepdim, False)
+
+
+@register("nanmedian.default")
+def _nanmedian(self):
+    return _median_dim(self.reshape(-1), 0, False, True)[0]
+
+
+@register("nanmedian.dim")
+def _nanmedian_d(self, dim, keepdim=False):
+    return _median_dim(self, dim, keepdim, True)
+
+
+@register("mode.default")
+def _mode(self, dim=-1, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int32)
+    d = canon_dim(dim, self.ndim)
+    x = jnp.moveaxis(self, d, -1)
+    eq = x[..., :, None] == x[..., None, :]
+    counts = jnp.sum(eq, axis=-1)
+    # Most frequent; ties -> smallest value; index: last occurrence (torch CPU).
+    best = jnp.max(counts, axis=-1, keepdims=True)
+    cand = jnp.where(counts == best, x, jnp.max(x, axis=-1, keepdims=True))
+    val = jnp.min(cand, axis=-1, keepdims=True)
+    n = x.shape[-1]
+    pos = jnp.arange(n, dtype=jnp.int32)
+    idx = jnp.max(jnp.where(x == val, pos, -1), axis=-1, keepdims=True)
+    val, idx = jnp.moveaxis(val, -1, d), jnp.moveaxis(idx, -1, d)
+    if not keepdim:
+        val, idx = jnp.squeeze(val, d), jnp.squeeze(idx, d)
+    return val, idx
+
+
+@register("count_nonzero.default", "count_nonzero.dim_IntList")
+def _count_nonzero(self, dim=None):
+    return jnp.sum(self != 0, axis=reduce_dims(dim, self.ndim), dtype=jnp.int32)

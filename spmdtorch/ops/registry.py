@@ -1,0 +1,87 @@
+"""The ATen → JAX lowering table.
+
+Each lowering is a plain function over JAX arrays with the ATen op's calling
+convention (see ``register``). Lazy mode and ``spmdtorch.compile`` share this
+one table. Ops without a lowering fall back to torch's decomposition tables in
+``spmdtorch.tensor.dispatch``, which keeps the table near the core ATen opset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+__all__ = ["Lowering", "register", "get_lowering", "resolve_ops", "LOWERINGS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """One registered lowering.
+
+    Attributes:
+        fn: ``fn(*args, **kwargs)`` with tensors replaced by JAX arrays.
+        random: ``fn`` takes a ``key=`` keyword (a JAX PRNG key) for its draws.
+        lift_scalars: ``Scalar``/``float`` arguments may be passed as 0-d JAX
+            arrays (so a changing learning rate does not recompile); ops whose
+            scalars decide output *shapes* (``arange``) set this to False.
+    """
+
+    fn: Callable
+    random: bool = False
+    lift_scalars: bool = True
+
+
+LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
+
+
+def resolve_ops(name: str) -> list[torch._ops.OpOverload]:
+    """Resolve ``"add.Tensor"`` (one overload) or ``"relu"`` (all overloads).
+
+    Missing names resolve to ``[]`` rather than raising: ATen overloads come and
+    go between torch releases, and a removed one must not break ``import``.
+    """
+    packet_name, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, packet_name, None)
+    if packet is None:
+        return []
+    if overload:
+        op = getattr(packet, overload, None)
+        return [op] if op is not None else []
+    ops = []
+    for ov in packet.overloads():
+        op = getattr(packet, ov, None)
+        if op is not None:
+            ops.append(op)
+    return ops
+
+
+def register(*names: str, random: bool = False, lift_scalars: bool = True):
+    """Register the decorated function as the lowering of ATen ops ``names``.
+
+    Args:
+        *names: ``"packet.overload"`` or ``"packet"`` (every overload).
+        random: the lowering draws random numbers and takes ``key=``.
+        lift_scalars: see ``Lowering.lift_scalars``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> @register("relu.default")
+        ... def _relu(x):
+        ...     return jnp.maximum(x, 0)
+    """
+
+    def deco(fn):
+        low = Lowering(fn, random=random, lift_scalars=lift_scalars)
+        for name in names:
+            for op in resolve_ops(name):
+                LOWERINGS[op] = low
+        return fn
+
+    return deco
+
+
+def get_lowering(op: torch._ops.OpOverload) -> Lowering | None:
+    """Return the lowering registered for ``op``, or None."""
+    return LOWERINGS.get(op)

@@ -1,0 +1,117 @@
+"""Routing ``device="xla"`` to spmdtorch.
+
+Two mechanisms, each used where it is cheapest:
+
+* ATen factory ops (``torch.zeros(..., device="xla")``, ``randn``, ``empty``…)
+  reach the dispatcher with the ``XLA`` backend key; spmdtorch registers a
+  kernel for every factory it can lower on that key (``torch.library``), so they
+  cost nothing to other code.
+* Calls that never reach a kernel with an xla tensor — ``t.to("xla")`` on a CPU
+  tensor, ``torch.tensor(data, device="xla")`` — are caught by a
+  ``TorchFunctionMode`` entered at import (DESIGN.md decision 2). Its fast path
+  is a dict lookup, so CPU code pays about a microsecond per torch call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from spmdtorch.ops import registry
+from spmdtorch.tensor import transfer
+from spmdtorch.tensor.dispatch import factory_kernel
+from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
+
+__all__ = ["XlaDeviceMode", "install", "to_xla"]
+
+
+def _is_xla(device) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, torch.device):
+        return device.type == "xla"
+    if isinstance(device, str):
+        return device.split(":")[0] == "xla"
+    return False
+
+
+class _ToXla(torch.autograd.Function):
+    """CPU → xla transfer that autograd can differentiate (grad flows back to CPU)."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return new_base(transfer.to_device_array(t), t.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.cpu()
+
+
+def to_xla(t: torch.Tensor) -> torch.Tensor:
+    """Copy a CPU tensor to the xla device (a no-op for xla tensors)."""
+    if isinstance(t, XlaTensor):
+        return t
+    if t.requires_grad and torch.is_grad_enabled():
+        return _ToXla.apply(t)
+    return new_base(transfer.to_device_array(t), t.dtype)
+
+
+def _tensor_to(args, kwargs):
+    self = args[0]
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+    if not _is_xla(device) or isinstance(self, XlaTensor):
+        return None
+    if dtype is not None and dtype != self.dtype:
+        self = self.to(dtype)
+    out = to_xla(self)
+    if kwargs.get("copy") and out is self:
+        out = out.clone()
+    return out
+
+
+def _from_data(func, args, kwargs):
+    """torch.tensor / as_tensor / asarray / new_tensor with device="xla"."""
+    kwargs = dict(kwargs)
+    kwargs["device"] = "cpu"
+    requires_grad = kwargs.pop("requires_grad", False)
+    cpu = func(*args, **kwargs)
+    out = to_xla(cpu)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
+
+
+class XlaDeviceMode(TorchFunctionMode):
+    """Catches the calls that must create xla tensors from CPU data."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to:
+            out = _tensor_to(args, kwargs)
+            if out is not None:
+                return out
+        elif func in _FROM_DATA and _is_xla(kwargs.get("device")):
+            return _from_data(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+_LIB = None
+_MODE = None
+
+
+def install() -> None:
+    """Register XLA-key factory kernels and enter the device mode (idempotent)."""
+    global _LIB, _MODE
+    if _LIB is None:
+        _LIB = torch.library.Library("aten", "IMPL", "XLA")
+        for op in list(registry.LOWERINGS):
+            if any(a.name == "device" for a in op._schema.arguments):
+                name = op._schema.name.split("::")[-1]
+                qual = name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+                _LIB.impl(qual, factory_kernel(op))
+    if _MODE is None:
+        _MODE = XlaDeviceMode()
+        _MODE.__enter__()

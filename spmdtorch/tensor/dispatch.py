@@ -1,0 +1,704 @@
+"""``__torch_dispatch__`` for XlaTensor: ATen op → lazy node (or eager fallback).
+
+The order of resolution for one ATen call:
+
+1. special handlers (transfers, ``copy_``, ``.item()``, metadata-changing ops);
+2. data-dependent ops (``nonzero``, boolean masks): materialise and run on CPU;
+3. view ops: a new tensor sharing the storage, with one more ``ViewStep``;
+4. mutating ops (``add_``, ``out=``): run the functional twin, write back;
+5. a registered lowering: record a node (shapes come from torch's meta kernels,
+   cached by argument signature since Python meta kernels are slow);
+6. torch's decomposition table, then ``op.decompose()``;
+7. otherwise ``NotImplementedError`` naming the overload.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import torch
+
+from spmdtorch import _dtypes
+from spmdtorch.lazy import metrics
+from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot
+from spmdtorch.ops import registry
+from spmdtorch.tensor.xla_tensor import (
+    _PYTHON_KEY,
+    Storage,
+    _MetaFlag,
+    ViewStep,
+    XlaTensor,
+    new_base,
+)
+
+__all__ = ["dispatch", "read_value", "assign_value", "record"]
+
+aten = torch.ops.aten
+
+_SCALAR_TYPES = frozenset({"Scalar", "float", "Optional[float]", "Optional[Scalar]", "float?", "Scalar?"})
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+class DeviceMismatchError(RuntimeError):
+    """An xla tensor met a non-scalar tensor on another device."""
+
+
+# -- per-op static facts ---------------------------------------------------
+
+
+class OpFacts:
+    __slots__ = (
+        "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
+        "is_out", "lowering", "has_device", "multi_out_view", "arg_names",
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def op_facts(func) -> OpFacts:
+    f = OpFacts()
+    schema = func._schema
+    args = schema.arguments
+    f.arg_names = [a.name for a in args]
+    f.lowering = registry.get_lowering(func)
+    lift = f.lowering is None or f.lowering.lift_scalars
+    f.lift_pos = frozenset(
+        i for i, a in enumerate(args) if lift and not a.kwarg_only and str(a.type) in _SCALAR_TYPES
+    )
+    f.lift_names = frozenset(a.name for a in args if lift and str(a.type) in _SCALAR_TYPES)
+    f.mutable_pos = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+    f.mutable_names = tuple(args[i].name for i in f.mutable_pos)
+    rets = schema.returns
+    f.is_view = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write and not f.mutable_pos
+    f.multi_out_view = f.is_view and str(rets[0].type).startswith(("List", "Tensor[]")) or (
+        f.is_view and "[]" in str(rets[0].type)
+    )
+    f.is_out = any(args[i].kwarg_only for i in f.mutable_pos)
+    f.is_inplace = bool(f.mutable_pos) and not f.is_out and schema.name.endswith("_")
+    f.has_device = any(a.name == "device" for a in args)
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def functional_twin(func):
+    """``add_.Tensor`` → ``add.Tensor``; ``add.out`` → ``add.Tensor``; else None."""
+    schema = func._schema
+    name = schema.name.split("::")[-1]
+    facts = op_facts(func)
+    if facts.is_inplace:
+        packet = getattr(aten, name[:-1], None)
+        if packet is None:
+            return None
+        return getattr(packet, func._overloadname, None)
+    if facts.is_out:
+        packet = getattr(aten, name, None)
+        if packet is None:
+            return None
+        want = [a.name for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write)]
+        for ov in packet.overloads():
+            cand = getattr(packet, ov)
+            if cand is func or op_facts(cand).mutable_pos:
+                continue
+            if [a.name for a in cand._schema.arguments] == want:
+                return cand
+    return None
+
+
+# -- reading and writing tensor values ---------------------------------------
+
+
+def read_value(t: XlaTensor):
+    """The current value of ``t``: concrete array or LazyRef (views replayed)."""
+    st = t._st
+    if not t._chain:
+        return st.value
+    cache = t._vcache
+    if cache is not None and cache[0] == st.version and cache[1] is st:
+        return cache[2]
+    value = st.value
+    for step in t._chain:
+        value = _record_view_step(step, value)
+    t._vcache = (st.version, st, value)
+    return value
+
+
+def _record_view_step(step: ViewStep, value):
+    low = registry.get_lowering(step.op)
+    if low is None:
+        raise NotImplementedError(f"spmdtorch has no lowering for view op {step.op}")
+    template = ((Slot(0),) + step.args, step.kwargs)
+    return record(low.fn, step.op, template, [value], (step.aval,), out_index=step.out_index)
+
+
+def assign_value(t: XlaTensor, value) -> None:
+    """Make ``value`` (same shape, storage dtype) the new value of ``t``.
+
+    Writes through a view become inverse view ops on the base, so every alias
+    of the storage sees the change.
+    """
+    st = t._st
+    if not t._chain:
+        st.set(value)
+        return
+    from spmdtorch.ops import views
+
+    bases = [st.value]
+    for step in t._chain[:-1]:
+        bases.append(_record_view_step(step, bases[-1]))
+    new = value
+    for step, base in zip(reversed(t._chain), reversed(bases)):
+        inv = views.VIEW_INVERSES.get(step.op)
+        if inv is None:
+            raise NotImplementedError(f"writing through a view made by {step.op} is not supported yet")
+        kwargs = dict(step.kwargs)
+        if step.out_index is not None:
+            kwargs["out_index"] = step.out_index
+        aval = (tuple(base.shape), base.dtype)
+        new = record(inv, ("inverse", step.op), ((Slot(0), Slot(1)) + step.args, tuple(sorted(kwargs.items()))),
+                     [base, new], (aval,))
+    st.set(new)
+    t._vcache = (st.version, st, value)
+
+
+# -- recording -----------------------------------------------------------------
+
+
+def record(fn, name, template, inputs, out_avals, *, random=False, out_index=None):
+    """Record one node; return its LazyRef (or LazyRefs for several outputs).
+
+    ``template`` is ``(args, kwargs_items)`` with ``Slot(i)`` for ``inputs[i]``.
+    With ``out_index``, ``fn`` returns several values of which the node keeps
+    only that one (a single output of a multi-output view like ``split``).
+    """
+    node = Node(fn, name, template, inputs, template, out_avals, random)
+    if out_index is not None:
+        node.fn = _Select(fn, out_index)
+        node.name = (name, "select", out_index)
+    if len(out_avals) == 1:
+        return LazyRef(node, 0)
+    return [LazyRef(node, i) for i in range(len(out_avals))]
+
+
+class _Select:
+    """``fn(...)[index]`` as a picklable-ish callable with a stable identity."""
+
+    __slots__ = ("fn", "index")
+
+    def __init__(self, fn, index):
+        self.fn = fn
+        self.index = index
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)[self.index]
+
+
+# -- argument classification -----------------------------------------------
+
+
+def _check_other_tensor(a: torch.Tensor, func, allow_cpu: bool):
+    if a.device.type == "cpu" and (a.dim() == 0 or allow_cpu):
+        return
+    raise DeviceMismatchError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"xla:0 and {a.device}! (when checking arguments for {func})"
+    )
+
+
+class _Args:
+    """One walk over (args, kwargs): template with Slots, dynamic inputs, meta key."""
+
+    __slots__ = ("template", "inputs", "key", "metas")
+
+    def __init__(self, func, facts, args, kwargs):
+        self.inputs = []
+        key = [func]
+        allow_cpu = func in _CPU_OK_OPS
+        t_args = []
+        for i, a in enumerate(args):
+            t_args.append(self._leaf(a, i in facts.lift_pos, key, func, allow_cpu))
+        t_kwargs = []
+        for k, a in kwargs.items():
+            t_kwargs.append((k, self._leaf(a, k in facts.lift_names, key, func, allow_cpu)))
+        self.template = (tuple(t_args), tuple(t_kwargs))
+        key.append(self.template)
+        self.key = tuple(key)
+
+    def _leaf(self, a, liftable, key, func, allow_cpu):
+        if isinstance(a, XlaTensor):
+            key.append((tuple(a.shape), a.stride(), a.dtype))
+            self.inputs.append(read_value(a))
+            return Slot(len(self.inputs) - 1)
+        if isinstance(a, torch.Tensor):
+            _check_other_tensor(a, func, allow_cpu)
+            if a.dim() == 0 and not allow_cpu:
+                key.append(("cpu0", a.dtype))
+                self.inputs.append(Scalar(a.item()))
+            else:
+                key.append(("cpu", tuple(a.shape), a.dtype))
+                from spmdtorch.tensor import transfer
+
+                self.inputs.append(transfer.to_device_array(a))
+            return Slot(len(self.inputs) - 1)
+        if isinstance(a, (list, tuple)):
+            return tuple(self._leaf(x, False, key, func, allow_cpu) for x in a)
+        if liftable and type(a) in (float, int) and _INT32[0] <= a <= _INT32[1]:
+            key.append(type(a))
+            self.inputs.append(Scalar(a))
+            return Slot(len(self.inputs) - 1)
+        return a
+
+
+# Ops that, like on CUDA, accept CPU index tensors next to device tensors.
+_CPU_OK_OPS = frozenset(
+    op
+    for name in ("index.Tensor", "index_put.default", "index_put_.default", "_index_put_impl_.default")
+    for op in registry.resolve_ops(name)
+)
+
+
+# -- meta (shape inference) ------------------------------------------------------
+
+_META_CACHE: dict = {}
+
+
+def _meta_args(x, inputs):
+    """Rebuild args for a meta call: XlaTensors act as meta tensors themselves."""
+    if type(x) is Slot:
+        v = inputs[x.i]
+        return v
+    if type(x) is tuple:
+        return tuple(_meta_args(y, inputs) for y in x)
+    return x
+
+
+def _run_meta(func, args, kwargs, facts):
+    meta_kwargs = kwargs
+    if facts.has_device and kwargs.get("device") is not None:
+        meta_kwargs = dict(kwargs, device="meta")
+    meta_args = [_to_meta(a) for a in args]
+    meta_kwargs = {k: _to_meta(v) for k, v in meta_kwargs.items()}
+    _MetaFlag.active = True
+    try:
+        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
+            return func(*meta_args, **meta_kwargs)
+    finally:
+        _MetaFlag.active = False
+
+
+def _to_meta(a):
+    if isinstance(a, XlaTensor):
+        return a
+    if isinstance(a, torch.Tensor):
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+    if isinstance(a, (list, tuple)):
+        return type(a)(_to_meta(x) for x in a)
+    return a
+
+
+def _meta_spec(out):
+    """Hashable-free description of meta outputs: list of (shape, stride, offset, dtype) or None."""
+    if isinstance(out, torch.Tensor):
+        return ((tuple(out.shape), tuple(out.stride()), out.storage_offset(), out.dtype),), False
+    if isinstance(out, (tuple, list)):
+        specs = []
+        for o in out:
+            if isinstance(o, torch.Tensor):
+                specs.append((tuple(o.shape), tuple(o.stride()), o.storage_offset(), o.dtype))
+            else:
+                specs.append(None)
+        return tuple(specs), True
+    return None, False
+
+
+def meta_outputs(func, args, kwargs, facts, key):
+    hit = _META_CACHE.get(key)
+    if hit is not None:
+        metrics.inc("MetaCacheHit")
+        return hit
+    out = _run_meta(func, args, kwargs, facts)
+    spec = _meta_spec(out)
+    if spec[0] is None:
+        raise NotImplementedError(f"{func} returned a non-tensor on meta; spmdtorch cannot record it")
+    try:
+        _META_CACHE[key] = spec
+    except TypeError:  # an unhashable static argument: just don't cache
+        pass
+    return spec
+
+
+# -- the dispatcher --------------------------------------------------------------
+
+
+def dispatch(func, args, kwargs):
+    metrics.inc("DispatchedOps")
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special(func, args, kwargs)
+    if func in _DATA_DEPENDENT or _has_bool_index(func, args):
+        return cpu_fallback(func, args, kwargs)
+    facts = op_facts(func)
+    if facts.is_view:
+        return _dispatch_view(func, args, kwargs, facts)
+    if facts.mutable_pos and facts.lowering is None:
+        return _dispatch_mutation(func, args, kwargs, facts)
+    if facts.lowering is not None:
+        return _dispatch_lowering(func, args, kwargs, facts)
+    return _decompose(func, args, kwargs)
+
+
+def _decompose(func, args, kwargs):
+    decomp = torch._decomp.decomposition_table.get(func)
+    if decomp is not None:
+        metrics.inc("Decomposed")
+        out = decomp(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    out = func.decompose(*args, **kwargs)
+    if out is not NotImplemented:
+        metrics.inc("Decomposed")
+        return out
+    raise NotImplementedError(
+        f"spmdtorch has no lowering for ATen op '{func}' (overload {func._schema.name}."
+        f"{func._overloadname or 'default'}) and torch has no decomposition for it. "
+        "Add a lowering in spmdtorch/ops/ or file an issue with this message."
+    )
+
+
+def _dispatch_lowering(func, args, kwargs, facts):
+    low = facts.lowering
+    parsed = _Args(func, facts, args, kwargs)
+    specs, multi = meta_outputs(func, args, kwargs, facts, parsed.key)
+    if facts.mutable_pos:
+        # An in-place-only op with its own lowering (uniform_, copy_, ...):
+        # the lowering returns the new values of the mutated arguments.
+        targets = [args[i] if i < len(args) else kwargs[facts.arg_names[i]] for i in facts.mutable_pos]
+        out_avals = tuple((tuple(t.shape), _dtypes.to_jax_dtype(t.dtype)) for t in targets)
+        refs = record(low.fn, func, parsed.template, parsed.inputs, out_avals, random=low.random)
+        if len(targets) == 1:
+            refs = [refs]
+        for t, r in zip(targets, refs):
+            assign_value(t, r)
+        return targets[0] if len(targets) == 1 else tuple(targets)
+    out_avals = tuple(
+        (s[0], _dtypes.to_jax_dtype(s[3])) for s in specs if s is not None
+    )
+    refs = record(low.fn, func, parsed.template, parsed.inputs, out_avals, random=low.random)
+    if len(out_avals) == 1:
+        refs = [refs]
+    outs = []
+    it = iter(refs)
+    for s in specs:
+        outs.append(None if s is None else _wrap_new(next(it), s[0], s[3]))
+    if not multi:
+        return outs[0]
+    return tuple(outs)
+
+
+def _wrap_new(ref, shape, dtype) -> XlaTensor:
+    metrics.inc("CreateXlaTensor")
+    return new_base(ref, dtype)
+
+
+def _dispatch_view(func, args, kwargs, facts):
+    self = args[0]
+    if not isinstance(self, XlaTensor):
+        raise DeviceMismatchError(f"view op {func} got a {type(self).__name__} on {self.device} as self")
+    if func in _IDENTITY_VIEWS:
+        return XlaTensor(self._st, self._chain, tuple(self.shape), self.stride(), self.storage_offset(), self.dtype)
+    statics = tuple(_static(a) for a in args[1:])
+    kw = tuple(sorted((k, _static(v)) for k, v in kwargs.items()))
+    key = (func, (tuple(self.shape), self.stride(), self.storage_offset(), self.dtype), statics, kw)
+    specs, multi = meta_outputs(func, args, kwargs, facts, key)
+    if func is aten.as_strided.default:
+        # as_strided addresses the *storage*, not the input view.
+        chain_base = ()
+    else:
+        chain_base = self._chain
+    outs = []
+    for i, s in enumerate(specs):
+        step = ViewStep(func, statics, kw, i if multi else None, (s[0], _dtypes.to_jax_dtype(s[3])))
+        outs.append(XlaTensor(self._st, chain_base + (step,), s[0], s[1], s[2], s[3]))
+    return outs if multi else outs[0]
+
+
+def _static(a):
+    if isinstance(a, torch.Tensor):
+        raise NotImplementedError("view ops with tensor arguments are not supported")
+    if isinstance(a, list):
+        return tuple(_static(x) for x in a)
+    return a
+
+
+_IDENTITY_VIEWS = frozenset(
+    op for n in ("alias.default", "detach.default", "lift_fresh.default") for op in registry.resolve_ops(n)
+)
+
+
+def _dispatch_mutation(func, args, kwargs, facts):
+    """``add_``/``out=``: run the functional twin and write its results back."""
+    twin = functional_twin(func)
+    if twin is None:
+        return _decompose(func, args, kwargs)
+    if facts.is_inplace:
+        self = args[0]
+        if not isinstance(self, XlaTensor):
+            raise DeviceMismatchError(f"in-place {func} on a tensor on {self.device} with xla arguments")
+        # torch's checks (broadcast into self, dtype castability) via meta.
+        parsed = _Args(func, facts, args, kwargs)
+        meta_outputs(func, args, kwargs, facts, parsed.key)
+        result = dispatch(twin, args, kwargs)
+        _write(self, result)
+        return self
+    # out= variant
+    out_names = facts.mutable_names
+    outs = [kwargs[n] for n in out_names]
+    fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+    result = dispatch(twin, args, fkwargs)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for o, r in zip(outs, results):
+        if tuple(o.shape) != tuple(r.shape):
+            if o._chain:
+                raise RuntimeError(f"{func}: cannot resize out= view of shape {tuple(o.shape)} to {tuple(r.shape)}")
+            with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
+                torch.ops.aten.resize_.default(o, list(r.shape))
+        _write(o, r)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _write(dst: XlaTensor, src) -> None:
+    """``dst`` ← ``src`` (a tensor of dst's shape), casting to dst's dtype."""
+    if isinstance(src, XlaTensor):
+        if src.dtype != dst.dtype:
+            src = dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
+        value = read_value(src)
+    else:
+        raise TypeError(f"internal: cannot write {type(src)} into an xla tensor")
+    if tuple(src.shape) != tuple(dst.shape):
+        src = dispatch(aten.expand.default, (src, list(dst.shape)), {})
+        src = dispatch(aten.clone.default, (src,), {})
+        value = read_value(src)
+    assign_value(dst, value)
+
+
+# -- special ops -------------------------------------------------------------------
+
+
+def _copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, XlaTensor):
+        # xla → cpu (or another device): materialise then let torch copy.
+        from spmdtorch.tensor import transfer
+
+        dst.copy_(transfer.to_cpu(src))
+        return dst
+    if not isinstance(src, XlaTensor):
+        if src.device.type != "cpu":
+            raise DeviceMismatchError(f"copy_ from a tensor on {src.device} into an xla tensor")
+        from spmdtorch.tensor import transfer
+
+        src = new_base(transfer.to_device_array(src), src.dtype)
+    if src.dtype != dst.dtype:
+        src = dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
+    if tuple(src.shape) != tuple(dst.shape):
+        src = dispatch(aten.expand.default, (src, list(dst.shape)), {})
+    # A fresh node, never the source's array itself: each array has one owner.
+    src = dispatch(aten.clone.default, (src,), {})
+    assign_value(dst, read_value(src))
+    return dst
+
+
+def _to_copy(func, args, kwargs):
+    x = args[0]
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != "xla":
+        from spmdtorch.tensor import transfer
+
+        out = transfer.to_cpu(x)
+        dtype = kwargs.get("dtype")
+        if dtype is not None and dtype != out.dtype:
+            out = out.to(dtype)
+        if torch.device(device).type != "cpu":
+            out = out.to(device)
+        return out
+    kwargs = {k: v for k, v in kwargs.items() if k in ("dtype",) and v is not None}
+    facts = op_facts(func)
+    return _dispatch_lowering(func, (x,), kwargs, facts)
+
+
+def _local_scalar_dense(func, args, kwargs):
+    from spmdtorch.tensor import transfer
+
+    metrics.inc("aten::_local_scalar_dense")
+    return transfer.to_cpu(args[0]).item()
+
+
+def _metadata_inplace_view(func, args, kwargs):
+    """``t_``, ``transpose_``, ``squeeze_``...: self becomes a view of itself."""
+    self = args[0]
+    name = func._schema.name.split("::")[-1][:-1]
+    twin = getattr(getattr(aten, name), func._overloadname)
+    view = dispatch(twin, args, kwargs)
+    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
+        torch.ops.aten.as_strided_.default(self, list(view.shape), list(view.stride()), view.storage_offset())
+    self._chain = view._chain
+    self._vcache = None
+    return self
+
+
+def _set_(func, args, kwargs):
+    self = args[0]
+    if len(args) < 2 or not isinstance(args[1], XlaTensor):
+        raise NotImplementedError(f"{func} is only supported with another xla tensor as source")
+    src = args[1]
+    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
+        torch.ops.aten.as_strided_.default(self, list(src.shape), list(src.stride()), src.storage_offset())
+    self._st = src._st
+    self._chain = src._chain
+    self._vcache = None
+    return self
+
+
+def _resize_(func, args, kwargs):
+    self, size = args[0], list(args[1])
+    if list(self.shape) == size:
+        return self
+    if self._chain:
+        raise RuntimeError("resize_ of a view is not supported on xla tensors")
+    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
+        torch.ops.aten.resize_.default(self, size)
+    fresh = dispatch(aten.empty.memory_format, (size,), {"dtype": self.dtype, "device": torch.device("xla")})
+    self._st = fresh._st
+    self._vcache = None
+    return self
+
+
+def _foreach(func, args, kwargs):
+    """``_foreach_X(list, ...)`` → ``X`` per element (in-place and out-of-place)."""
+    name = func._schema.name.split("::")[-1][len("_foreach_"):]
+    inplace = name.endswith("_")
+    base_name = name[:-1] if inplace else name
+    packet = getattr(aten, base_name + ("_" if inplace else ""))
+    overload = func._overloadname
+    # _foreach_add.List -> add.Tensor; .Scalar -> .Scalar; .ScalarList -> .Scalar per element;
+    # .Tensor -> .Tensor (one tensor for all).
+    per_elem = {"List": "Tensor", "ScalarList": "Scalar", "Scalar": "Scalar", "Tensor": "Tensor", "default": "default"}
+    op = getattr(packet, per_elem.get(overload, overload), None)
+    if op is None:
+        op = getattr(packet, "default")
+    lists = [i for i, a in enumerate(args) if isinstance(a, (list, tuple))]
+    n = len(args[lists[0]])
+    results = []
+    for j in range(n):
+        elem_args = [a[j] if i in lists else a for i, a in enumerate(args)]
+        results.append(op(*elem_args, **kwargs))
+    return None if inplace else results
+
+
+_SPECIAL: dict = {}
+for _name, _fn in [
+    ("copy_.default", _copy_),
+    ("_to_copy.default", _to_copy),
+    ("_local_scalar_dense.default", _local_scalar_dense),
+    ("set_.source_Tensor", _set_),
+    ("resize_.default", _resize_),
+]:
+    for _op in registry.resolve_ops(_name):
+        _SPECIAL[_op] = _fn
+for _name in ("t_", "transpose_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "as_strided_"):
+    for _op in registry.resolve_ops(_name):
+        _SPECIAL[_op] = _metadata_inplace_view
+for _pname in dir(aten):
+    if _pname.startswith("_foreach_"):
+        for _op in registry.resolve_ops(_pname):
+            _SPECIAL[_op] = _foreach
+
+
+# -- data-dependent ops: materialise and carry on -------------------------------------
+
+_DATA_DEPENDENT = frozenset(
+    op
+    for n in (
+        "nonzero", "nonzero_numpy", "masked_select", "_unique", "_unique2", "unique_dim",
+        "unique_consecutive", "unique_dim_consecutive", "repeat_interleave.Tensor",
+        "bincount", "histc", "nonzero_static",
+    )
+    for op in registry.resolve_ops(n)
+)
+_INDEX_OPS = frozenset(
+    op
+    for n in ("index.Tensor", "index_put.default", "index_put_.default", "_index_put_impl_.default")
+    for op in registry.resolve_ops(n)
+)
+
+
+def _has_bool_index(func, args) -> bool:
+    if func not in _INDEX_OPS:
+        return False
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ()))
+
+
+def cpu_fallback(func, args, kwargs):
+    """Run ``func`` on CPU copies and bring the results back (data-dependent shapes).
+
+    Counted as ``aten::<op>`` in the metrics, like PyTorch/XLA's CPU fallback.
+    """
+    from spmdtorch.tensor import transfer
+
+    metrics.inc(f"aten::{func._schema.name.split('::')[-1]}")
+
+    def to_cpu(a):
+        if isinstance(a, XlaTensor):
+            return transfer.to_cpu(a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(to_cpu(x) for x in a)
+        return a
+
+    cpu_args = [to_cpu(a) for a in args]
+    cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    if "device" in cpu_kwargs and cpu_kwargs["device"] is not None:
+        cpu_kwargs["device"] = torch.device("cpu")
+    out = func(*cpu_args, **cpu_kwargs)
+    facts = op_facts(func)
+    # Mutated arguments: write the CPU result back into the xla tensor.
+    for i in facts.mutable_pos:
+        orig = args[i] if i < len(args) else kwargs.get(facts.arg_names[i])
+        new = cpu_args[i] if i < len(args) else cpu_kwargs.get(facts.arg_names[i])
+        if isinstance(orig, XlaTensor):
+            _copy_(None, (orig, new), {})
+
+    def back(o):
+        if isinstance(o, torch.Tensor):
+            for i in facts.mutable_pos:
+                if i < len(args) and o is cpu_args[i]:
+                    return args[i]
+            return new_base(transfer.to_device_array(o), o.dtype)
+        if isinstance(o, (list, tuple)):
+            return type(o)(back(x) for x in o)
+        return o
+
+    return back(out)
+
+
+# -- factories on the XLA dispatch key -------------------------------------------------
+
+
+def factory_kernel(func):
+    """Kernel for ``torch.<factory>(..., device="xla")`` registered on the XLA key."""
+
+    def kernel(*args, **kwargs):
+        facts = op_facts(func)
+        if facts.lowering is None:
+            raise NotImplementedError(f"spmdtorch has no lowering for factory {func}")
+        return _dispatch_lowering(func, args, kwargs, facts)
+
+    return kernel
+
+
+def wrap_jax_array(arr: jax.Array, dtype: torch.dtype | None = None, requires_grad: bool = False) -> XlaTensor:
+    """Wrap a concrete JAX array as an XlaTensor (the array is owned, not copied)."""
+    if dtype is None:
+        dtype = _dtypes.to_torch_dtype(arr.dtype)
+    return new_base(arr, dtype, requires_grad=requires_grad)
+
+
+Storage  # re-exported for type users

@@ -1,0 +1,105 @@
+"""Host ↔ device transfers and the default placement of unannotated tensors.
+
+In SPMD mode an unannotated xla tensor is *replicated* over every device (as
+in PyTorch/XLA), so every array the library creates lives on the same device
+set and any two of them can meet in one program.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import ml_dtypes
+import numpy as np
+import torch
+
+from spmdtorch import _dtypes
+from spmdtorch.lazy import metrics
+
+__all__ = ["replicated_sharding", "to_device_array", "to_cpu", "array_to_torch"]
+
+
+@functools.lru_cache(maxsize=None)
+def replicated_sharding() -> jax.sharding.NamedSharding:
+    """Fully replicated over all devices of all processes."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("_all",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def _host_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (no copy) of a CPU tensor, narrowed to the storage dtype."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    storage = _dtypes.to_torch_dtype(_dtypes.to_jax_dtype(t.dtype))
+    if storage != t.dtype:
+        if t.dtype == torch.int64 and t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < -(2**31) or hi >= 2**31:
+                raise OverflowError(
+                    f"int64 tensor with values in [{lo}, {hi}] does not fit the int32 device "
+                    "storage spmdtorch uses (jax x64 is off); keep it on the CPU or reduce it"
+                )
+        t = t.to(storage)
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.contiguous().numpy()
+
+
+def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
+    """Copy a CPU tensor to the devices (replicated unless ``sharding`` given).
+
+    The copy is what keeps device data immutable when the user later writes
+    into the CPU tensor; ``jax.device_put`` makes it straight from the tensor's
+    memory, with no staging copy.
+    """
+    if t.device.type != "cpu":
+        raise RuntimeError(f"expected a CPU tensor to transfer, got one on {t.device}")
+    metrics.inc("TransferToDevice")
+    with metrics.timed("TransferToDeviceTime"):
+        return jax.device_put(_host_numpy(t), sharding or replicated_sharding())
+
+
+def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    """Copy a concrete JAX array into a fresh CPU tensor of torch ``dtype``.
+
+    Single-device and replicated arrays go through DLPack (zero-copy view of
+    one shard) followed by the one copy that makes the result writable without
+    touching device data; sharded arrays are assembled by numpy.
+    """
+    metrics.inc("TransferFromDevice")
+    with metrics.timed("TransferFromDeviceTime"):
+        if arr.is_fully_replicated or len(arr.sharding.device_set) == 1:
+            shard = arr.addressable_data(0)
+            try:
+                out = torch.from_dlpack(shard).clone()
+            except (RuntimeError, TypeError, BufferError):
+                out = _numpy_to_torch(np.asarray(shard))
+        else:
+            out = _numpy_to_torch(np.asarray(arr))
+    if out.dtype != dtype:
+        out = out.to(dtype)
+    return out
+
+
+def _numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.array(a.view(np.int16))).view(torch.bfloat16)
+    return torch.from_numpy(np.array(a))
+
+
+def to_cpu(t) -> torch.Tensor:
+    """Materialise an XlaTensor and return a CPU copy with torch's dtype."""
+    from spmdtorch.lazy import executor
+    from spmdtorch.tensor.dispatch import read_value
+
+    value = read_value(t)
+    if not isinstance(value, jax.Array):
+        executor.sync()
+        value = read_value(t)
+        if not isinstance(value, jax.Array):  # a view: its slice is still pending
+            value = executor.evaluate(value)
+    return array_to_torch(value, t.dtype)
