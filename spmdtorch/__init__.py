@@ -19,6 +19,8 @@ from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402
 _device_mode.install()
 
 from spmdtorch import debug  # noqa: E402
+from spmdtorch.lazy.compiled import CompiledFunction, compile  # noqa: E402
+from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import manual_seed  # noqa: E402
 from spmdtorch.lazy.step import mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.runtime import device, device_count, devices  # noqa: E402
@@ -27,6 +29,6 @@ from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "XlaTensor", "debug", "device", "device_count", "devices", "manual_seed",
+    "CompileContractError", "CompiledFunction", "XlaTensor", "compile", "debug", "device", "device_count", "devices", "manual_seed",
     "mark_step", "runtime", "step", "sync", "wait_device_ops",
 ]

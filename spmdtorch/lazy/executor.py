@@ -21,7 +21,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from spmdtorch.lazy import metrics, rng
+from spmdtorch.lazy import contract, metrics, rng
 from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
 from spmdtorch.tensor import xla_tensor
 
@@ -143,7 +143,7 @@ def _make_fn(plan: _Plan):
 
 
 class _Program:
-    __slots__ = ("compiled", "lowered", "n_leaves")
+    __slots__ = ("compiled", "lowered", "n_leaves", "has_random")
 
 
 def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple):
@@ -172,6 +172,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple):
     prog.compiled = compiled
     prog.lowered = lowered
     prog.n_leaves = len(plan.leaves)
+    prog.has_random = plan.has_random
     _CACHE[key] = prog
     metrics.add_time("CompileTime", time.perf_counter() - start)
     return prog, key
@@ -212,7 +213,15 @@ def _call_args(plan: _Plan) -> list:
 
 def _run(refs, storages):
     """Compile (or reuse) and run the program computing ``refs``."""
-    plan = _Plan(refs)
+    return run_plan(_Plan(refs), storages)[0]
+
+
+def run_plan(plan: _Plan, storages):
+    """Compile (or reuse) and run ``plan``; ``storages[i]`` receives output i.
+
+    Returns ``(outputs, program)``; the program can be called again with new
+    leaf values (``spmdtorch.compile`` replays it without re-tracing).
+    """
     donate = tuple(
         type(leaf) is not Scalar and xla_tensor.holder_of(leaf) is None for leaf in plan.leaves
     )
@@ -224,7 +233,11 @@ def _run(refs, storages):
         (st.sharding if st is not None and st.sharding is not None else default) for st in storages
     )
     prog, _ = _program_for(plan, donate, out_shardings)
-    args = _call_args(plan)
+    return execute(prog, _call_args(plan)), prog
+
+
+def execute(prog: "_Program", args) -> list:
+    """Run a compiled program asynchronously, bounding executions in flight."""
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -238,23 +251,32 @@ def _run(refs, storages):
     return outs
 
 
-def sync(wait: bool = False) -> None:
+def pending_storages() -> list:
+    """Live storages whose value is pending (what the next barrier computes)."""
+    return [st for st in list(xla_tensor._PENDING) if isinstance(st.value, LazyRef)]
+
+
+def sync(wait: bool = False, _on_plan=None) -> None:
     """Compute every pending live tensor in one compiled program.
 
     Args:
         wait: block until the results are ready (otherwise execution is async).
     """
+    if _on_plan is None:
+        contract.check_not_tracing("calls spmdtorch.sync()/mark_step()")
     metrics.inc("MarkStep")
-    storages = [st for st in list(xla_tensor._PENDING) if isinstance(st.value, LazyRef)]
+    storages = pending_storages()
     xla_tensor._PENDING.clear()
     if storages:
-        refs = [st.value for st in storages]
+        plan = _Plan([st.value for st in storages])
         try:
-            outs = _run(refs, storages)
+            outs, prog = run_plan(plan, storages)
         except BaseException:
             for st in storages:
                 xla_tensor._PENDING.add(st)
             raise
+        if _on_plan is not None:
+            _on_plan(plan, storages, prog)
         for st, arr in zip(storages, outs):
             st.set(arr)
     if wait:

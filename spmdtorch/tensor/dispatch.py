@@ -642,8 +642,10 @@ def cpu_fallback(func, args, kwargs):
 
     Counted as ``aten::<op>`` in the metrics, like PyTorch/XLA's CPU fallback.
     """
+    from spmdtorch.lazy import contract
     from spmdtorch.tensor import transfer
 
+    contract.check_not_tracing(f"runs the data-dependent op {func}")
     metrics.inc(f"aten::{func._schema.name.split('::')[-1]}")
 
     def to_cpu(a):

@@ -93,9 +93,10 @@ def _numpy_to_torch(a: np.ndarray) -> torch.Tensor:
 
 def to_cpu(t) -> torch.Tensor:
     """Materialise an XlaTensor and return a CPU copy with torch's dtype."""
-    from spmdtorch.lazy import executor
+    from spmdtorch.lazy import contract, executor
     from spmdtorch.tensor.dispatch import read_value
 
+    contract.check_not_tracing("reads a tensor's value (.item(), .cpu(), print, bool)")
     value = read_value(t)
     if not isinstance(value, jax.Array):
         executor.sync()

@@ -45,6 +45,9 @@ _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 _HOLDERS: "weakref.WeakValueDictionary[int, Storage]" = weakref.WeakValueDictionary()
 # Storages whose value is pending; the next barrier computes all of them.
 _PENDING: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+# spmdtorch.compile installs a callback here while it traces: it sees every
+# storage created or overwritten, which is how it learns what a step mutates.
+_TRACE_HOOK: list = [None]
 
 
 class Storage:
@@ -67,6 +70,8 @@ class Storage:
 
     def set(self, value) -> None:
         old = self.value
+        if _TRACE_HOOK[0] is not None:
+            _TRACE_HOOK[0](self, old)
         if old is not None and not isinstance(old, LazyRef):
             if _HOLDERS.get(id(old)) is self:
                 del _HOLDERS[id(old)]

@@ -1,0 +1,401 @@
+"""``spmdtorch.compile``: trace a step function, then replay it without Python.
+
+How it works. A call is *traced* by running ``fn`` in lazy mode and syncing at
+its end; the sync's plan says exactly which inputs the program read (argument
+tensors, pre-existing storages such as parameters and optimizer state, frozen
+Python scalars) and which storages it wrote (parameters updated in place,
+new gradients and optimizer state, the returned tensors). Once two consecutive
+traces for the same input signature record the *same* program with the same
+roles and the same frozen scalars, the function is *stable*: later calls skip
+Python entirely and call the compiled executable with the current values of
+those inputs, writing the outputs back to the same storages.
+
+The contract is ``jax.jit``'s: Python control flow in ``fn`` must not depend on
+tensor values (``.item()``, ``bool(t)``, ``print(t)`` inside ``fn`` raise
+``CompileContractError``), and Python values computed outside tensors are
+frozen at trace time. Two things are guarded so that they never give silently
+stale results: torch optimizers run with ``capturable=True`` (their step
+counters live on the device), and a change in an optimizer's hyper-parameters
+(a learning-rate schedule) re-traces.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+from torch.utils import _pytree as pytree
+
+from spmdtorch.lazy import executor, metrics
+from spmdtorch.lazy.contract import CompileContractError, TraceState, tracing
+from spmdtorch.lazy.graph import LazyRef, Scalar
+from spmdtorch.tensor import xla_tensor
+from spmdtorch.tensor.xla_tensor import XlaTensor
+
+__all__ = ["compile", "CompiledFunction", "CompileContractError", "tracing"]
+
+# Consecutive identical traces required before replay. Two: the first call of a
+# training step usually creates optimizer state, the second shows the steady step.
+_STABLE_AFTER = 2
+
+
+_TraceState = TraceState
+
+
+def _storage_hook(st, old):
+    if old is None:
+        _TraceState.created.append(weakref.ref(st))
+    elif not isinstance(old, LazyRef):
+        _TraceState.replaced[id(old)] = (old, st)
+
+
+def _optimizer_pre_hook(optimizer, args, kwargs):
+    """While tracing: make torch optimizers capturable and remember their hparams."""
+    if not _TraceState.active:
+        return None
+    for group in optimizer.param_groups:
+        if not any(isinstance(p, XlaTensor) for p in group["params"]):
+            continue
+        if "capturable" in group and not group["capturable"]:
+            group["capturable"] = True
+            for p in group["params"]:
+                state = optimizer.state.get(p)
+                if state and isinstance(state.get("step"), torch.Tensor) and not isinstance(
+                    state["step"], XlaTensor
+                ):
+                    state["step"] = state["step"].to("xla")
+    _TraceState.optimizers[id(optimizer)] = (weakref.ref(optimizer), _hparams(optimizer))
+    return None
+
+
+def _hparams(optimizer):
+    out = []
+    for group in optimizer.param_groups:
+        items = []
+        for k, v in sorted(group.items()):
+            if k == "params":
+                continue
+            if isinstance(v, torch.Tensor):
+                v = ("tensor", id(v))
+            elif isinstance(v, (list, tuple)):
+                v = tuple(("tensor", id(x)) if isinstance(x, torch.Tensor) else x for x in v)
+            items.append((k, v))
+        out.append(tuple(items))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _install_optimizer_hook():
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(_optimizer_pre_hook)
+
+
+def _signature(flat_args, spec):
+    sig = [spec]
+    storages = []
+    for a in flat_args:
+        if isinstance(a, XlaTensor):
+            st = a._st
+            alias = next((i for i, s in enumerate(storages) if s is st), -1)
+            storages.append(st)
+            base = st.value
+            sig.append(
+                ("T", tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.requires_grad, alias,
+                 tuple(base.shape), getattr(base, "sharding", None), len(a._chain))
+            )
+        elif isinstance(a, torch.Tensor):
+            sig.append(("cpu", tuple(a.shape), a.dtype))
+        else:
+            try:
+                hash(a)
+                sig.append(("V", type(a), a))
+            except TypeError:
+                sig.append(("R", type(a), repr(a)))
+    return tuple(sig)
+
+
+class _Record:
+    """What one trace computed: the program and the role of each input/output."""
+
+    __slots__ = ("prog", "plan_key", "leaf_roles", "out_targets", "result_spec", "result_leaves",
+                 "scalars", "optimizers", "compare_key")
+
+
+class _Entry:
+    __slots__ = ("last", "streak", "stable")
+
+    def __init__(self):
+        self.last = None
+        self.streak = 0
+        self.stable = None
+
+
+class CompiledFunction:
+    """A compiled step function; call it like ``fn``. See ``spmdtorch.compile``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._entries: dict = {}
+        functools.update_wrapper(self, fn)
+        _install_optimizer_hook()
+
+    # -- calling ------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if _TraceState.active:  # nested: just inline
+            return self.fn(*args, **kwargs)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat = [_to_xla_arg(a) for a in flat]
+        executor.sync()  # inputs and state must be concrete
+        sig = _signature(flat, spec)
+        entry = self._entries.get(sig)
+        if entry is None:
+            entry = self._entries[sig] = _Entry()
+        if entry.stable is not None:
+            out = self._replay(entry.stable, flat)
+            if out is not _RETRACE:
+                metrics.inc("CompiledReplay")
+                return out
+            entry.stable = None
+            entry.streak = 0
+        metrics.inc("CompiledTrace")
+        args, kwargs = pytree.tree_unflatten(flat, spec)
+        result, record = self._trace(args, kwargs, flat)
+        if record is not None and entry.last is not None and record.compare_key == entry.last.compare_key:
+            entry.streak += 1
+        else:
+            entry.streak = 1
+        entry.last = record
+        if record is not None and entry.streak >= _STABLE_AFTER:
+            entry.stable = record
+        return result
+
+    # -- tracing ------------------------------------------------------------
+    def _trace(self, args, kwargs, flat_in):
+        _TraceState.active = True
+        _TraceState.created = []
+        _TraceState.replaced = {}
+        _TraceState.optimizers = {}
+        xla_tensor._TRACE_HOOK[0] = _storage_hook
+        captured = {}
+        try:
+            arg_arrays = {}
+            for i, a in enumerate(flat_in):
+                if isinstance(a, XlaTensor):
+                    arg_arrays.setdefault(id(a._st.value), i)
+            result = self.fn(*args, **kwargs)
+            res_flat, res_spec = pytree.tree_flatten(result)
+            created = {id(r()) for r in _TraceState.created if r() is not None}
+            replaced = dict(_TraceState.replaced)
+            xla_tensor._TRACE_HOOK[0] = None
+
+            def on_plan(plan, storages, prog):
+                captured["plan"], captured["storages"], captured["prog"] = plan, storages, prog
+
+            executor.sync(_on_plan=on_plan)
+        finally:
+            _TraceState.active = False
+            xla_tensor._TRACE_HOOK[0] = None
+        record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in)
+        return result, record
+
+    def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in):
+        rec = _Record()
+        plan = captured.get("plan")
+        storages = captured.get("storages", [])
+        arg_storages = {}
+        for i, a in enumerate(flat_in):
+            if isinstance(a, XlaTensor):
+                arg_storages.setdefault(id(a._st), i)
+        returned = {}
+        for i, r in enumerate(res_flat):
+            if isinstance(r, XlaTensor):
+                returned.setdefault(id(r._st), i)
+        # Inputs: where each leaf of the program comes from on the next call.
+        roles = []
+        scalars = []
+        if plan is not None:
+            for leaf in plan.leaves:
+                if type(leaf) is Scalar:
+                    roles.append(("scalar", leaf.value))
+                    scalars.append((type(leaf.value), leaf.value))
+                    continue
+                if id(leaf) in arg_arrays:
+                    roles.append(("arg", arg_arrays[id(leaf)]))
+                    continue
+                holder = xla_tensor.holder_of(leaf)
+                if holder is None and id(leaf) in replaced:
+                    holder = replaced[id(leaf)][1]
+                if holder is not None and id(holder) not in created:
+                    roles.append(("storage", weakref.ref(holder)))
+                else:
+                    # Data made inside fn from host values: frozen like a jit constant.
+                    roles.append(("const", leaf))
+        # Outputs: which storage each program output goes to.
+        targets = []
+        for st in storages:
+            if id(st) in returned and id(st) in created:
+                targets.append(("fresh", returned[id(st)]))
+            else:
+                targets.append(("storage", weakref.ref(st)))
+        # Returned values: rebuilt per call.
+        res_leaves = []
+        out_pos = {id(st): k for k, st in enumerate(storages)}
+        for r in res_flat:
+            if isinstance(r, XlaTensor):
+                k = out_pos.get(id(r._st))
+                meta = (tuple(r.shape), r.stride(), r.storage_offset(), r.dtype, r._chain)
+                if k is not None and targets[k][0] == "fresh":
+                    res_leaves.append(("fresh", k, meta))
+                elif id(r._st) in arg_storages:
+                    res_leaves.append(("arg", arg_storages[id(r._st)], meta))
+                else:
+                    res_leaves.append(("alias", weakref.ref(r._st), meta))
+            elif isinstance(r, torch.Tensor):
+                res_leaves.append(("const", r))
+            else:
+                res_leaves.append(("value", r))
+        rec.prog = captured.get("prog")
+        rec.plan_key = None if plan is None else plan.key
+        rec.leaf_roles = roles
+        rec.out_targets = targets
+        rec.result_spec = res_spec
+        rec.result_leaves = res_leaves
+        rec.scalars = tuple(scalars)
+        rec.optimizers = dict(_TraceState.optimizers)
+        rec.compare_key = (
+            rec.plan_key,
+            tuple(_role_key(r) for r in roles),
+            tuple(t[0] if t[0] == "storage" else t for t in targets),
+            rec.scalars,
+            res_spec,
+            tuple(_res_key(r) for r in res_leaves),
+        )
+        return rec
+
+    # -- replaying -----------------------------------------------------------
+    def _replay(self, rec: _Record, flat_in):
+        for ref, hp in rec.optimizers.values():
+            opt = ref()
+            if opt is None or _hparams(opt) != hp:
+                return _RETRACE
+        args = []
+        if rec.prog is not None:
+            for role in rec.leaf_roles:
+                kind = role[0]
+                if kind == "arg":
+                    args.append(flat_in[role[1]]._st.value)
+                elif kind == "storage":
+                    st = role[1]()
+                    if st is None or isinstance(st.value, LazyRef):
+                        return _RETRACE
+                    args.append(st.value)
+                elif kind == "scalar":
+                    args.append(role[1])
+                else:
+                    args.append(role[1])
+            targets = []
+            for t in rec.out_targets:
+                if t[0] == "storage":
+                    st = t[1]()
+                    targets.append(st)  # a dead storage just drops its output
+                else:
+                    targets.append(None)
+            from spmdtorch.lazy import rng
+
+            if rec.prog.has_random:
+                args.append(rng.next_key_data())
+            try:
+                outs = executor.execute(rec.prog, args)
+            except (ValueError, TypeError):
+                # Placement/shape of some state changed outside fn: trace again.
+                return _RETRACE
+        else:
+            outs, targets = [], []
+        fresh = {}
+        for k, (t, arr) in enumerate(zip(targets, outs)):
+            if t is not None:
+                t.set(arr)
+            elif rec.out_targets[k][0] == "fresh":
+                fresh[k] = arr
+        res = []
+        for leaf in rec.result_leaves:
+            kind = leaf[0]
+            if kind == "fresh":
+                shape, stride, offset, dtype, chain = leaf[2]
+                st = xla_tensor.Storage(fresh[leaf[1]])
+                res.append(XlaTensor(st, chain, shape, stride, offset, dtype))
+            elif kind in ("alias", "arg"):
+                st = flat_in[leaf[1]]._st if kind == "arg" else leaf[1]()
+                if st is None:
+                    return _RETRACE
+                shape, stride, offset, dtype, chain = leaf[2]
+                res.append(XlaTensor(st, chain, shape, stride, offset, dtype))
+            else:
+                res.append(leaf[1])
+        return pytree.tree_unflatten(res, rec.result_spec)
+
+
+_RETRACE = object()
+
+
+def _role_key(role):
+    if role[0] == "storage":
+        return ("storage", id(role[1]()))
+    if role[0] == "const":
+        return ("const", id(role[1]))
+    return role
+
+
+def _res_key(leaf):
+    if leaf[0] == "alias":
+        return ("alias", id(leaf[1]()), leaf[2][:4])
+    if leaf[0] in ("fresh", "arg"):
+        return (leaf[0], leaf[1], leaf[2][:4])
+    if leaf[0] == "const":
+        return ("const", id(leaf[1]))
+    try:
+        hash(leaf[1])
+        return leaf
+    except TypeError:
+        return (leaf[0], repr(leaf[1]))
+
+
+def _to_xla_arg(a):
+    if isinstance(a, torch.Tensor) and not isinstance(a, XlaTensor):
+        from spmdtorch.tensor.device_mode import to_xla
+
+        return to_xla(a)
+    return a
+
+
+def compile(fn=None):
+    """Compile a step function: traced while it settles, then replayed with no Python.
+
+    Args:
+        fn: the function; its tensor arguments may be xla or CPU tensors (CPU
+            tensors are transferred each call). Mutations it makes to module
+            parameters, buffers, gradients and optimizer state are captured.
+
+    Returns:
+        A ``CompiledFunction`` to call like ``fn``.
+
+    Raises:
+        CompileContractError: when ``fn`` reads a tensor value in Python.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> w = torch.zeros(3, device="xla")
+        >>> @spmdtorch.compile
+        ... def step(x):
+        ...     w.add_(x)
+        ...     return w.sum()
+        >>> for _ in range(4):
+        ...     s = step(torch.ones(3, device="xla"))
+        >>> s.item()
+        12.0
+    """
+    if fn is None:
+        return compile
+    return CompiledFunction(fn)

@@ -1,0 +1,264 @@
+"""Activation functions and their backward ops.
+
+All math runs in float32 for bf16/f16 inputs; backward formulas follow the
+ATen derivative definitions (``derivatives.yaml``) with the same arguments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from spmdtorch.ops._util import canon_dim, upcast
+from spmdtorch.ops.registry import register
+
+
+@register("relu.default")
+def _relu(self):
+    return jnp.maximum(self, jnp.zeros((), self.dtype))
+
+
+@register("threshold.default")
+def _threshold(self, threshold, value):
+    return jnp.where(self <= threshold, value, self)
+
+
+@register("threshold_backward.default")
+def _threshold_backward(grad_output, self, threshold):
+    return jnp.where(self <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
+
+
+def _gelu(x, approximate):
+    return jax.nn.gelu(upcast(x), approximate=(approximate == "tanh"))
+
+
+@register("gelu.default")
+def _gelu_fwd(self, *, approximate="none"):
+    return _gelu(self, approximate)
+
+
+@register("gelu_backward.default")
+def _gelu_backward(grad_output, self, *, approximate="none"):
+    x = upcast(self)
+    return jax.vjp(lambda t: _gelu(t, approximate), x)[1](upcast(grad_output))[0]
+
+
+@register("silu.default")
+def _silu(self):
+    return jax.nn.silu(upcast(self))
+
+
+@register("silu_backward.default")
+def _silu_backward(grad_output, self):
+    x = upcast(self)
+    s = jax.nn.sigmoid(x)
+    return upcast(grad_output) * s * (1 + x * (1 - s))
+
+
+@register("sigmoid_backward.default")
+def _sigmoid_backward(grad_output, output):
+    y = upcast(output)
+    return upcast(grad_output) * y * (1 - y)
+
+
+@register("tanh_backward.default")
+def _tanh_backward(grad_output, output):
+    y = upcast(output)
+    return upcast(grad_output) * (1 - y * y)
+
+
+@register("leaky_relu.default")
+def _leaky_relu(self, negative_slope=0.01):
+    return jnp.where(self > 0, self, self * negative_slope)
+
+
+@register("leaky_relu_backward.default")
+def _leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    return jnp.where(self > 0, grad_output, grad_output * negative_slope)
+
+
+@register("elu.default")
+def _elu(self, alpha=1, scale=1, input_scale=1):
+    x = upcast(self)
+    return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale)
+
+
+@register("elu_backward.default")
+def _elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    g, y = upcast(grad_output), upcast(self_or_result)
+    if is_result:
+        neg = g * input_scale * (y + alpha * scale)
+    else:
+        neg = g * input_scale * alpha * scale * jnp.exp(y * input_scale)
+    return jnp.where(y > 0, g * scale, neg)
+
+
+@register("hardtanh.default")
+def _hardtanh(self, min_val=-1, max_val=1):
+    return jnp.minimum(jnp.maximum(self, min_val), max_val)
+
+
+@register("hardtanh_backward.default")
+def _hardtanh_backward(grad_output, self, min_val, max_val):
+    inside = (self > min_val) & (self < max_val)
+    return jnp.where(inside, grad_output, jnp.zeros((), grad_output.dtype))
+
+
+@register("softplus.default")
+def _softplus(self, beta=1, threshold=20):
+    x = upcast(self)
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(jnp.minimum(bx, threshold))) / beta)
+
+
+@register("softplus_backward.default")
+def _softplus_backward(grad_output, self, beta, threshold):
+    x = upcast(self)
+    bx = x * beta
+    return jnp.where(bx > threshold, upcast(grad_output), upcast(grad_output) * jax.nn.sigmoid(bx))
+
+
+@register("hardsigmoid.default")
+def _hardsigmoid(self):
+    return jnp.clip(upcast(self) / 6 + 0.5, 0, 1)
+
+
+@register("hardsigmoid_backward.default")
+def _hardsigmoid_backward(grad_output, self):
+    inside = (self > -3) & (self < 3)
+    return jnp.where(inside, upcast(grad_output) / 6, 0.0)
+
+
+@register("hardswish.default")
+def _hardswish(self):
+    x = upcast(self)
+    return x * jnp.clip(x + 3, 0, 6) / 6
+
+
+@register("hardswish_backward.default")
+def _hardswish_backward(grad_output, self):
+    x, g = upcast(self), upcast(grad_output)
+    return jnp.where(x < -3, 0.0, jnp.where(x <= 3, g * (x / 3 + 0.5), g))
+
+
+@register("mish.default")
+def _mish(self):
+    x = upcast(self)
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@register("mish_backward.default")
+def _mish_backward(grad_output, self):
+    x = upcast(self)
+    return jax.vjp(_mish, x)[1](upcast(grad_output))[0]
+
+
+@register("log_sigmoid_forward.default")
+def _log_sigmoid_forward(self):
+    x = upcast(self)
+    # The buffer is an implementation detail of the CPU kernel; zeros of the
+    # input's shape keep the meta shape.
+    return jax.nn.log_sigmoid(x), jnp.zeros_like(x)
+
+
+@register("log_sigmoid_backward.default")
+def _log_sigmoid_backward(grad_output, self, buffer):
+    x = upcast(self)
+    return upcast(grad_output) * jax.nn.sigmoid(-x)
+
+
+@register("_prelu_kernel.default")
+def _prelu(self, weight):
+    return jnp.where(self > 0, self, self * weight)
+
+
+@register("_prelu_kernel_backward.default")
+def _prelu_backward(grad_output, self, weight):
+    gi = jnp.where(self > 0, grad_output, grad_output * weight)
+    gw = jnp.where(self > 0, jnp.zeros((), grad_output.dtype), grad_output * self)
+    return gi, gw
+
+
+@register("glu.default")
+def _glu(self, dim=-1):
+    a, b = jnp.split(upcast(self), 2, axis=canon_dim(dim, self.ndim))
+    return a * jax.nn.sigmoid(b)
+
+
+@register("glu_backward.default")
+def _glu_backward(grad_output, self, dim):
+    return jax.vjp(lambda x: _glu(x, dim), upcast(self))[1](upcast(grad_output))[0]
+
+
+@register("hardshrink.default")
+def _hardshrink(self, lambd=0.5):
+    return jnp.where(jnp.abs(self) > lambd, self, jnp.zeros((), self.dtype))
+
+
+@register("softshrink.default")
+def _softshrink(self, lambd=0.5):
+    return jnp.where(self > lambd, self - lambd, jnp.where(self < -lambd, self + lambd, 0))
+
+
+@register("celu.default")
+def _celu(self, alpha=1.0):
+    x = upcast(self)
+    return jnp.where(x > 0, x, alpha * jnp.expm1(x / alpha))
+
+
+@register("selu.default")
+def _selu(self):
+    return jax.nn.selu(upcast(self))
+
+
+@register("relu6.default")
+def _relu6(self):
+    return jnp.clip(self, 0, 6)
+
+
+@register("_softmax.default")
+def _softmax(self, dim, half_to_float=False):
+    x = upcast(self)
+    if x.ndim == 0:
+        return jnp.ones_like(x)
+    return jax.nn.softmax(x, axis=canon_dim(dim, x.ndim))
+
+
+@register("_safe_softmax.default")
+def _safe_softmax(self, dim, dtype=None):
+    """Softmax whose fully-masked (all -inf) rows give 0 instead of NaN."""
+    x = upcast(self)
+    if x.ndim == 0:
+        return jnp.ones_like(x)
+    d = canon_dim(dim, x.ndim)
+    out = jax.nn.softmax(x, axis=d)
+    all_masked = jnp.all(x == -jnp.inf, axis=d, keepdims=True)
+    return jnp.where(all_masked, 0.0, out)
+
+
+@register("_log_softmax.default")
+def _log_softmax(self, dim, half_to_float=False):
+    x = upcast(self)
+    if x.ndim == 0:
+        return jnp.zeros_like(x)
+    return jax.nn.log_softmax(x, axis=canon_dim(dim, x.ndim))
+
+
+@register("_softmax_backward_data.default")
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = upcast(grad_output), upcast(output)
+    if y.ndim == 0:
+        return jnp.zeros_like(y)
+    d = canon_dim(dim, y.ndim)
+    return y * (g - jnp.sum(g * y, axis=d, keepdims=True))
+
+
+@register("_log_softmax_backward_data.default")
+def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = upcast(grad_output), upcast(output)
+    if y.ndim == 0:
+        return jnp.zeros_like(y)
+    d = canon_dim(dim, y.ndim)
+    return g - jnp.exp(y) * jnp.sum(g, axis=d, keepdims=True)

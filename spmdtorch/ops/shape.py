@@ -1,0 +1,147 @@
+"""Shape-changing copies: cat, stack, flip, roll, repeat, padding.
+
+(Pure views live in ``views.py``; these ops produce new tensors.)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spmdtorch.ops._util import canon_dim
+from spmdtorch.ops.registry import register
+
+
+@register("cat.default")
+def _cat(tensors, dim=0):
+    # torch skips legacy 1-d empty tensors (shape (0,)) when concatenating
+    # higher-rank tensors.
+    ts = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not ts:
+        return tensors[0]
+    nd = ts[0].ndim
+    dt = jnp.result_type(*ts)
+    return jnp.concatenate([t.astype(dt) for t in ts], axis=canon_dim(dim, nd))
+
+
+@register("stack.default")
+def _stack(tensors, dim=0):
+    dt = jnp.result_type(*tensors)
+    return jnp.stack([t.astype(dt) for t in tensors], axis=canon_dim(dim, tensors[0].ndim + 1))
+
+
+@register("flip.default")
+def _flip(self, dims):
+    if self.ndim == 0:
+        return self
+    return jnp.flip(self, [canon_dim(d, self.ndim) for d in dims])
+
+
+@register("roll.default")
+def _roll(self, shifts, dims=()):
+    if len(dims) == 0:
+        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
+    return jnp.roll(self, tuple(shifts), tuple(canon_dim(d, self.ndim) for d in dims))
+
+
+@register("rot90.default")
+def _rot90(self, k=1, dims=(0, 1)):
+    return jnp.rot90(self, k, axes=tuple(canon_dim(d, self.ndim) for d in dims))
+
+
+@register("repeat.default")
+def _repeat(self, repeats):
+    # torch's repeat is numpy's tile with leading dims added to ``self``.
+    x = jnp.reshape(self, (1,) * (len(repeats) - self.ndim) + self.shape)
+    return jnp.tile(x, tuple(repeats))
+
+
+@register("repeat_interleave.self_int")
+def _repeat_interleave_int(self, repeats, dim=None, *, output_size=None):
+    if dim is None:
+        return jnp.repeat(self.reshape(-1), repeats)
+    return jnp.repeat(self, repeats, axis=canon_dim(dim, self.ndim))
+
+
+@register("repeat_interleave.Tensor")
+def _repeat_interleave_tensor(repeats, *, output_size=None):
+    # Data-dependent length: needs concrete repeats or output_size.
+    n = repeats.shape[0]
+    return jnp.repeat(jnp.arange(n, dtype=jnp.int32), repeats, total_repeat_length=output_size)
+
+
+def _pad_config(ndim, pad):
+    """ATen pad list (last dim first, (lo, hi) pairs) -> lax.pad config."""
+    cfg = [(0, 0, 0)] * ndim
+    for i in range(len(pad) // 2):
+        d = ndim - 1 - i
+        cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
+    return cfg
+
+
+@register("constant_pad_nd.default")
+def _constant_pad_nd(self, pad, value=0):
+    # lax.pad takes negative widths, which crop (torch allows that too).
+    v = jnp.asarray(value).astype(self.dtype)
+    return lax.pad(self, v, _pad_config(self.ndim, pad))
+
+
+def _np_pad(self, padding, mode):
+    widths = [(lo, hi) for lo, hi, _ in _pad_config(self.ndim, padding)]
+    return jnp.pad(self, widths, mode=mode)
+
+
+for _n in (1, 2, 3):
+
+    def _reflect(self, padding):
+        return _np_pad(self, padding, "reflect")
+
+    def _replicate(self, padding):
+        return _np_pad(self, padding, "edge")
+
+    def _circular(self, padding):
+        return _np_pad(self, padding, "wrap")
+
+    def _reflect_bw(grad_output, self, padding):
+        return jax.vjp(lambda x: _np_pad(x, padding, "reflect"), self)[1](grad_output)[0]
+
+    def _replicate_bw(grad_output, self, padding):
+        return jax.vjp(lambda x: _np_pad(x, padding, "edge"), self)[1](grad_output)[0]
+
+    register(f"reflection_pad{_n}d.default")(_reflect)
+    register(f"replication_pad{_n}d.default")(_replicate)
+    register(f"reflection_pad{_n}d_backward.default")(_reflect_bw)
+    register(f"replication_pad{_n}d_backward.default")(_replicate_bw)
+
+register("_pad_circular.default")(_circular)
+
+
+@register("_pad_enum.default")
+def _pad_enum(self, pad, mode, value=None):
+    # mode: 0 constant, 1 reflect, 2 replicate, 3 circular (at::padding_mode)
+    if mode == 0:
+        return _constant_pad_nd(self, pad, 0 if value is None else value)
+    return _np_pad(self, pad, {1: "reflect", 2: "edge", 3: "wrap"}[mode])
+
+
+@register("pad.default")
+def _pad(self, pad, mode="constant", value=None):
+    if mode == "constant":
+        return _constant_pad_nd(self, pad, 0 if value is None else value)
+    return _np_pad(self, pad, {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode])
+
+
+@register("tile.default")
+def _tile(self, dims):
+    return jnp.tile(self, tuple(dims))
+
+
+@register("movedim.int")
+def _movedim(self, source, destination):
+    return jnp.moveaxis(self, source, destination)
+
+
+@register("movedim.intlist")
+def _movedim_list(self, source, destination):
+    return jnp.moveaxis(self, tuple(source), tuple(destination))
