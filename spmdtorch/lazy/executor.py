@@ -253,7 +253,9 @@ def execute(prog: "_Program", args) -> list:
 
 def pending_storages() -> list:
     """Live storages whose value is pending (what the next barrier computes)."""
-    return [st for st in list(xla_tensor._PENDING) if isinstance(st.value, LazyRef)]
+    live = [st for st in list(xla_tensor._PENDING) if isinstance(st.value, LazyRef)]
+    live.sort(key=lambda st: st.pseq)
+    return live
 
 
 def sync(wait: bool = False, _on_plan=None) -> None:

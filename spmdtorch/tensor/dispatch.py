@@ -50,7 +50,7 @@ class DeviceMismatchError(RuntimeError):
 class OpFacts:
     __slots__ = (
         "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
-        "is_out", "lowering", "has_device", "multi_out_view", "arg_names",
+        "is_out", "lowering", "has_device", "multi_out_view", "arg_names", "implicit",
     )
 
 
@@ -76,6 +76,11 @@ def op_facts(func) -> OpFacts:
     f.is_out = any(args[i].kwarg_only for i in f.mutable_pos)
     f.is_inplace = bool(f.mutable_pos) and not f.is_out and schema.name.endswith("_")
     f.has_device = any(a.name == "device" for a in args)
+    # CompositeImplicitAutograd ops (to.dtype, reshape, contiguous...) are
+    # defined by their decomposition; one that reaches us is decomposed.
+    f.implicit = f.lowering is None and torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), "CompositeImplicitAutograd"
+    )
     return f
 
 
@@ -337,6 +342,10 @@ def dispatch(func, args, kwargs):
     if func in _DATA_DEPENDENT or _has_bool_index(func, args):
         return cpu_fallback(func, args, kwargs)
     facts = op_facts(func)
+    if facts.implicit:
+        out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
     if facts.is_view:
         return _dispatch_view(func, args, kwargs, facts)
     if facts.mutable_pos and facts.lowering is None:

@@ -16,6 +16,7 @@ which "xla" lacks without torch_xla); ``.device`` reports ``xla:0``.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any
 
@@ -48,6 +49,7 @@ _PENDING: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 # spmdtorch.compile installs a callback here while it traces: it sees every
 # storage created or overwritten, which is how it learns what a step mutates.
 _TRACE_HOOK: list = [None]
+_SEQ = itertools.count()
 
 
 class Storage:
@@ -60,11 +62,12 @@ class Storage:
             steps (set by sharding annotations; None lets XLA choose).
     """
 
-    __slots__ = ("value", "version", "sharding", "__weakref__")
+    __slots__ = ("value", "version", "sharding", "pseq", "__weakref__")
 
     def __init__(self, value, sharding=None):
         self.value = None
         self.version = 0
+        self.pseq = 0
         self.sharding = sharding
         self.set(value)
 
@@ -82,6 +85,9 @@ class Storage:
         self.value = value
         self.version += 1
         if isinstance(value, LazyRef):
+            # Program outputs are ordered by when their value was last set, so
+            # the same step gives the same graph key every time.
+            self.pseq = next(_SEQ)
             _PENDING.add(self)
         else:
             _HOLDERS[id(value)] = self
