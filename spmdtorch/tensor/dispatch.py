@@ -36,7 +36,12 @@ __all__ = ["dispatch", "read_value", "assign_value", "record"]
 
 aten = torch.ops.aten
 
-_SCALAR_TYPES = frozenset({"Scalar", "float", "Optional[float]", "Optional[Scalar]", "float?", "Scalar?"})
+# Argument types whose Python numbers become runtime inputs. "Tensor" is here
+# because a Python number passed where a tensor is expected (``t / 0.5``
+# inside torch.optim) arrives as a plain number: baking it into the graph would
+# recompile every step as Adam's bias correction changes.
+# (torch prints the schema type ``Scalar`` as "number".)
+_SCALAR_TYPES = frozenset({"number", "Optional[number]", "float", "Optional[float]", "Tensor", "Optional[Tensor]"})
 _INT32 = (-(2**31), 2**31 - 1)
 
 

@@ -1,0 +1,231 @@
+"""Random ops. Each lowering takes ``key=`` (a JAX PRNG key) from the engine.
+
+Values follow torch's distributions, not its CPU generator's bit streams.
+In-place-only ops (``uniform_``, ``normal_``, ``bernoulli_``...) return the
+new value of ``self``. ``Scalar``/``float`` parameters may be traced.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from spmdtorch.ops._util import jdtype
+from spmdtorch.ops.registry import register
+
+
+def _float_dtype(dt):
+    """Draw in the tensor's float dtype (f32 for integer targets)."""
+    dt = jnp.dtype(dt)
+    return dt if jnp.issubdtype(dt, jnp.floating) else jnp.dtype(jnp.float32)
+
+
+def _uniform(key, shape, dtype, low, high):
+    dt = _float_dtype(dtype)
+    u = jax.random.uniform(key, shape, jnp.float32)
+    return (low + u * (high - low)).astype(dtype if jnp.issubdtype(dtype, jnp.floating) else dt)
+
+
+@register("uniform.default", "uniform_.default", random=True)
+def _uniform_op(self, from_=0.0, to=1.0, *, generator=None, key, **kw):
+    if "from" in kw:  # the schema name is ``from`` (a Python keyword)
+        from_ = kw.pop("from")
+    return _uniform(key, self.shape, self.dtype, from_, to).astype(self.dtype)
+
+
+@register("normal_.default", "normal_functional.default", random=True)
+def _normal_(self, mean=0.0, std=1.0, *, generator=None, key):
+    z = jax.random.normal(key, self.shape, jnp.float32)
+    return (mean + z * std).astype(self.dtype)
+
+
+@register("normal.Tensor_float", random=True)
+def _normal_tf(mean, std=1.0, *, generator=None, key):
+    z = jax.random.normal(key, mean.shape, jnp.float32)
+    return mean + z * std
+
+
+@register("normal.float_Tensor", random=True)
+def _normal_ft(mean, std, *, generator=None, key):
+    z = jax.random.normal(key, std.shape, jnp.float32)
+    return mean + z * std
+
+
+@register("normal.Tensor_Tensor", random=True)
+def _normal_tt(mean, std, *, generator=None, key):
+    shape = jnp.broadcast_shapes(mean.shape, std.shape)
+    return mean + jax.random.normal(key, shape, jnp.float32) * std
+
+
+@register("normal.float_float", random=True)
+def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, device=None,
+               pin_memory=None, key):
+    z = jax.random.normal(key, tuple(size), jnp.float32)
+    return (mean + z * std).astype(jdtype(dtype, jnp.float32))
+
+
+@register("rand.default", "rand.generator", "rand.names", "rand.generator_with_names",
+          random=True)
+def _rand(size, *, generator=None, names=None, dtype=None, layout=None, device=None,
+          pin_memory=None, key):
+    dt = jdtype(dtype, jnp.float32)
+    return jax.random.uniform(key, tuple(size), jnp.float32).astype(dt)
+
+
+@register("randn.default", "randn.generator", "randn.names", "randn.generator_with_names",
+          random=True)
+def _randn(size, *, generator=None, names=None, dtype=None, layout=None, device=None,
+           pin_memory=None, key):
+    dt = jdtype(dtype, jnp.float32)
+    return jax.random.normal(key, tuple(size), jnp.float32).astype(dt)
+
+
+@register("rand_like.default", random=True)
+def _rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None, key):
+    dt = jdtype(dtype, self.dtype)
+    return jax.random.uniform(key, self.shape, jnp.float32).astype(dt)
+
+
+@register("randn_like.default", random=True)
+def _randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
+                memory_format=None, key):
+    dt = jdtype(dtype, self.dtype)
+    return jax.random.normal(key, self.shape, jnp.float32).astype(dt)
+
+
+def _randint(key, low, high, shape, dt):
+    dt = jnp.dtype(dt)
+    if jnp.issubdtype(dt, jnp.integer):
+        return jax.random.randint(key, shape, low, high, dt)
+    v = jax.random.randint(key, shape, low, high, jnp.int32)
+    return v.astype(dt)
+
+
+@register("randint.default", "randint.generator", random=True, lift_scalars=False)
+def _randint_high(high, size, *, generator=None, dtype=None, layout=None, device=None,
+                  pin_memory=None, key):
+    return _randint(key, 0, high, tuple(size), jdtype(dtype, jnp.int32))
+
+
+@register("randint.low", "randint.low_generator", random=True, lift_scalars=False)
+def _randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None,
+                 pin_memory=None, key):
+    return _randint(key, low, high, tuple(size), jdtype(dtype, jnp.int32))
+
+
+@register("randint_like.default", random=True, lift_scalars=False)
+def _randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None,
+                  memory_format=None, key):
+    return _randint(key, 0, high, self.shape, jdtype(dtype, self.dtype))
+
+
+@register("randint_like.low_dtype", random=True, lift_scalars=False)
+def _randint_like_low(self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None,
+                      memory_format=None, key):
+    return _randint(key, low, high, self.shape, jdtype(dtype, self.dtype))
+
+
+@register("random_.default", random=True)
+def _random_(self, *, generator=None, key):
+    # torch draws from [0, 2**mantissa] for floats and the dtype's range for
+    # ints; the int32 storage range is the usable one here.
+    dt = jnp.dtype(self.dtype)
+    if dt == jnp.bool_:
+        return jax.random.bernoulli(key, 0.5, self.shape)
+    if jnp.issubdtype(dt, jnp.floating):
+        hi = 2 ** (jnp.finfo(dt).nmant + 1)
+        return jax.random.randint(key, self.shape, 0, min(hi, 2**31 - 1), jnp.int32).astype(dt)
+    return jax.random.randint(key, self.shape, 0, jnp.iinfo(dt).max, dt)
+
+
+@register("random_.from", random=True, lift_scalars=False)
+def _random_from(self, from_, to=None, *, generator=None, key, **kw):
+    hi = to if to is not None else 2**31 - 1
+    return _randint(key, from_, hi, self.shape, self.dtype)
+
+
+@register("random_.to", random=True, lift_scalars=False)
+def _random_to(self, to, *, generator=None, key):
+    return _randint(key, 0, to, self.shape, self.dtype)
+
+
+@register("bernoulli.default", random=True)
+def _bernoulli(self, *, generator=None, key):
+    return jax.random.bernoulli(key, self.astype(jnp.float32)).astype(self.dtype)
+
+
+@register("bernoulli.p", "bernoulli_.float", random=True)
+def _bernoulli_p(self, p=0.5, *, generator=None, key):
+    return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
+
+
+@register("bernoulli_.Tensor", random=True)
+def _bernoulli_t(self, p, *, generator=None, key):
+    probs = jnp.broadcast_to(p.astype(jnp.float32), self.shape)
+    return jax.random.bernoulli(key, probs).astype(self.dtype)
+
+
+@register("exponential_.default", "exponential.default", random=True)
+def _exponential(self, lambd=1.0, *, generator=None, key):
+    return (jax.random.exponential(key, self.shape, jnp.float32) / lambd).astype(self.dtype)
+
+
+@register("geometric_.default", "geometric.default", random=True)
+def _geometric(self, p, *, generator=None, key):
+    u = jax.random.uniform(key, self.shape, jnp.float32, minval=jnp.finfo(jnp.float32).tiny)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(self.dtype)
+
+
+@register("log_normal_.default", "log_normal.default", random=True)
+def _log_normal(self, mean=1.0, std=2.0, *, generator=None, key):
+    return jnp.exp(mean + std * jax.random.normal(key, self.shape, jnp.float32)).astype(self.dtype)
+
+
+@register("cauchy_.default", "cauchy.default", random=True)
+def _cauchy(self, median=0.0, sigma=1.0, *, generator=None, key):
+    return (median + sigma * jax.random.cauchy(key, self.shape, jnp.float32)).astype(self.dtype)
+
+
+@register("randperm.default", "randperm.generator", random=True)
+def _randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+    return jax.random.permutation(key, n).astype(jdtype(dtype, jnp.int32))
+
+
+@register("multinomial.default", random=True)
+def _multinomial(self, num_samples, replacement=False, *, generator=None, key):
+    logits = jnp.log(self.astype(jnp.float32))
+    if replacement:
+        shape = self.shape[:-1] + (num_samples,)
+        s = jax.random.categorical(key, logits[..., None, :], axis=-1, shape=shape)
+        return s.astype(jnp.int32)
+    # Without replacement: Gumbel top-k (exactly sequential sampling w/o replacement).
+    g = jax.random.gumbel(key, logits.shape, jnp.float32)
+    return jax.lax.top_k(logits + g, num_samples)[1].astype(jnp.int32)
+
+
+@register("native_dropout.default", random=True)
+def _native_dropout(input, p, train, *, key):
+    if train is not None and not train:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    keep = jax.random.bernoulli(key, 1.0 - p, input.shape)
+    # p == 1 drops everything (torch uses scale 0 there, not inf).
+    scale = jnp.where(p < 1, 1.0 / jnp.maximum(1.0 - p, 1e-30), 0.0)
+    out = jnp.where(keep, input.astype(jnp.float32) * scale, 0.0)
+    return out.astype(input.dtype) if jnp.issubdtype(input.dtype, jnp.floating) else out, keep
+
+
+@register("native_dropout_backward.default")
+def _native_dropout_backward(grad_output, mask, scale):
+    g = grad_output.astype(jnp.float32) if grad_output.dtype != jnp.float32 else grad_output
+    return g * mask.astype(g.dtype) * scale
+
+
+@register("rrelu_with_noise.default", random=True)
+def _rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None,
+                      *, key):
+    if not training:
+        neg = (lower + upper) / 2
+        return jnp.where(self >= 0, self, self * neg)
+    a = jax.random.uniform(key, self.shape, jnp.float32, lower, upper)
+    return jnp.where(self >= 0, self, self * a)
