@@ -245,10 +245,24 @@ def execute(prog: "_Program", args) -> list:
         outs = prog.compiled(*args)
     metrics.add_time("ExecuteTime", time.perf_counter() - start)
     if outs:
-        _INFLIGHT.append(outs[0])
-        while len(_INFLIGHT) > MAX_IN_FLIGHT:
-            _INFLIGHT.popleft().block_until_ready()
+        _INFLIGHT.append(outs)
+        _bound_in_flight(MAX_IN_FLIGHT)
     return outs
+
+
+def _bound_in_flight(limit: int) -> None:
+    """Block until at most ``limit`` executions are queued.
+
+    An output that a later execution took by donation is deleted; that later
+    execution cannot run before this one, so waiting on any live output of an
+    execution (or on its successor) bounds it.
+    """
+    while len(_INFLIGHT) > limit:
+        outs = _INFLIGHT.popleft()
+        for arr in outs:
+            if not arr.is_deleted():
+                arr.block_until_ready()
+                break
 
 
 def pending_storages() -> list:
@@ -282,8 +296,7 @@ def sync(wait: bool = False, _on_plan=None) -> None:
         for st, arr in zip(storages, outs):
             st.set(arr)
     if wait:
-        while _INFLIGHT:
-            _INFLIGHT.popleft().block_until_ready()
+        _bound_in_flight(0)
 
 
 def evaluate(ref: LazyRef) -> jax.Array:

@@ -1,17 +1,34 @@
 """ATen → JAX lowerings, one module per op family.
 
-Importing this package imports every op module, which fills
-``registry.LOWERINGS``.
+Importing this package fills ``registry.LOWERINGS`` (and
+``views.VIEW_INVERSES``). See ``registry`` for the calling convention.
 """
 
-import importlib
-import pkgutil
+from spmdtorch.ops import registry  # noqa: F401  (first: the others register into it)
+from spmdtorch.ops import (  # noqa: F401
+    activations,
+    attention,
+    conv,
+    elementwise,
+    factories,
+    indexing,
+    linalg,
+    losses,
+    norms,
+    random,
+    reductions,
+    shape,
+    views,
+)
+from spmdtorch.ops.registry import LOWERINGS, get_lowering, register, resolve_ops  # noqa: F401
+from spmdtorch.ops.views import VIEW_INVERSES, get_inverse, register_inverse  # noqa: F401
 
-from spmdtorch.ops import registry
-from spmdtorch.ops.registry import LOWERINGS, get_lowering, register
-
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if not _mod.startswith("_") and _mod != "registry":
-        importlib.import_module(f"{__name__}.{_mod}")
-
-__all__ = ["registry", "register", "get_lowering", "LOWERINGS"]
+__all__ = [
+    "LOWERINGS",
+    "VIEW_INVERSES",
+    "get_inverse",
+    "get_lowering",
+    "register",
+    "register_inverse",
+    "resolve_ops",
+]

@@ -19,7 +19,7 @@ from spmdtorch.ops.registry import register
 
 
 def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa=False):
-    """Returns (output, logsumexp) with logsumexp over the key axis in f32."""
+    """Returns (output, logsumexp, probs); logsumexp over the key axis, f32."""
     q = query.astype(jnp.float32)
     k = key.astype(jnp.float32)
     v = value.astype(jnp.float32)
@@ -43,18 +43,14 @@ def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa=False)
     # (finite) so training does not blow up on padding rows.
     p = jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None])
     p = jnp.where(jnp.isfinite(lse)[..., None], p, 0.0)
-    return linalg.matmul(p, v), lse
-
-
-def _maybe_dropout(p_attn_out, dropout_p, key):
-    return p_attn_out
+    return linalg.matmul(p, v), lse, p
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu.default")
 def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
                     scale=None):
     _check_no_dropout(dropout_p)
-    out, lse = _attention(query, key, value, attn_mask, is_causal, scale)
+    out, lse, _ = _attention(query, key, value, attn_mask, is_causal, scale)
     return out, lse
 
 
@@ -72,13 +68,8 @@ def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropou
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                dropout_mask=None, *, scale=None, enable_gqa=False):
     _check_no_dropout(dropout_p)
-    q, k, v = query.astype(jnp.float32), key.astype(jnp.float32), value.astype(jnp.float32)
-    out, lse = _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    out, _, probs = _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     # The second output is the attention-probability matrix.
-    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    kk = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3) if q.ndim >= 3 else k
-    s = linalg.matmul(q, jnp.swapaxes(kk, -1, -2)) * sc
-    probs = jnp.exp(s - lse[..., None])
     return out, probs
 
 

@@ -59,8 +59,11 @@ def to_xla(t: torch.Tensor) -> torch.Tensor:
 def _tensor_to(args, kwargs):
     self = args[0]
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
-    if not _is_xla(device) or isinstance(self, XlaTensor):
+    if not _is_xla(device):
         return None
+    if isinstance(self, XlaTensor):
+        out = self if dtype is None or dtype == self.dtype else self.to(dtype)
+        return out.clone() if kwargs.get("copy") and out is self else out
     if dtype is not None and dtype != self.dtype:
         self = self.to(dtype)
     out = to_xla(self)

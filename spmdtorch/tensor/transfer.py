@@ -53,14 +53,17 @@ def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
     """Copy a CPU tensor to the devices (replicated unless ``sharding`` given).
 
     The copy is what keeps device data immutable when the user later writes
-    into the CPU tensor; ``jax.device_put`` makes it straight from the tensor's
-    memory, with no staging copy.
+    into the CPU tensor.
     """
     if t.device.type != "cpu":
         raise RuntimeError(f"expected a CPU tensor to transfer, got one on {t.device}")
     metrics.inc("TransferToDevice")
     with metrics.timed("TransferToDeviceTime"):
-        return jax.device_put(_host_numpy(t), sharding or replicated_sharding())
+        # On CPU, JAX may alias host memory instead of copying (even with
+        # may_alias=False for replicated shardings), and torch users may write
+        # into their tensor right after .to("xla"). Hand JAX a private copy: it
+        # is the one copy this transfer makes, JAX may then alias it freely.
+        return jax.device_put(np.array(_host_numpy(t), copy=True), sharding or replicated_sharding())
 
 
 def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:

@@ -214,16 +214,23 @@ class XlaTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None):  # type: ignore[override]
         from spmdtorch.tensor import transfer
 
-        cpu = transfer.to_cpu(self)
-        text = torch._tensor_str._str(cpu)
-        extra = ["device='xla:0'"]
-        if self.grad_fn is not None:
-            extra.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
-        elif self.requires_grad:
-            extra.append("requires_grad=True")
-        # torch's CPU repr ends with ")" and may already carry dtype=...;
-        # insert the device (and autograd info) the way torch orders them.
-        return text[:-1] + ", " + ", ".join(extra) + ")"
+        if tensor_contents is None:
+            cpu = transfer.to_cpu(self)
+            # torch formats the values of the CPU copy; its own suffix logic
+            # (device, dtype, grad_fn, in torch's order) then runs on self.
+            tensor_contents = torch._tensor_str._tensor_str(cpu, len("tensor("))
+        with torch._C.DisableTorchFunctionSubclass():
+            text = torch._tensor_str._str_intern(self, tensor_contents=tensor_contents)
+        # torch prefixes subclasses with their class name; users expect "tensor(".
+        return "tensor(" + text[text.index("(") + 1 :]
+
+    def __setitem__(self, index, value):
+        # For a Python number torch builds the value tensor on the tensor's
+        # storage device (meta here), where the number would be lost; a 0-dim
+        # CPU tensor carries it into copy_/index_put_ instead.
+        if isinstance(value, (int, float, bool, complex)):
+            value = torch.tensor(value, dtype=self.dtype)
+        return torch.Tensor.__setitem__(self, index, value)
 
     __str__ = __repr__
 

@@ -1,0 +1,552 @@
+"""Step-time benchmark: spmdtorch (lazy, compiled) against a pure-JAX twin.
+
+Run:
+
+    python benchmarks/step_time.py            # full run (a few minutes on 2 cores)
+    python benchmarks/step_time.py --quick    # smoke run (< 60 s)
+
+Measures, in one process on 8 simulated CPU devices (everything runs unsharded
+on device 0; the 8 devices only make the runtime look like the test setup):
+
+1. Lazy tracing cost per ATen op: host time of a training step from the start
+   of ``zero_grad`` to just before ``spmdtorch.sync()``, divided by the
+   ``DispatchedOps`` counter delta (steady state, median); plus a chain of small
+   elementwise ops (``x = x * 1.0001 + 0.5``).
+2. Host time per training step for an MLP and ``LlamaForCausalLM`` (tiny) in
+   three ways: spmdtorch lazy, ``spmdtorch.compile``, and a pure-JAX twin (same
+   math and parameter shapes, same initial weights, AdamW by hand, one
+   ``jax.jit`` with donated params/optimizer state). Blocking (the loss is read
+   every step) and throughput (no blocking until the end) medians, first-step
+   (trace + compile) and warm-up times.
+
+See benchmarks/README.md for what each column means and committed results.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+# -- environment: must happen before jax (or spmdtorch) is imported -----------
+_NUM_DEVICES = 8
+_flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
+os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}"])
+try:
+    _nproc = int(os.environ.get("NPROC", "0"))
+except ValueError:
+    _nproc = 0
+if _nproc < max(16, 2 * _NUM_DEVICES):  # DESIGN.md, "CPU collective deadlock"
+    os.environ["NPROC"] = str(max(16, 2 * _NUM_DEVICES))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+if "jax" in sys.modules:
+    raise RuntimeError("benchmarks/step_time.py must set XLA_FLAGS before jax is imported")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import datetime  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from torch import nn  # noqa: E402
+
+import spmdtorch  # noqa: E402
+from spmdtorch import debug  # noqa: E402
+from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss  # noqa: E402
+
+console = Console(width=160)
+
+TRACE_TARGET_US = 20.0  # lazy tracing cost target, µs per ATen op
+COMPILED_TARGET = 1.05  # compiled step time target, × the JAX twin
+
+LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
+
+
+def now():
+    return time.perf_counter()
+
+
+def median_ms(xs):
+    return statistics.median(xs) * 1e3
+
+
+# =============================================================================
+# Models (torch) and their pure-JAX twins
+# =============================================================================
+
+
+class MLP(nn.Module):
+    """3 Linear layers, 256 wide, GELU (exact erf form)."""
+
+    def __init__(self, d_in=256, width=256, n_classes=16):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, width)
+        self.fc2 = nn.Linear(width, width)
+        self.fc3 = nn.Linear(width, n_classes)
+
+    def forward(self, x):
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+
+
+def mlp_loss(model, x, y):
+    return F.cross_entropy(model(x), y)
+
+
+def jax_linear(p, name, x):
+    y = x @ p[name + ".weight"].T
+    b = p.get(name + ".bias")
+    return y if b is None else y + b
+
+
+def jax_cross_entropy(logits, labels):
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
+
+
+def jax_mlp_loss(p, x, y):
+    h = jax.nn.gelu(jax_linear(p, "fc1", x), approximate=False)
+    h = jax.nn.gelu(jax_linear(p, "fc2", h), approximate=False)
+    return jax_cross_entropy(jax_linear(p, "fc3", h), y)
+
+
+def make_jax_llama_loss(cfg: LlamaConfig):
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+
+    def rms(x, w):
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + cfg.norm_eps)
+        return xf.astype(x.dtype) * w
+
+    def rope(x, cos, sin):  # x: (b, h, s, hd); two halves
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    def loss_fn(p, tokens):
+        b, s = tokens.shape
+        half = hd // 2
+        inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) / half))
+        angles = jnp.outer(jnp.arange(s, dtype=jnp.float32), inv_freq)
+        cos, sin = jnp.cos(angles)[None, None], jnp.sin(angles)[None, None]
+        mask = jnp.tril(jnp.ones((s, s), dtype=bool))
+        h = p["tok_embeddings.weight"][tokens]
+        for i in range(cfg.n_layers):
+            pre = f"layers.{i}."
+            x = rms(h, p[pre + "attention_norm.weight"])
+            q = jax_linear(p, pre + "attention.wq", x).reshape(b, s, nh, hd).transpose(0, 2, 1, 3)
+            k = jax_linear(p, pre + "attention.wk", x).reshape(b, s, nkv, hd).transpose(0, 2, 1, 3)
+            v = jax_linear(p, pre + "attention.wv", x).reshape(b, s, nkv, hd).transpose(0, 2, 1, 3)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            k = jnp.repeat(k, nh // nkv, axis=1)  # GQA, as repeat_interleave
+            v = jnp.repeat(v, nh // nkv, axis=1)
+            scores = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(hd)
+            scores = jnp.where(mask, scores, -jnp.inf)
+            att = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype) @ v
+            h = h + jax_linear(p, pre + "attention.wo", att.transpose(0, 2, 1, 3).reshape(b, s, -1))
+            x = rms(h, p[pre + "ffn_norm.weight"])
+            ff = jax.nn.silu(jax_linear(p, pre + "feed_forward.w1", x)) * jax_linear(p, pre + "feed_forward.w3", x)
+            h = h + jax_linear(p, pre + "feed_forward.w2", ff)
+        logits = jax_linear(p, "output", rms(h, p["norm.weight"]))
+        return jax_cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1))
+
+    return loss_fn
+
+
+def jax_adamw_init(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return {"step": jnp.zeros((), jnp.float32), "m": zeros, "v": jax.tree.map(jnp.zeros_like, params)}
+
+
+def jax_adamw_update(params, grads, state):
+    """torch.optim.AdamW (amsgrad=False, maximize=False), same defaults."""
+    b1, b2 = BETAS
+    step = state["step"] + 1
+    bc1 = 1 - b1**step
+    bc2_sqrt = jnp.sqrt(1 - b2**step)
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], grads)
+
+    def upd(p, m, v):
+        p = p * (1 - LR * WD)
+        return p - (LR / bc1) * m / (jnp.sqrt(v) / bc2_sqrt + EPS)
+
+    return jax.tree.map(upd, params, m, v), {"step": step, "m": m, "v": v}
+
+
+def make_jax_step(loss_fn):
+    def step(params, opt_state, *batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+        params, opt_state = jax_adamw_update(params, grads, opt_state)
+        return params, opt_state, loss
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def to_jax_params(model: nn.Module):
+    return {k: jnp.asarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+
+
+def to_jax_batch(batch):
+    out = []
+    for t in batch:
+        a = t.detach().cpu().numpy()
+        out.append(jnp.asarray(a.astype(np.int32) if a.dtype == np.int64 else a))
+    return out
+
+
+# =============================================================================
+# Workloads
+# =============================================================================
+
+
+class Workload:
+    def __init__(self, name, model, torch_loss, jax_loss, batch):
+        self.name = name
+        self.model = model  # CPU reference weights
+        self.torch_loss = torch_loss  # (model, *batch) -> loss
+        self.jax_loss = jax_loss  # (params, *batch) -> loss
+        self.batch = batch  # CPU tensors
+
+
+def mlp_workload():
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(64, 256)
+    y = torch.randint(0, 16, (64,))
+    return Workload("MLP 3×256, GELU, batch 64", model, mlp_loss, jax_mlp_loss, (x, y))
+
+
+def llama_workload():
+    torch.manual_seed(0)
+    cfg = LlamaConfig.tiny()
+    model = LlamaForCausalLM(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (8, 64))
+    return Workload(
+        f"Llama tiny (dim {cfg.dim}, {cfg.n_layers} layers, GQA {cfg.n_heads}/{cfg.n_kv_heads}), batch 8×64",
+        model,
+        lambda m, tok: causal_lm_loss(m(tok), tok),
+        make_jax_llama_loss(cfg),
+        (tokens,),
+    )
+
+
+def make_torch_step(model, opt, loss_fn):
+    def step(*batch):
+        opt.zero_grad()
+        loss = loss_fn(model, *batch)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+# =============================================================================
+# Runners. Each returns a dict of measurements.
+# =============================================================================
+
+
+def run_lazy(w: Workload, warmup: int, steps: int):
+    model = copy.deepcopy(w.model).to("xla")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    batch = [t.to("xla") for t in w.batch]
+    step = make_torch_step(model, opt, w.torch_loss)
+    spmdtorch.wait_device_ops()
+
+    res = {"losses": []}
+    compiles0 = debug.counter_value("UncachedCompile")
+    warm_t0 = now()
+    for i in range(warmup):
+        t0 = now()
+        loss = step(*batch)
+        spmdtorch.sync()
+        res["losses"].append(loss.item())
+        if i == 0:
+            res["first"] = now() - t0
+    res["warmup"] = now() - warm_t0
+    res["warmup_compiles"] = debug.counter_value("UncachedCompile") - compiles0
+
+    # Blocking steady state: trace | sync (host) | wait for the result.
+    trace, sync_host, total, per_op, ops = [], [], [], [], []
+    compiles1 = debug.counter_value("UncachedCompile")
+    for _ in range(steps):
+        d0 = debug.counter_value("DispatchedOps")
+        t0 = now()
+        loss = step(*batch)  # zero_grad ... opt.step()
+        t1 = now()
+        n = debug.counter_value("DispatchedOps") - d0
+        spmdtorch.sync()
+        t2 = now()
+        res["losses"].append(loss.item())
+        t3 = now()
+        trace.append(t1 - t0)
+        sync_host.append(t2 - t1)
+        total.append(t3 - t0)
+        ops.append(n)
+        per_op.append((t1 - t0) / n)
+    res["steady_compiles"] = debug.counter_value("UncachedCompile") - compiles1
+    res.update(trace=trace, sync_host=sync_host, blocking=total, per_op=per_op, ops=ops)
+
+    # Throughput: no blocking until the end.
+    spmdtorch.wait_device_ops()
+    t0 = now()
+    for _ in range(steps):
+        loss = step(*batch)
+        spmdtorch.sync()
+    spmdtorch.wait_device_ops()
+    res["throughput"] = (now() - t0) / steps
+    res["losses"].append(loss.item())
+    return res
+
+
+def run_compiled(w: Workload, warmup: int, steps: int):
+    model = copy.deepcopy(w.model).to("xla")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    batch = [t.to("xla") for t in w.batch]
+    step = spmdtorch.compile(make_torch_step(model, opt, w.torch_loss))
+    spmdtorch.wait_device_ops()
+
+    res = {"losses": []}
+    compiles0 = debug.counter_value("UncachedCompile")
+    replays0 = debug.counter_value("CompiledReplay")
+    warm_t0 = now()
+    n_warm = 0
+    # Warm up until the function replays (it is stable), then `warmup` more.
+    while True:
+        t0 = now()
+        loss = step(*batch)
+        res["losses"].append(loss.item())
+        if n_warm == 0:
+            res["first"] = now() - t0
+        n_warm += 1
+        if debug.counter_value("CompiledReplay") > replays0:
+            break
+        if n_warm > 20:
+            raise RuntimeError("spmdtorch.compile never reached replay in 20 calls")
+    res["traces_until_replay"] = n_warm - 1
+    res["warmup_until_replay"] = now() - warm_t0
+    for _ in range(max(0, warmup - n_warm)):
+        res["losses"].append(step(*batch).item())
+    res["warmup"] = now() - warm_t0
+    res["warmup_compiles"] = debug.counter_value("UncachedCompile") - compiles0
+    res["warmup_steps"] = len(res["losses"])
+
+    total = []
+    compiles1 = debug.counter_value("UncachedCompile")
+    traces1 = debug.counter_value("CompiledTrace")
+    for _ in range(steps):
+        t0 = now()
+        loss = step(*batch)
+        res["losses"].append(loss.item())
+        total.append(now() - t0)
+    res["steady_compiles"] = debug.counter_value("UncachedCompile") - compiles1
+    res["steady_traces"] = debug.counter_value("CompiledTrace") - traces1
+    res["blocking"] = total
+
+    spmdtorch.wait_device_ops()
+    t0 = now()
+    for _ in range(steps):
+        loss = step(*batch)
+    spmdtorch.wait_device_ops()
+    res["throughput"] = (now() - t0) / steps
+    res["losses"].append(loss.item())
+    return res
+
+
+def run_jax(w: Workload, warmup_steps: int, steps: int):
+    params = to_jax_params(w.model)
+    opt_state = jax_adamw_init(params)
+    batch = to_jax_batch(w.batch)
+    step = make_jax_step(w.jax_loss)
+    jax.block_until_ready((params, opt_state))
+
+    res = {"losses": [], "initial_loss": float(jax.jit(w.jax_loss)(params, *batch))}
+    warm_t0 = now()
+    for i in range(warmup_steps):
+        t0 = now()
+        params, opt_state, loss = step(params, opt_state, *batch)
+        res["losses"].append(float(loss))
+        if i == 0:
+            res["first"] = now() - t0
+    res["warmup"] = now() - warm_t0
+
+    total = []
+    for _ in range(steps):
+        t0 = now()
+        params, opt_state, loss = step(params, opt_state, *batch)
+        res["losses"].append(float(loss))
+        total.append(now() - t0)
+    res["blocking"] = total
+
+    jax.block_until_ready(params)
+    t0 = now()
+    for _ in range(steps):
+        params, opt_state, loss = step(params, opt_state, *batch)
+    jax.block_until_ready((params, opt_state, loss))
+    res["throughput"] = (now() - t0) / steps
+    res["losses"].append(float(loss))
+    return res
+
+
+def run_chain(n_ops: int, reps: int):
+    """``x = x * 1.0001 + 0.5`` repeated: µs per recorded op, and the sync cost."""
+    x0 = torch.ones(16, 16, device="xla")
+    spmdtorch.wait_device_ops()
+    per_op, sync_host, ops = [], [], []
+    for _ in range(reps):
+        x = x0
+        d0 = debug.counter_value("DispatchedOps")
+        t0 = now()
+        for _ in range(n_ops // 2):
+            x = x * 1.0001 + 0.5
+        t1 = now()
+        n = debug.counter_value("DispatchedOps") - d0
+        spmdtorch.sync()
+        t2 = now()
+        x.cpu()
+        per_op.append((t1 - t0) / n)
+        sync_host.append((t2 - t1) / n)
+        ops.append(n)
+    skip = 2 if reps > 3 else 1  # the first reps compile
+    return {"per_op": per_op[skip:], "sync_per_op": sync_host[skip:], "ops": ops[-1], "reps": reps - skip}
+
+
+# =============================================================================
+# Reporting
+# =============================================================================
+
+
+def machine_info():
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
+    except OSError:
+        cpu = platform.processor() or "?"
+    return [
+        ("date", datetime.date.today().isoformat()),
+        ("platform", platform.platform()),
+        ("cpu", f"{cpu}, {os.cpu_count()} cores (os.cpu_count)"),
+        ("python", platform.python_version()),
+        ("torch", torch.__version__),
+        ("jax / jaxlib", f"{jax.__version__} / {jax.lib.__version__ if hasattr(jax.lib, '__version__') else '?'}"),
+        ("spmdtorch", spmdtorch.__version__),
+        ("jax devices", f"{jax.device_count()} × {jax.devices()[0].platform} "
+                        f"(XLA_FLAGS={os.environ['XLA_FLAGS']!s}, NPROC={os.environ['NPROC']})"),
+    ]
+
+
+def verdict(ok):
+    return "[green]meets[/green]" if ok else "[red]misses[/red]"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps (smoke run, < 60 s)")
+    args = ap.parse_args(argv)
+    warmup = 3
+    steps = 4 if args.quick else 20
+    chain_ops = 400 if args.quick else 1000
+    chain_reps = 3 if args.quick else 7
+    t_start = now()
+
+    info = Table(title="Machine", show_header=False)
+    for k, v in machine_info():
+        info.add_row(k, v)
+    console.print(info)
+    console.print(f"mode: {'--quick' if args.quick else 'full'}; warm-up {warmup} steps, "
+                  f"{steps} measured steps per mode (blocking) + {steps} (throughput)\n")
+
+    workloads = [mlp_workload(), llama_workload()]
+    results = {}
+    for w in workloads:
+        # Apples to apples: the twin computes the torch model's loss.
+        ref = float(w.torch_loss(w.model, *w.batch))
+        console.print(f"[bold]{w.name}[/bold]")
+        r_jax = run_jax(w, warmup, steps)
+        r_lazy = run_lazy(w, warmup, steps)
+        r_comp = run_compiled(w, warmup, steps)
+        init = {"torch eager (CPU)": ref, "spmdtorch lazy": r_lazy["losses"][0],
+                "spmdtorch compiled": r_comp["losses"][0], "JAX twin": r_jax["initial_loss"]}
+        console.print("  initial loss: " + ", ".join(f"{k} {v:.6f}" for k, v in init.items()))
+        for k, v in init.items():
+            assert abs(v - r_jax["initial_loss"]) < 1e-4, f"{k} initial loss {v} != JAX twin {r_jax['initial_loss']}"
+        finals = {"lazy": r_lazy["losses"][-1], "compiled": r_comp["losses"][-1], "JAX twin": r_jax["losses"][-1]}
+        n_total = {"lazy": len(r_lazy["losses"]), "compiled": len(r_comp["losses"]), "JAX twin": len(r_jax["losses"])}
+        console.print("  last loss:    " + ", ".join(f"{k} {v:.6f} (after {n_total[k]} reads)" for k, v in finals.items()))
+        results[w.name] = (r_lazy, r_comp, r_jax)
+    r_chain = run_chain(chain_ops, chain_reps)
+    console.print()
+
+    # -- table 1: tracing cost ---------------------------------------------------
+    t1 = Table(title=f"1. Lazy tracing cost per ATen op (target < {TRACE_TARGET_US:.0f} µs/op)")
+    for col in ("workload", "ATen ops / step", "trace ms / step", "µs / op (median)", "µs / op (min)",
+                "sync host µs / op", "target"):
+        t1.add_column(col, justify="left" if col == "workload" else "right")
+    for name, (r_lazy, _, _) in results.items():
+        us = statistics.median(r_lazy["per_op"]) * 1e6
+        n = statistics.median(r_lazy["ops"])
+        t1.add_row(f"{name.split(',')[0]} training step", f"{n:.0f}", f"{median_ms(r_lazy['trace']):.2f}", f"{us:.1f}",
+                   f"{min(r_lazy['per_op']) * 1e6:.1f}", f"{statistics.median(r_lazy['sync_host']) / n * 1e6:.1f}",
+                   verdict(us < TRACE_TARGET_US))
+    us = statistics.median(r_chain["per_op"]) * 1e6
+    t1.add_row(f"chain x = x*1.0001 + 0.5 (16×16, {r_chain['reps']} reps)", f"{r_chain['ops']}",
+               f"{statistics.median(r_chain['per_op']) * r_chain['ops'] * 1e3:.2f}", f"{us:.1f}",
+               f"{min(r_chain['per_op']) * 1e6:.1f}", f"{statistics.median(r_chain['sync_per_op']) * 1e6:.1f}",
+               verdict(us < TRACE_TARGET_US))
+    console.print(t1)
+
+    # -- table 2: step time ----------------------------------------------------
+    t2 = Table(title=f"2. Host time per training step, steady state (target: compiled ≤ {COMPILED_TARGET}× JAX twin)")
+    for col in ("model", "mode", "first step s", "warm-up s (steps, compiles)", "blocking ms (median)",
+                "min ms", "× twin", "throughput ms/step", "× twin", "target"):
+        t2.add_column(col, justify="left" if col in ("model", "mode") else "right")
+    for name, (r_lazy, r_comp, r_jax) in results.items():
+        jb, jt = median_ms(r_jax["blocking"]), r_jax["throughput"] * 1e3
+        short = name.split(",")[0]
+        for mode, r in (("spmdtorch lazy", r_lazy), ("spmdtorch compiled", r_comp), ("JAX twin (jax.jit)", r_jax)):
+            b, t = median_ms(r["blocking"]), r["throughput"] * 1e3
+            if r is r_lazy:
+                warm = f"{r['warmup']:.2f} ({warmup}, {r['warmup_compiles']})"
+            elif r is r_comp:
+                warm = f"{r['warmup_until_replay']:.2f} ({r['traces_until_replay']} traces, {r['warmup_compiles']})"
+            else:
+                warm = f"{r['warmup']:.2f} ({warmup}, 1)"
+            target = ""
+            if r is r_comp:
+                target = verdict(b / jb <= COMPILED_TARGET)
+            t2.add_row(short, mode, f"{r['first']:.2f}", warm, f"{b:.2f}", f"{min(r['blocking']) * 1e3:.2f}",
+                       f"{b / jb:.2f}", f"{t:.2f}", f"{t / jt:.2f}", target)
+        t2.add_section()
+    console.print(t2)
+
+    # -- lazy breakdown --------------------------------------------------------
+    t3 = Table(title="Lazy step breakdown (blocking mode, medians)")
+    for col in ("model", "trace ms", "sync() host ms", "wait + .item() ms", "total ms", "recompiles in steady state"):
+        t3.add_column(col, justify="left" if col == "model" else "right")
+    for name, (r_lazy, r_comp, _) in results.items():
+        tr, sh, tot = median_ms(r_lazy["trace"]), median_ms(r_lazy["sync_host"]), median_ms(r_lazy["blocking"])
+        t3.add_row(name.split(",")[0], f"{tr:.2f}", f"{sh:.2f}", f"{tot - tr - sh:.2f}", f"{tot:.2f}",
+                   f"lazy {r_lazy['steady_compiles']}, compiled {r_comp['steady_compiles']} "
+                   f"(+{r_comp['steady_traces']} re-traces)")
+    console.print(t3)
+    ct = debug.metric_data("CompileTime")
+    if ct is not None:
+        console.print(f"CompileTime metric (spmdtorch, whole run): {ct[0]} compiles, {ct[1]:.2f} s total, "
+                      f"max {ct[2]:.2f} s")
+    console.print(f"UncachedCompile {debug.counter_value('UncachedCompile')}, "
+                  f"CachedCompile {debug.counter_value('CachedCompile')}, "
+                  f"DispatchedOps {debug.counter_value('DispatchedOps')}")
+    console.print(f"total benchmark wall time: {now() - t_start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

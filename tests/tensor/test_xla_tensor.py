@@ -1,0 +1,176 @@
+"""The xla device: factories, transfers, dtypes, printing, errors."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import spmdtorch
+from spmdtorch.tensor import XlaTensor
+
+XLA = torch.device("xla", 0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(2, 3, device="xla"),
+        lambda: torch.ones(2, 3, device="xla"),
+        lambda: torch.full((2, 3), 7.5, device="xla"),
+        lambda: torch.empty(2, 3, device="xla"),
+        lambda: torch.arange(6, device="xla"),
+        lambda: torch.arange(0, 3, 0.5, device="xla"),
+        lambda: torch.randn(2, 3, device="xla"),
+        lambda: torch.rand(2, 3, device="xla"),
+        lambda: torch.randint(0, 10, (2, 3), device="xla"),
+        lambda: torch.tensor([[1.0, 2.0], [3.0, 4.0]], device="xla"),
+        lambda: torch.eye(3, device="xla"),
+        lambda: torch.zeros(2, 3, device=spmdtorch.device()),
+    ],
+)
+def test_factories_create_xla_tensors(make):
+    t = make()
+    assert isinstance(t, XlaTensor)
+    assert t.device == XLA
+    cpu = t.cpu()
+    assert cpu.device.type == "cpu"
+    assert cpu.dtype == t.dtype and cpu.shape == t.shape
+
+
+def test_factory_values_match_torch():
+    torch.testing.assert_close(torch.arange(0, 3, 0.5, device="xla").cpu(), torch.arange(0, 3, 0.5))
+    torch.testing.assert_close(torch.full((2, 2), 7.5, device="xla").cpu(), torch.full((2, 2), 7.5))
+    torch.testing.assert_close(torch.eye(3, device="xla").cpu(), torch.eye(3))
+    r = torch.randint(3, 10, (1000,), device="xla").cpu()
+    assert r.dtype == torch.int64 and int(r.min()) >= 3 and int(r.max()) < 10
+    u = torch.rand(10000, device="xla").cpu()
+    assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.02
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool, torch.float64]
+)
+def test_dtypes_report_torch_dtype(dtype):
+    src = (torch.arange(6).reshape(2, 3) % 2).to(dtype)
+    x = src.to("xla")
+    assert x.dtype == dtype
+    y = x.clone()
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.cpu(), src)
+    assert (x + x).dtype == (src + src).dtype
+
+
+def test_integer_promotion_matches_eager():
+    a = torch.tensor([1, 2, 3])
+    x = a.to("xla")
+    assert (x * 2).dtype == torch.int64
+    assert (x / 2).dtype == torch.float32
+    torch.testing.assert_close((x / 2).cpu(), a / 2)
+    torch.testing.assert_close((x // 2).cpu(), a // 2)
+
+
+def test_to_and_cpu_roundtrip_preserve_values():
+    src = torch.randn(3, 4)
+    x = src.to("xla")
+    torch.testing.assert_close(x.cpu(), src)
+    assert x.to("xla") is x
+    torch.testing.assert_close(src.to("xla", torch.bfloat16).cpu(), src.to(torch.bfloat16))
+
+
+def test_cpu_copy_is_independent_of_device_data():
+    x = torch.ones(3).to("xla")
+    c = x.cpu()
+    c += 5
+    torch.testing.assert_close(x.cpu(), torch.ones(3))
+    src = torch.ones(3)
+    y = src.to("xla")
+    src += 1
+    torch.testing.assert_close(y.cpu(), torch.ones(3))
+
+
+def test_module_to_xla():
+    m = torch.nn.Linear(3, 2)
+    w = m.weight.detach().clone()
+    m.to("xla")
+    assert isinstance(m.weight, torch.nn.Parameter) or getattr(m.weight, "_is_param", False)
+    assert isinstance(m.weight, XlaTensor) and m.weight.requires_grad
+    assert m.weight.device == XLA
+    torch.testing.assert_close(m.weight.cpu(), w)
+
+
+def test_numpy_errors_until_cpu():
+    x = torch.ones(2, device="xla")
+    with pytest.raises(TypeError, match=r"can't convert xla:0 device type tensor to numpy.*cpu\(\)"):
+        x.numpy()
+    np.testing.assert_array_equal(x.cpu().numpy(), np.ones(2, np.float32))
+
+
+def test_item_tolist_bool():
+    x = torch.tensor([1.5, 2.5], device="xla")
+    assert x.sum().item() == 4.0
+    assert x.tolist() == [1.5, 2.5]
+    assert bool((x > 1).all())
+    assert not bool((x > 2).all())
+    assert f"{x.sum():.1f}" == "4.0"
+
+
+def test_repr_shows_values_and_device():
+    x = torch.tensor([1.0, 2.0], device="xla")
+    assert repr(x) == "tensor([1., 2.], device='xla:0')"
+    i = torch.tensor([1, 2], dtype=torch.int32, device="xla")
+    assert repr(i) == "tensor([1, 2], device='xla:0', dtype=torch.int32)"
+    p = torch.ones(2, device="xla", requires_grad=True)
+    assert repr(p) == "tensor([1., 1.], device='xla:0', requires_grad=True)"
+    assert "grad_fn=<MulBackward0>" in repr(p * 2)
+    assert str(x) == repr(x)
+
+
+def test_torch_save_of_cpu_copy():
+    x = torch.randn(4, device="xla")
+    buf = io.BytesIO()
+    torch.save(x.cpu(), buf)
+    buf.seek(0)
+    torch.testing.assert_close(torch.load(buf), x.cpu())
+    with pytest.raises(RuntimeError, match="save t.cpu"):
+        torch.save(x, io.BytesIO())
+
+
+def test_device_mismatch_raises_torch_style_error():
+    x = torch.ones(3, device="xla")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*xla:0 and cpu"):
+        x + torch.ones(3)
+    # A 0-dim CPU tensor is a scalar, as on CUDA.
+    torch.testing.assert_close((x + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+
+
+def test_missing_lowering_names_the_overload(monkeypatch):
+    from spmdtorch.ops import registry
+    from spmdtorch.tensor import dispatch
+
+    op = torch.ops.aten.erfinv.default
+    monkeypatch.delitem(registry.LOWERINGS, op, raising=False)
+    monkeypatch.delitem(torch._decomp.decomposition_table, op, raising=False)
+    dispatch.op_facts.cache_clear()
+    try:
+        with pytest.raises(NotImplementedError, match=r"aten\.erfinv\.default"):
+            torch.erfinv(torch.zeros(2, device="xla"))
+    finally:
+        dispatch.op_facts.cache_clear()
+
+
+def test_data_dependent_ops_materialise_and_continue():
+    src = torch.tensor([0.0, 3.0, 0.0, 5.0])
+    x = src.to("xla")
+    nz = torch.nonzero(x)
+    assert isinstance(nz, XlaTensor)
+    torch.testing.assert_close(nz.cpu(), torch.nonzero(src))
+    torch.testing.assert_close(x[x > 1].cpu(), src[src > 1])
+    y = x.clone()
+    y[y > 1] = -1.0
+    ref = src.clone()
+    ref[ref > 1] = -1.0
+    torch.testing.assert_close(y.cpu(), ref)
+    if x.sum() > 4:  # .item() in control flow
+        z = x * 2
+    torch.testing.assert_close(z.cpu(), src * 2)
