@@ -46,6 +46,7 @@ if "jax" in sys.modules:
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import datetime  # noqa: E402
+import gc  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -64,7 +65,7 @@ import spmdtorch  # noqa: E402
 from spmdtorch import debug  # noqa: E402
 from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss  # noqa: E402
 
-console = Console(width=160)
+console = Console(width=170)
 
 TRACE_TARGET_US = 20.0  # lazy tracing cost target, µs per ATen op
 COMPILED_TARGET = 1.05  # compiled step time target, × the JAX twin
@@ -304,7 +305,6 @@ def run_lazy(w: Workload, warmup: int, steps: int):
         spmdtorch.sync()
     spmdtorch.wait_device_ops()
     res["throughput"] = (now() - t0) / steps
-    res["losses"].append(loss.item())
     return res
 
 
@@ -358,14 +358,17 @@ def run_compiled(w: Workload, warmup: int, steps: int):
         loss = step(*batch)
     spmdtorch.wait_device_ops()
     res["throughput"] = (now() - t0) / steps
-    res["losses"].append(loss.item())
     return res
 
 
-def run_jax(w: Workload, warmup_steps: int, steps: int):
+def run_jax(w: Workload, warmup_steps: int, steps: int, replicated: bool = False):
     params = to_jax_params(w.model)
     opt_state = jax_adamw_init(params)
     batch = to_jax_batch(w.batch)
+    if replicated:  # spmdtorch's default placement: replicated over all devices
+        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("_all",))
+        rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        params, opt_state, batch = jax.device_put((params, opt_state, batch), rep)
     step = make_jax_step(w.jax_loss)
     jax.block_until_ready((params, opt_state))
 
@@ -393,7 +396,6 @@ def run_jax(w: Workload, warmup_steps: int, steps: int):
         params, opt_state, loss = step(params, opt_state, *batch)
     jax.block_until_ready((params, opt_state, loss))
     res["throughput"] = (now() - t0) / steps
-    res["losses"].append(float(loss))
     return res
 
 
@@ -435,6 +437,7 @@ def machine_info():
         ("date", datetime.date.today().isoformat()),
         ("platform", platform.platform()),
         ("cpu", f"{cpu}, {os.cpu_count()} cores (os.cpu_count)"),
+        ("load average", " ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1/5/15 min, at start)"),
         ("python", platform.python_version()),
         ("torch", torch.__version__),
         ("jax / jaxlib", f"{jax.__version__} / {jax.lib.__version__ if hasattr(jax.lib, '__version__') else '?'}"),
@@ -472,6 +475,7 @@ def main(argv=None):
         ref = float(w.torch_loss(w.model, *w.batch))
         console.print(f"[bold]{w.name}[/bold]")
         r_jax = run_jax(w, warmup, steps)
+        r_jax8 = run_jax(w, warmup, steps, replicated=True)
         r_lazy = run_lazy(w, warmup, steps)
         r_comp = run_compiled(w, warmup, steps)
         init = {"torch eager (CPU)": ref, "spmdtorch lazy": r_lazy["losses"][0],
@@ -479,11 +483,22 @@ def main(argv=None):
         console.print("  initial loss: " + ", ".join(f"{k} {v:.6f}" for k, v in init.items()))
         for k, v in init.items():
             assert abs(v - r_jax["initial_loss"]) < 1e-4, f"{k} initial loss {v} != JAX twin {r_jax['initial_loss']}"
-        finals = {"lazy": r_lazy["losses"][-1], "compiled": r_comp["losses"][-1], "JAX twin": r_jax["losses"][-1]}
-        n_total = {"lazy": len(r_lazy["losses"]), "compiled": len(r_comp["losses"]), "JAX twin": len(r_jax["losses"])}
-        console.print("  last loss:    " + ", ".join(f"{k} {v:.6f} (after {n_total[k]} reads)" for k, v in finals.items()))
-        results[w.name] = (r_lazy, r_comp, r_jax)
+        k = warmup + steps - 1  # every mode read the loss of this step
+        later = {"lazy": r_lazy["losses"][k], "compiled": r_comp["losses"][k], "JAX twin": r_jax["losses"][k],
+                 "JAX twin 8-dev": r_jax8["losses"][k]}
+        console.print(f"  loss before AdamW step {k + 1}: " + ", ".join(f"{n} {v:.6f}" for n, v in later.items()))
+        results[w.name] = {"lazy": r_lazy, "compiled": r_comp, "jax": r_jax, "jax8": r_jax8}
     r_chain = run_chain(chain_ops, chain_reps)
+
+    # The same lazy measurements with Python's cyclic GC frozen (see README).
+    n_tracked = len(gc.get_objects())
+    gc.collect()
+    gc.freeze()
+    for w in workloads:
+        results[w.name]["lazy_frozen"] = run_lazy(w, warmup, steps)
+    r_chain_frozen = run_chain(chain_ops, chain_reps)
+    gc.unfreeze()
+    console.print(f"  (gc-tracked objects before gc.freeze(): {n_tracked})")
     console.print()
 
     # -- table 1: tracing cost ---------------------------------------------------
@@ -491,40 +506,47 @@ def main(argv=None):
     for col in ("workload", "ATen ops / step", "trace ms / step", "µs / op (median)", "µs / op (min)",
                 "sync host µs / op", "target"):
         t1.add_column(col, justify="left" if col == "workload" else "right")
-    for name, (r_lazy, _, _) in results.items():
-        us = statistics.median(r_lazy["per_op"]) * 1e6
-        n = statistics.median(r_lazy["ops"])
-        t1.add_row(f"{name.split(',')[0]} training step", f"{n:.0f}", f"{median_ms(r_lazy['trace']):.2f}", f"{us:.1f}",
-                   f"{min(r_lazy['per_op']) * 1e6:.1f}", f"{statistics.median(r_lazy['sync_host']) / n * 1e6:.1f}",
+    for suffix, key, chain in (("", "lazy", r_chain), (" (gc.freeze)", "lazy_frozen", r_chain_frozen)):
+        for name, rs in results.items():
+            r_lazy = rs[key]
+            us = statistics.median(r_lazy["per_op"]) * 1e6
+            n = statistics.median(r_lazy["ops"])
+            t1.add_row(f"{name.split(' (')[0].split(',')[0]} training step{suffix}", f"{n:.0f}", f"{median_ms(r_lazy['trace']):.2f}",
+                       f"{us:.1f}", f"{min(r_lazy['per_op']) * 1e6:.1f}",
+                       f"{statistics.median(r_lazy['sync_host']) / n * 1e6:.1f}", verdict(us < TRACE_TARGET_US))
+        us = statistics.median(chain["per_op"]) * 1e6
+        t1.add_row(f"chain x = x*1.0001 + 0.5 (16×16){suffix}", f"{chain['ops']}",
+                   f"{statistics.median(chain['per_op']) * chain['ops'] * 1e3:.2f}", f"{us:.1f}",
+                   f"{min(chain['per_op']) * 1e6:.1f}", f"{statistics.median(chain['sync_per_op']) * 1e6:.1f}",
                    verdict(us < TRACE_TARGET_US))
-    us = statistics.median(r_chain["per_op"]) * 1e6
-    t1.add_row(f"chain x = x*1.0001 + 0.5 (16×16, {r_chain['reps']} reps)", f"{r_chain['ops']}",
-               f"{statistics.median(r_chain['per_op']) * r_chain['ops'] * 1e3:.2f}", f"{us:.1f}",
-               f"{min(r_chain['per_op']) * 1e6:.1f}", f"{statistics.median(r_chain['sync_per_op']) * 1e6:.1f}",
-               verdict(us < TRACE_TARGET_US))
     console.print(t1)
 
     # -- table 2: step time ----------------------------------------------------
     t2 = Table(title=f"2. Host time per training step, steady state (target: compiled ≤ {COMPILED_TARGET}× JAX twin)")
-    for col in ("model", "mode", "first step s", "warm-up s (steps, compiles)", "blocking ms (median)",
-                "min ms", "× twin", "throughput ms/step", "× twin", "target"):
+    for col in ("model", "mode", "first step s", "warm-up s (steps, compiles)", "blocking ms (median)", "min ms",
+                "× twin", "× twin 8-dev", "thru-put ms/step", "× twin", "× twin 8-dev", "target (twin / 8-dev)"):
         t2.add_column(col, justify="left" if col in ("model", "mode") else "right")
-    for name, (r_lazy, r_comp, r_jax) in results.items():
+    for name, rs in results.items():
+        r_lazy, r_comp, r_jax, r_jax8 = rs["lazy"], rs["compiled"], rs["jax"], rs["jax8"]
         jb, jt = median_ms(r_jax["blocking"]), r_jax["throughput"] * 1e3
-        short = name.split(",")[0]
-        for mode, r in (("spmdtorch lazy", r_lazy), ("spmdtorch compiled", r_comp), ("JAX twin (jax.jit)", r_jax)):
+        jb8, jt8 = median_ms(r_jax8["blocking"]), r_jax8["throughput"] * 1e3
+        short = name.split(" (")[0].split(",")[0]
+        rows = (("lazy", r_lazy), ("lazy, gc.freeze", rs["lazy_frozen"]),
+                ("compiled", r_comp), ("JAX twin (dev 0)", r_jax),
+                ("JAX twin (8-dev repl.)", r_jax8))
+        for mode, r in rows:
             b, t = median_ms(r["blocking"]), r["throughput"] * 1e3
-            if r is r_lazy:
-                warm = f"{r['warmup']:.2f} ({warmup}, {r['warmup_compiles']})"
-            elif r is r_comp:
+            if r is r_comp:
                 warm = f"{r['warmup_until_replay']:.2f} ({r['traces_until_replay']} traces, {r['warmup_compiles']})"
-            else:
+            elif r is r_jax or r is r_jax8:
                 warm = f"{r['warmup']:.2f} ({warmup}, 1)"
+            else:
+                warm = f"{r['warmup']:.2f} ({warmup}, {r['warmup_compiles']})"
             target = ""
             if r is r_comp:
-                target = verdict(b / jb <= COMPILED_TARGET)
+                target = f"{verdict(b / jb <= COMPILED_TARGET)} / {verdict(b / jb8 <= COMPILED_TARGET)}"
             t2.add_row(short, mode, f"{r['first']:.2f}", warm, f"{b:.2f}", f"{min(r['blocking']) * 1e3:.2f}",
-                       f"{b / jb:.2f}", f"{t:.2f}", f"{t / jt:.2f}", target)
+                       f"{b / jb:.2f}", f"{b / jb8:.2f}", f"{t:.2f}", f"{t / jt:.2f}", f"{t / jt8:.2f}", target)
         t2.add_section()
     console.print(t2)
 
@@ -532,9 +554,10 @@ def main(argv=None):
     t3 = Table(title="Lazy step breakdown (blocking mode, medians)")
     for col in ("model", "trace ms", "sync() host ms", "wait + .item() ms", "total ms", "recompiles in steady state"):
         t3.add_column(col, justify="left" if col == "model" else "right")
-    for name, (r_lazy, r_comp, _) in results.items():
+    for name, rs in results.items():
+        r_lazy, r_comp = rs["lazy"], rs["compiled"]
         tr, sh, tot = median_ms(r_lazy["trace"]), median_ms(r_lazy["sync_host"]), median_ms(r_lazy["blocking"])
-        t3.add_row(name.split(",")[0], f"{tr:.2f}", f"{sh:.2f}", f"{tot - tr - sh:.2f}", f"{tot:.2f}",
+        t3.add_row(name.split(" (")[0].split(",")[0], f"{tr:.2f}", f"{sh:.2f}", f"{tot - tr - sh:.2f}", f"{tot:.2f}",
                    f"lazy {r_lazy['steady_compiles']}, compiled {r_comp['steady_compiles']} "
                    f"(+{r_comp['steady_traces']} re-traces)")
     console.print(t3)

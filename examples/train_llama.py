@@ -155,7 +155,7 @@ def parse_mesh(spec, device_count: int) -> tuple[int, ...]:
     if spec is None:
         return (device_count,)
     try:
-        shape = tuple(int(s) for s in spec.replace("x", ",").split(",") if s.strip())
+        shape = tuple(int(s) for s in spec.split(","))
     except ValueError:
         raise SystemExit(f"--mesh {spec!r}: expected comma-separated integers such as '8' or '2,4'")
     if not shape or any(d < 1 for d in shape):
@@ -171,7 +171,7 @@ def parse_mesh(spec, device_count: int) -> tuple[int, ...]:
 def parameter_table(model: torch.nn.Module) -> tuple[Table, int]:
     table = Table(title="Parameters", show_footer=True)
     total = sum(p.numel() for p in model.parameters())
-    table.add_column("name", footer="total")
+    table.add_column("name", footer="total", overflow="fold")
     table.add_column("shape")
     table.add_column("dtype")
     table.add_column("elements", justify="right", footer=f"{total:,}")
@@ -191,8 +191,8 @@ def main(args: argparse.Namespace) -> int:
     n_dev = spmdtorch.device_count()
     mesh = parse_mesh(args.mesh, n_dev)
     console.print(f"[bold]devices:[/] {n_dev} x {spmdtorch.runtime.device_type()}  "
-                  f"[bold]mesh:[/] {mesh} ({' x '.join(map(str, mesh))})  [bold]mode:[/] {args.mode}")
-    console.print("[yellow]note:[/] parameters are replicated on every device until FSDPv2 / mark_sharding lands.")
+                  f"[bold]mesh:[/] {' x '.join(map(str, mesh))}  [bold]mode:[/] {args.mode}")
+    console.print("[yellow]note:[/] parameters are replicated on every device until FSDPv2 lands.")
 
     cfg = LlamaConfig.tiny() if args.size == "tiny" else LlamaConfig.small()
     if args.seq_len > cfg.max_seq_len:
@@ -231,14 +231,16 @@ def main(args: argparse.Namespace) -> int:
     # and dispatches the next step. Launching step i first, then reading step
     # i-1's loss, keeps one step queued behind the one running, so the host
     # work overlaps device work. It also bounds the queue (at most two steps in
-    # flight), which avoids the CPU-client deadlock that a long queue of
-    # executions can hit (DESIGN.md). --log-every k reads only every k steps.
+    # flight; k + 1 with --log-every k, which reads only every k-th loss), so a
+    # long queue of executions never builds up (see DESIGN.md, "CPU collective
+    # deadlock").
     progress = Progress(
         TextColumn("[bold blue]train"), BarColumn(), MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
         TimeElapsedColumn(), console=console,
     )
-    print_every = max(1, args.steps // 10)
+    print_every = max(1, args.steps // 10)  # ~10 log lines (they also show when stdout is not a terminal)
+    printed = [-1]  # print_every bucket of the last printed line
     t_start = time.perf_counter()
     pending = None  # (step index, loss tensor) not yet read back
     with progress:
@@ -248,9 +250,16 @@ def main(args: argparse.Namespace) -> int:
             losses[i] = loss_t.item()
             now = time.perf_counter()
             done_at[i] = now
-            tps = (i + 1) * tokens_per_step / (now - t_start)
+            # Throughput over the last few reads (a cumulative rate would be
+            # dominated by the first steps' compilation).
+            window = sorted(done_at)[-6:]
+            if len(window) >= 2:
+                tps = (window[-1] - window[0]) * tokens_per_step / (done_at[window[-1]] - done_at[window[0]])
+            else:
+                tps = (i + 1) * tokens_per_step / (now - t_start)
             progress.update(task, completed=i + 1, loss=f"{losses[i]:.4f}", tps=f"{tps:,.0f}")
-            if i % print_every == 0 or i == args.steps - 1:
+            if i // print_every != printed[0] or i == args.steps - 1:
+                printed[0] = i // print_every
                 progress.console.print(f"step {i:4d}  loss {losses[i]:.4f}  {tps:9,.0f} tok/s")
 
         for i in range(args.steps):
@@ -273,6 +282,9 @@ def main(args: argparse.Namespace) -> int:
     if len(warm) >= 2:
         steady = (done_at[warm[-1]] - done_at[warm[0]]) / (warm[-1] - warm[0])
         steady_s = f"{steady * 1e3:.1f} ms/step ({tokens_per_step / steady:,.0f} tok/s)"
+    elif len(read_steps) >= 2:  # sparse --log-every: only a rate that includes warm-up is known
+        steady = (done_at[read_steps[-1]] - done_at[read_steps[0]]) / (read_steps[-1] - read_steps[0])
+        steady_s = f"{steady * 1e3:.1f} ms/step (incl. warm-up: reads too sparse)"
     else:
         steady_s = "n/a (too few steps)"
 

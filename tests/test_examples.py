@@ -1,0 +1,66 @@
+"""End-to-end: the README's main example runs, trains, and reports its loss.
+
+Each run is a fresh subprocess (the example must configure XLA before JAX
+starts), with a few steps of the tiny model so that it stays well under a
+minute on a 2-core CPU machine. The child inherits the 8-CPU-device
+environment that ``tests/conftest.py`` sets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_llama.py"
+RUN_TIMEOUT_S = 300
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["COLUMNS"] = "120"  # rich wraps at 80 columns when stdout is a pipe
+    try:
+        return subprocess.run(
+            [sys.executable, str(EXAMPLE), *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        err = (e.stderr or b"")
+        err = err.decode(errors="replace") if isinstance(err, bytes) else err
+        pytest.fail(f"{EXAMPLE.name} {' '.join(args)} did not finish in {RUN_TIMEOUT_S}s\n"
+                    f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}", pytrace=False)
+
+
+# pytest-timeout (pyproject: 300 s) would kill the whole session first; give the
+# subprocess timeout room to report which run hung.
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("mode", ["compiled", "lazy"])
+def test_train_llama_loss_decreases(mode):
+    proc = _run("--steps", "8", "--mode", mode, "--seed", "0")
+    out = proc.stdout
+    assert proc.returncode == 0, (
+        f"exit code {proc.returncode}\n--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    )
+    assert "devices: 8 x CPU" in out, out
+    assert "replicated" in out, out
+    assert re.search(r"final loss\s*│\s*\d+\.\d+", out), out
+    m = re.search(r"first -> last loss\s*│\s*(\d+\.\d+) -> (\d+\.\d+)", out)
+    assert m, out
+    first, last = float(m.group(1)), float(m.group(2))
+    assert last < first, out
+    assert "UncachedCompile" in out, out
+    assert "OK: loss decreased" in out, out
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_train_llama_rejects_bad_mesh():
+    proc = _run("--steps", "2", "--mesh", "3,3")
+    assert proc.returncode != 0
+    assert "--mesh" in proc.stderr, proc.stderr
