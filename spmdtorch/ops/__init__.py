@@ -11,6 +11,7 @@ from spmdtorch.ops import (  # noqa: F401
     conv,
     elementwise,
     factories,
+    fft,
     indexing,
     linalg,
     losses,

@@ -55,8 +55,9 @@ def _nll_parts(self, target, weight, ignore_index):
 def _nll_loss_forward(self, target, weight, reduction, ignore_index):
     loss, w, _ = _nll_parts(self, target, weight, ignore_index)
     if reduction == 0:
-        out = loss if self.ndim > 1 else loss[0]
-        return out, jnp.zeros((), jnp.float32)
+        if self.ndim > 1:
+            return loss, jnp.zeros((), jnp.float32)
+        return loss[0], jnp.sum(w)  # the 1-d kernel reports the weight it used
     total = jnp.sum(w)
     s = jnp.sum(loss)
     return (s / total if reduction == 1 else s), total

@@ -125,6 +125,8 @@ def _aminmax(self, *, dim=None, keepdim=False):
 
 
 def _bool_reduce(fn, self, dim, keepdim):
+    if isinstance(dim, (list, tuple)) and len(dim) == 0:
+        return self != 0  # any.dims/all.dims with dim=[] reduce nothing (unlike sum)
     axes = reduce_dims(dim, self.ndim)
     return fn(self.astype(jnp.bool_) if self.dtype != jnp.bool_ else self, axis=axes, keepdims=keepdim)
 
