@@ -82,7 +82,7 @@ def test_shape_change_recompiles_and_logs(caplog):
     try:
         with caplog.at_level("INFO", logger="spmdtorch.compile"):
             for n in (13, 13, 17):
-                (torch.ones(n, device="xla") * 7).sum()
+                s = (torch.ones(n, device="xla") * 7).sum()  # noqa: F841 (kept alive)
                 spmdtorch.sync()
     finally:
         debug.log_recompiles(False)
