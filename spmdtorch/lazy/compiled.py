@@ -218,7 +218,7 @@ class CompiledFunction:
         if plan is not None:
             for leaf in plan.leaves:
                 if type(leaf) is Scalar:
-                    roles.append(("scalar", leaf.value))
+                    roles.append(("scalar", executor.scalar_array(leaf.value)))
                     scalars.append((type(leaf.value), leaf.value))
                     continue
                 if id(leaf) in arg_arrays:
@@ -341,6 +341,8 @@ _RETRACE = object()
 
 
 def _role_key(role):
+    if role[0] == "scalar":  # values are compared through ``_Record.scalars``
+        return ("scalar",)
     if role[0] == "storage":
         return ("storage", id(role[1]()))
     if role[0] == "const":

@@ -204,8 +204,31 @@ def _log_recompile(old, new):
     log.warning(line)
 
 
+_SCALAR_CACHE: dict = {}
+_SCALAR_CACHE_MAX = 4096
+
+
+def scalar_array(value):
+    """A replicated, weakly typed device array holding Python number ``value``.
+
+    Passing a Python number to an executable copies it to every device on
+    every call; optimizer steps pass hundreds (learning rate, betas, eps), so
+    the arrays are made once and reused. Floats are keyed by their bit
+    pattern so that 0.0 and -0.0 stay distinct.
+    """
+    key = (type(value), value.hex() if type(value) is float else value)
+    arr = _SCALAR_CACHE.get(key)
+    if arr is None:
+        if len(_SCALAR_CACHE) >= _SCALAR_CACHE_MAX:
+            _SCALAR_CACHE.clear()
+        from spmdtorch.tensor.transfer import replicated_sharding
+
+        arr = _SCALAR_CACHE[key] = jax.device_put(jnp.asarray(value), replicated_sharding())
+    return arr
+
+
 def _call_args(plan: _Plan) -> list:
-    args = [leaf.value if type(leaf) is Scalar else leaf for leaf in plan.leaves]
+    args = [scalar_array(leaf.value) if type(leaf) is Scalar else leaf for leaf in plan.leaves]
     if plan.has_random:
         args.append(rng.next_key_data())
     return args

@@ -45,7 +45,7 @@ def _index(self, indices):
 
 
 @register("index_put.default", "_unsafe_index_put.default", "index_put.hacked_twin",
-          "_unsafe_index_put.hacked_twin", "index_put_.default")
+          "_unsafe_index_put.hacked_twin")
 def _index_put(self, indices, values, accumulate=False):
     idx = _index_tuple(indices)
     values = jnp.asarray(values).astype(self.dtype)
@@ -54,7 +54,7 @@ def _index_put(self, indices, values, accumulate=False):
     return self.at[idx].set(values)
 
 
-@register("_index_put_impl.default", "_index_put_impl_.default")
+@register("_index_put_impl.default")
 def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
     return _index_put(self, indices, values, accumulate)
 
