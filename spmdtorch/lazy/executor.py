@@ -34,6 +34,10 @@ log = logging.getLogger("spmdtorch.compile")
 MAX_IN_FLIGHT = int(os.environ.get("SPMDTORCH_MAX_IN_FLIGHT", "8"))
 
 _INFLIGHT: collections.deque = collections.deque()
+
+# XLA says so when a donated input has no output of its shape to reuse; that
+# is harmless, and a per-call catch_warnings would cost more than the call.
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 _CACHE: dict = {}
 _last_key = None
 
@@ -163,11 +167,8 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple):
     donate_idx = tuple(i for i, d in enumerate(donate) if d)
     jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings))
     args = _call_args(plan)
-    with warnings.catch_warnings():
-        # Donated buffers that XLA cannot reuse for an output are harmless.
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jitted.lower(*args)
-        compiled = lowered.compile()
+    lowered = jitted.lower(*args)
+    compiled = lowered.compile()
     prog = _Program()
     prog.compiled = compiled
     prog.lowered = lowered
@@ -263,9 +264,7 @@ def execute(prog: "_Program", args) -> list:
     """Run a compiled program asynchronously, bounding executions in flight."""
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        outs = prog.compiled(*args)
+    outs = prog.compiled(*args)
     metrics.add_time("ExecuteTime", time.perf_counter() - start)
     if outs:
         _INFLIGHT.append(outs)

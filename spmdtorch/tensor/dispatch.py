@@ -346,6 +346,8 @@ def dispatch(func, args, kwargs):
         return special(func, args, kwargs)
     if func in _DATA_DEPENDENT or _has_bool_index(func, args):
         return cpu_fallback(func, args, kwargs)
+    if func in _PREFER_DECOMPOSITION:
+        return _decompose(func, args, kwargs)
     facts = op_facts(func)
     if facts.implicit:
         out = func.decompose(*args, **kwargs)
@@ -442,6 +444,16 @@ def _static(a):
         return tuple(_static(x) for x in a)
     return a
 
+
+# Ops that update some arguments as a side effect (batch norm's running
+# statistics; ``native_batch_norm`` does so without saying it in its schema).
+# torch's decompositions express the update as a functional op plus copy_,
+# which the engine writes back like any in-place op.
+_PREFER_DECOMPOSITION = frozenset(
+    op
+    for n in ("native_batch_norm.default", "_native_batch_norm_legit.default", "_batch_norm_with_update.default")
+    for op in registry.resolve_ops(n)
+)
 
 _IDENTITY_VIEWS = frozenset(
     op for n in ("alias.default", "detach.default", "lift_fresh.default") for op in registry.resolve_ops(n)
