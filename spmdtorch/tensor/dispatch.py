@@ -29,6 +29,7 @@ from spmdtorch.tensor.xla_tensor import (
     _MetaFlag,
     ViewStep,
     XlaTensor,
+    _contiguous_strides,
     new_base,
 )
 
@@ -55,7 +56,7 @@ class DeviceMismatchError(RuntimeError):
 class OpFacts:
     __slots__ = (
         "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
-        "is_out", "lowering", "has_device", "multi_out_view", "arg_names", "implicit",
+        "is_out", "lowering", "has_device", "multi_out_view", "arg_names", "implicit", "route",
     )
 
 
@@ -221,7 +222,7 @@ class _Args:
 
     def __init__(self, func, facts, args, kwargs):
         self.inputs = []
-        key = [func]
+        key = [facts]
         allow_cpu = func in _CPU_OK_OPS
         t_args = []
         for i, a in enumerate(args):
@@ -305,19 +306,35 @@ def _to_meta(a):
     return a
 
 
-def _meta_spec(out):
-    """Hashable-free description of meta outputs: list of (shape, stride, offset, dtype) or None."""
+class MetaSpec:
+    """What torch's meta kernel says about an op's outputs, precomputed once.
+
+    Attributes:
+        specs: per output ``(shape, stride, offset, dtype, contiguous_stride)``
+            or None for a non-tensor output.
+        multi: the op returns a tuple/list.
+        avals: ``((shape, jax dtype), ...)`` of the tensor outputs.
+    """
+
+    __slots__ = ("specs", "multi", "avals")
+
+    def __init__(self, specs, multi):
+        self.specs = specs
+        self.multi = multi
+        self.avals = tuple((sp[0], _dtypes.to_jax_dtype(sp[3])) for sp in specs if sp is not None)
+
+
+def _tensor_spec(o):
+    shape = tuple(o.shape)
+    return (shape, tuple(o.stride()), o.storage_offset(), o.dtype, _contiguous_strides(shape))
+
+
+def _meta_spec(out) -> MetaSpec | None:
     if isinstance(out, torch.Tensor):
-        return ((tuple(out.shape), tuple(out.stride()), out.storage_offset(), out.dtype),), False
+        return MetaSpec((_tensor_spec(out),), False)
     if isinstance(out, (tuple, list)):
-        specs = []
-        for o in out:
-            if isinstance(o, torch.Tensor):
-                specs.append((tuple(o.shape), tuple(o.stride()), o.storage_offset(), o.dtype))
-            else:
-                specs.append(None)
-        return tuple(specs), True
-    return None, False
+        return MetaSpec(tuple(_tensor_spec(o) if isinstance(o, torch.Tensor) else None for o in out), True)
+    return None
 
 
 def meta_outputs(func, args, kwargs, facts, key):
@@ -327,7 +344,7 @@ def meta_outputs(func, args, kwargs, facts, key):
         return hit
     out = _run_meta(func, args, kwargs, facts)
     spec = _meta_spec(out)
-    if spec[0] is None:
+    if spec is None:
         raise NotImplementedError(f"{func} returned a non-tensor on meta; spmdtorch cannot record it")
     try:
         _META_CACHE[key] = spec
@@ -339,16 +356,34 @@ def meta_outputs(func, args, kwargs, facts, key):
 # -- the dispatcher --------------------------------------------------------------
 
 
-def dispatch(func, args, kwargs):
-    metrics.inc("DispatchedOps")
+# id(OpOverload) -> OpFacts. OpOverload.__hash__ is Python-level, and the hot
+# path looks an op up once per call: an int key keeps that lookup cheap (ops
+# are long-lived singletons, so their ids are stable).
+_FACTS_BY_ID: dict = {}
+
+
+def _facts_with_route(func) -> OpFacts:
+    facts = op_facts(func)
     special = _SPECIAL.get(func)
     if special is not None:
-        return special(func, args, kwargs)
-    if func in _DATA_DEPENDENT or _has_bool_index(func, args):
-        return cpu_fallback(func, args, kwargs)
-    if func in _PREFER_DECOMPOSITION:
-        return _decompose(func, args, kwargs)
-    facts = op_facts(func)
+        facts.route = special
+    elif func in _DATA_DEPENDENT:
+        facts.route = cpu_fallback
+    elif func in _INDEX_OPS:
+        facts.route = _dispatch_index
+    elif func in _PREFER_DECOMPOSITION:
+        facts.route = _decompose
+    else:
+        facts.route = None
+    _FACTS_BY_ID[id(func)] = facts
+    return facts
+
+
+def dispatch(func, args, kwargs):
+    metrics.counters["DispatchedOps"] += 1
+    facts = _FACTS_BY_ID.get(id(func)) or _facts_with_route(func)
+    if facts.route is not None:
+        return facts.route(func, args, kwargs)
     if facts.implicit:
         out = func.decompose(*args, **kwargs)
         if out is not NotImplemented:
@@ -360,6 +395,16 @@ def dispatch(func, args, kwargs):
     if facts.lowering is not None:
         return _dispatch_lowering(func, args, kwargs, facts)
     return _decompose(func, args, kwargs)
+
+
+def _dispatch_index(func, args, kwargs):
+    """index/index_put: boolean masks make the shape data-dependent."""
+    if _has_bool_index(func, args):
+        return cpu_fallback(func, args, kwargs)
+    facts = op_facts(func)
+    if facts.mutable_pos and facts.lowering is None:
+        return _dispatch_mutation(func, args, kwargs, facts)
+    return _dispatch_lowering(func, args, kwargs, facts)
 
 
 def _decompose(func, args, kwargs):
@@ -383,7 +428,7 @@ def _decompose(func, args, kwargs):
 def _dispatch_lowering(func, args, kwargs, facts):
     low = facts.lowering
     parsed = _Args(func, facts, args, kwargs)
-    specs, multi = meta_outputs(func, args, kwargs, facts, parsed.key)
+    meta = meta_outputs(func, args, kwargs, facts, parsed.key)
     if facts.mutable_pos:
         # An in-place-only op with its own lowering (uniform_, copy_, ...):
         # the lowering returns the new values of the mutated arguments.
@@ -395,24 +440,17 @@ def _dispatch_lowering(func, args, kwargs, facts):
         for t, r in zip(targets, refs):
             assign_value(t, r)
         return targets[0] if len(targets) == 1 else tuple(targets)
-    out_avals = tuple(
-        (s[0], _dtypes.to_jax_dtype(s[3])) for s in specs if s is not None
-    )
-    refs = record(low.fn, func, parsed.template, parsed.inputs, out_avals, random=low.random)
-    if len(out_avals) == 1:
+    refs = record(low.fn, func, parsed.template, parsed.inputs, meta.avals, random=low.random)
+    if not meta.multi:
+        sp = meta.specs[0]
+        return XlaTensor(Storage(refs), (), sp[0], sp[4], 0, sp[3])
+    if len(meta.avals) == 1:
         refs = [refs]
     outs = []
     it = iter(refs)
-    for s in specs:
-        outs.append(None if s is None else _wrap_new(next(it), s[0], s[3]))
-    if not multi:
-        return outs[0]
+    for sp in meta.specs:
+        outs.append(None if sp is None else XlaTensor(Storage(next(it)), (), sp[0], sp[4], 0, sp[3]))
     return tuple(outs)
-
-
-def _wrap_new(ref, shape, dtype) -> XlaTensor:
-    metrics.inc("CreateXlaTensor")
-    return new_base(ref, dtype)
 
 
 def _dispatch_view(func, args, kwargs, facts):
@@ -423,8 +461,9 @@ def _dispatch_view(func, args, kwargs, facts):
         return XlaTensor(self._st, self._chain, tuple(self.shape), self.stride(), self.storage_offset(), self.dtype)
     statics = tuple(_static(a) for a in args[1:])
     kw = tuple(sorted((k, _static(v)) for k, v in kwargs.items()))
-    key = (func, (tuple(self.shape), self.stride(), self.storage_offset(), self.dtype), statics, kw)
-    specs, multi = meta_outputs(func, args, kwargs, facts, key)
+    key = (facts, (tuple(self.shape), self.stride(), self.storage_offset(), self.dtype), statics, kw)
+    meta = meta_outputs(func, args, kwargs, facts, key)
+    specs, multi = meta.specs, meta.multi
     if func is aten.as_strided.default:
         # as_strided addresses the *storage*, not the input view.
         chain_base = ()

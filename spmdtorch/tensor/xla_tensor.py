@@ -273,13 +273,20 @@ def new_base(value, dtype: torch.dtype, requires_grad: bool = False, sharding=No
     return XlaTensor(Storage(value, sharding), (), shape, _contiguous_strides(shape), 0, dtype, requires_grad)
 
 
+_STRIDES: dict = {}
+
+
 def _contiguous_strides(shape) -> tuple:
+    hit = _STRIDES.get(shape)
+    if hit is not None:
+        return hit
     strides = []
     acc = 1
     for s in reversed(shape):
         strides.append(acc)
         acc *= max(s, 1)
-    return tuple(reversed(strides))
+    out = _STRIDES[shape] = tuple(reversed(strides))
+    return out
 
 
 def storage_aval(t: torch.Tensor) -> tuple:
