@@ -13,7 +13,7 @@ from spmdtorch import runtime as runtime
 
 runtime._apply_pjrt_device_env()
 
-from spmdtorch import ops as _ops  # noqa: E402  (fills the lowering table)
+from spmdtorch import ops as _ops  # noqa: E402,F401  (fills the lowering table)
 from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402
 
 _device_mode.install()

@@ -11,7 +11,6 @@ which is the engine's cue to materialise).
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from spmdtorch.ops._util import canon_dim

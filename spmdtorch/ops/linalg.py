@@ -161,7 +161,6 @@ def _cross(self, other, *, dim=-1):
 
 @register("_linalg_det.default")
 def _linalg_det(A):
-    import jax
 
     lu, piv, perm = lax.linalg.lu(A)
     det = jnp.linalg.det(A)

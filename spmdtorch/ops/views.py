@@ -122,8 +122,6 @@ def _reshape_alias(self, size, stride):
 def _view_dtype(self, dtype):
     """Bitcast; a width change scales the last dim, as torch's ``view(dtype)``."""
     new = jdtype(dtype)
-    old_bits = jnp.dtype(self.dtype).itemsize
-    new_bits = jnp.dtype(new).itemsize
     if self.dtype == jnp.bool_ or new == jnp.bool_:
         # bool is one byte in torch; bitcast through uint8.
         src = self.astype(jnp.uint8) if self.dtype == jnp.bool_ else self

@@ -56,7 +56,7 @@ class DeviceMismatchError(RuntimeError):
 class OpFacts:
     __slots__ = (
         "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
-        "is_out", "lowering", "has_device", "multi_out_view", "arg_names", "implicit", "route",
+        "is_out", "lowering", "has_device", "arg_names", "implicit", "route",
     )
 
 
@@ -76,9 +76,6 @@ def op_facts(func) -> OpFacts:
     f.mutable_names = tuple(args[i].name for i in f.mutable_pos)
     rets = schema.returns
     f.is_view = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write and not f.mutable_pos
-    f.multi_out_view = f.is_view and str(rets[0].type).startswith(("List", "Tensor[]")) or (
-        f.is_view and "[]" in str(rets[0].type)
-    )
     f.is_out = any(args[i].kwarg_only for i in f.mutable_pos)
     f.is_inplace = bool(f.mutable_pos) and not f.is_out and schema.name.endswith("_")
     f.has_device = any(a.name == "device" for a in args)
@@ -767,5 +764,3 @@ def wrap_jax_array(arr: jax.Array, dtype: torch.dtype | None = None, requires_gr
         dtype = _dtypes.to_torch_dtype(arr.dtype)
     return new_base(arr, dtype, requires_grad=requires_grad)
 
-
-Storage  # re-exported for type users
