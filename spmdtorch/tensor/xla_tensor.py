@@ -58,17 +58,21 @@ class Storage:
     Attributes:
         value: a concrete ``jax.Array`` or a pending ``LazyRef``.
         version: bumped on every write, so cached view values know they are stale.
-        sharding: the ``jax.sharding.Sharding`` this storage must keep across
-            steps (set by sharding annotations; None lets XLA choose).
+        sharding: the ``jax.sharding.Sharding`` the next program must give this
+            storage's value (None lets XLA choose). Either a user annotation
+            or, after an in-place update, the placement the data already had.
+        annotated: ``sharding`` comes from ``mark_sharding`` (so re-marking with
+            another sharding is an error until ``clear_sharding``).
     """
 
-    __slots__ = ("value", "version", "sharding", "pseq", "__weakref__")
+    __slots__ = ("value", "version", "sharding", "annotated", "pseq", "__weakref__")
 
     def __init__(self, value, sharding=None):
         self.value = None
         self.version = 0
         self.pseq = 0
         self.sharding = sharding
+        self.annotated = False
         self.set(value)
 
     def set(self, value) -> None:

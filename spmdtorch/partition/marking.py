@@ -1,0 +1,244 @@
+"""``mark_sharding`` and friends: annotating xla tensors and modules.
+
+An annotation lives on the tensor's storage. On concrete data it reshards the
+data right away (``jax.device_put``); on a pending value it adds
+``jax.lax.with_sharding_constraint`` to the graph. Either way the storage
+remembers the sharding, so every later program that overwrites it (an
+optimizer step) is compiled with that output sharding: parameters keep their
+sharding across steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from typing import Any, Mapping, Sequence
+
+import jax
+import torch
+
+from spmdtorch.lazy import metrics
+from spmdtorch.lazy.graph import LazyRef, Slot
+from spmdtorch.tensor.xla_tensor import XlaTensor
+
+__all__ = [
+    "ShardingError",
+    "ShardingSpec",
+    "mark_sharding",
+    "clear_sharding",
+    "mark_sharding_with_gradients",
+    "tensor_sharding",
+]
+
+
+class ShardingError(ValueError):
+    """An annotation that cannot be applied (bad spec, conflicting re-mark...)."""
+
+
+def _constrain(x, *, sharding):
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _check_tensor(t, what: str = "mark_sharding") -> XlaTensor:
+    if not isinstance(t, XlaTensor):
+        device = getattr(t, "device", type(t).__name__)
+        raise ShardingError(
+            f"{what} expects a tensor on the xla device, got {type(t).__name__} on {device}; "
+            "move it first with t.to('xla')"
+        )
+    if t._chain:
+        raise ShardingError(
+            f"{what} of a view (shape {tuple(t.shape)}) is not supported: annotate the base "
+            "tensor, or t.clone() the view to give it its own data"
+        )
+    return t
+
+
+def _named_sharding(mesh, partition_spec, t: torch.Tensor):
+    spec = tuple(partition_spec)
+    if len(spec) != t.dim():
+        raise ShardingError(
+            f"partition_spec {spec} has {len(spec)} entries but the tensor has {t.dim()} dims "
+            f"(shape {tuple(t.shape)}); give one entry per dim (None = replicated)"
+        )
+    sharding = mesh.named_sharding(spec)
+    for dim, size in enumerate(t.shape):
+        parts = _parts(sharding, dim)
+        if parts > 1 and size % parts:
+            raise NotImplementedError(
+                f"dim {dim} of size {size} is not divisible by the {parts} shards that "
+                f"partition_spec {spec} gives it; uneven (padded) shardings are not supported yet"
+            )
+    return sharding
+
+
+def _parts(sharding, dim: int) -> int:
+    entry = sharding.spec[dim] if dim < len(sharding.spec) else None
+    if entry is None:
+        return 1
+    names = entry if isinstance(entry, tuple) else (entry,)
+    n = 1
+    for name in names:
+        n *= sharding.mesh.shape[name]
+    return n
+
+
+def mark_sharding(t, mesh, partition_spec):
+    """Annotate ``t`` (a tensor or an ``nn.Module``) with a sharding over ``mesh``.
+
+    Args:
+        t: an xla tensor, or a module (then ``partition_spec`` is a rules dict).
+        mesh: a ``spmdtorch.mesh.Mesh``.
+        partition_spec: one entry per tensor dim: a mesh axis index (int), an
+            axis name (str), None (replicated), or a tuple of those (the dim
+            is split over several axes, in that order). For a module: a mapping
+            from parameter-name glob patterns to partition specs.
+
+    Returns:
+        ``t``.
+
+    Raises:
+        ShardingError: bad spec, or ``t`` already carries a different annotation
+            (call ``clear_sharding(t)`` first).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.mesh import get_1d_mesh
+        >>> from spmdtorch.partition import mark_sharding
+        >>> w = torch.zeros(8, 4, device="xla")
+        >>> _ = mark_sharding(w, get_1d_mesh("data"), ("data", None))
+    """
+    if isinstance(t, torch.nn.Module):
+        return _mark_module(t, mesh, partition_spec)
+    t = _check_tensor(t)
+    sharding = _named_sharding(mesh, partition_spec, t)
+    st = t._st
+    if st.annotated:
+        if st.sharding == sharding:
+            return t
+        raise ShardingError(
+            f"tensor of shape {tuple(t.shape)} is already annotated with spec "
+            f"{tuple(st.sharding.spec)}; call spmdtorch.partition.clear_sharding(t) before "
+            f"annotating it with {tuple(partition_spec)}"
+        )
+    value = st.value
+    if isinstance(value, LazyRef):
+        from spmdtorch.tensor.dispatch import record
+
+        ref = record(_constrain, "sharding_constraint", ((Slot(0),), (("sharding", sharding),)),
+                     [value], ((tuple(value.shape), value.dtype),))
+        st.set(ref)
+    else:
+        metrics.inc("ReshardOnDevice")
+        st.set(jax.device_put(value, sharding))
+    st.sharding = sharding
+    st.annotated = True
+    t._vcache = None
+    return t
+
+
+def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any]]):
+    """Apply glob ``rules`` to ``module.named_parameters()`` (see ``mark_sharding``)."""
+    if not isinstance(rules, Mapping):
+        raise ShardingError(
+            f"marking a module needs a dict of parameter-name patterns to partition specs, "
+            f"got {type(rules).__name__}"
+        )
+    params = dict(module.named_parameters())
+    matched: dict[str, str] = {}
+    for pattern in rules:
+        hits = [name for name in params if fnmatch.fnmatchcase(name, pattern)]
+        if not hits:
+            raise ShardingError(
+                f"sharding rule {pattern!r} matches no parameter of {type(module).__name__}; "
+                f"parameter names look like {list(params)[:5]}"
+            )
+        for name in hits:
+            if name in matched:
+                raise ShardingError(
+                    f"parameter {name!r} is matched by two rules, {matched[name]!r} and {pattern!r}; "
+                    "make the patterns disjoint"
+                )
+            matched[name] = pattern
+    for name, pattern in matched.items():
+        p = params[name]
+        try:
+            mark_sharding(p, mesh, rules[pattern])
+        except (ShardingError, NotImplementedError) as e:
+            raise type(e)(f"parameter {name!r} (rule {pattern!r}): {e}") from None
+    return module
+
+
+def clear_sharding(t) -> torch.Tensor:
+    """Drop ``t``'s annotation; its data keeps its placement until recomputed."""
+    t = _check_tensor(t, "clear_sharding")
+    t._st.annotated = False
+    t._st.sharding = None
+    return t
+
+
+def tensor_sharding(t) -> jax.sharding.Sharding | None:
+    """The sharding ``t``'s data has (concrete) or will have (annotated), else None."""
+    t = _check_tensor(t, "tensor_sharding")
+    st = t._st
+    if st.annotated:
+        return st.sharding
+    if isinstance(st.value, LazyRef):
+        return None
+    return st.value.sharding
+
+
+class _MarkWithGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, mesh, spec):
+        ctx.mesh, ctx.spec = mesh, spec
+        out = t.clone()
+        mark_sharding(out, mesh, spec)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        mark_sharding(grad, ctx.mesh, ctx.spec)
+        return grad, None, None
+
+
+def mark_sharding_with_gradients(t, mesh, partition_spec):
+    """Annotate a value *and its gradient* with the same sharding.
+
+    Returns a tensor to use in place of ``t`` (autograd needs a new node for
+    the gradient annotation); inside XLA the copy is free.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.mesh import get_1d_mesh
+        >>> from spmdtorch.partition import mark_sharding_with_gradients
+        >>> x = torch.ones(8, 2, device="xla", requires_grad=True)
+        >>> y = mark_sharding_with_gradients(x * 2, get_1d_mesh("d"), ("d", None))
+    """
+    _check_tensor(t, "mark_sharding_with_gradients") if not t._chain else None
+    return _MarkWithGradients.apply(t, mesh, tuple(partition_spec))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingSpec:
+    """A reusable (mesh, partition_spec) pair, as in PyTorch/XLA.
+
+    ``minibatch=True`` marks input batches whose dim 0 each process loads only
+    its own part of (used by the data loaders).
+
+    Example:
+        >>> from spmdtorch.mesh import get_1d_mesh
+        >>> spec = ShardingSpec(get_1d_mesh("data"), ("data", None))
+    """
+
+    mesh: Any
+    partition_spec: tuple
+    minibatch: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "partition_spec", tuple(self.partition_spec))
+
+    def apply(self, t):
+        """``mark_sharding(t, self.mesh, self.partition_spec)``."""
+        return mark_sharding(t, self.mesh, self.partition_spec)

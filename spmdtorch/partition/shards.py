@@ -1,0 +1,97 @@
+"""Per-device shards of a sharded xla tensor: read them, and load them back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import torch
+
+from spmdtorch.lazy import executor
+from spmdtorch.lazy.graph import LazyRef
+from spmdtorch.partition.marking import ShardingError, _check_tensor
+from spmdtorch.tensor import transfer
+
+__all__ = ["XLAShard", "local_shards", "load_local_shards_"]
+
+
+@dataclasses.dataclass(frozen=True)
+class XLAShard:
+    """One shard held by a device of this process.
+
+    Attributes:
+        data: the shard's values as a CPU tensor (the tensor's dtype).
+        indices: the slices of the global tensor this shard covers.
+        device: the device, as ``"xla:<logical ordinal>"``... see ``device_id``.
+        device_id: the logical device ordinal (position in the global device order).
+        replica_id: which copy this is when the shard is replicated.
+    """
+
+    data: torch.Tensor
+    indices: tuple
+    device: str
+    device_id: int
+    replica_id: int
+
+
+def _logical_ids() -> dict:
+    order = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return {d.id: i for i, d in enumerate(order)}
+
+
+def _concrete(t):
+    st = t._st
+    if isinstance(st.value, LazyRef):
+        executor.sync()
+    return st.value
+
+
+def local_shards(t) -> list[XLAShard]:
+    """The shards of ``t`` that this process's devices hold, as CPU tensors.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.mesh import get_1d_mesh
+        >>> from spmdtorch.partition import mark_sharding, local_shards
+        >>> w = mark_sharding(torch.arange(8.0, device="xla"), get_1d_mesh("d"), ("d",))
+        >>> [s.data.tolist() for s in local_shards(w)][:2]
+        [[0.0], [1.0]]
+    """
+    t = _check_tensor(t, "local_shards")
+    arr = _concrete(t)
+    ids = _logical_ids()
+    out = []
+    for shard in arr.addressable_shards:
+        data = transfer.array_to_torch(shard.data, t.dtype)
+        lid = ids[shard.device.id]
+        out.append(XLAShard(data, tuple(shard.index), f"xla:{lid}", lid, shard.replica_id))
+    return out
+
+
+def load_local_shards_(t, shards) -> torch.Tensor:
+    """Replace ``t``'s data with ``shards`` (one per local device, in ``local_shards`` order).
+
+    Each shard is a CPU tensor (or an ``XLAShard``) with the shape that ``t``'s
+    sharding gives that device.
+    """
+    t = _check_tensor(t, "load_local_shards_")
+    arr = _concrete(t)
+    local = arr.addressable_shards
+    if len(shards) != len(local):
+        raise ShardingError(
+            f"load_local_shards_ got {len(shards)} shards but this process holds {len(local)} "
+            f"shards of the tensor (shape {tuple(t.shape)})"
+        )
+    pieces = []
+    for i, (shard, dst) in enumerate(zip(shards, local)):
+        data = shard.data if isinstance(shard, XLAShard) else shard
+        if tuple(data.shape) != tuple(dst.data.shape):
+            raise ShardingError(
+                f"shard {i} has shape {tuple(data.shape)}, expected {tuple(dst.data.shape)} "
+                f"for device {dst.device}"
+            )
+        pieces.append(jax.device_put(transfer._host_numpy(data.to(t.dtype)).copy(), dst.device))
+    new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, pieces)
+    t._st.set(new)
+    t._vcache = None
+    return t
