@@ -18,7 +18,7 @@ from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402
 
 _device_mode.install()
 
-from spmdtorch import debug  # noqa: E402
+from spmdtorch import debug, mesh, partition  # noqa: E402
 from spmdtorch.lazy.compiled import CompiledFunction, compile  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import manual_seed  # noqa: E402
@@ -30,5 +30,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompileContractError", "CompiledFunction", "XlaTensor", "compile", "debug", "device", "device_count", "devices", "manual_seed",
-    "mark_step", "runtime", "step", "sync", "wait_device_ops",
+    "mark_step", "mesh", "partition", "runtime", "step", "sync", "wait_device_ops",
 ]

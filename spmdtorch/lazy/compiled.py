@@ -218,7 +218,8 @@ class CompiledFunction:
         if plan is not None:
             for leaf in plan.leaves:
                 if type(leaf) is Scalar:
-                    roles.append(("scalar", executor.scalar_array(leaf.value)))
+                    mesh = captured["prog"].mesh
+                    roles.append(("scalar", executor.scalar_array(leaf.value, mesh)))
                     scalars.append((type(leaf.value), leaf.value))
                     continue
                 if id(leaf) in arg_arrays:

@@ -92,13 +92,55 @@ class _Plan:
                 nodes.append(n)
                 codes.append(c)
                 has_random |= n.random
-                entries.append((n.name, n.static_key, n.random, c))
+        entries = [(n.name, n.static_key, n.random, c) for n, c in zip(nodes, codes)]
         self.nodes = nodes
         self.codes = codes
         self.leaves = leaves
         self.outputs = tuple((node_ids[id(r.node)], r.index) for r in refs)
         self.has_random = has_random
         self.key = (tuple(entries), self.outputs)
+
+
+def _user_mesh(plan, out_shardings):
+    """The first mesh other than the default placement's that the program uses."""
+    from spmdtorch.tensor.transfer import replicated_sharding
+
+    default_mesh = replicated_sharding().mesh
+    candidates = [getattr(leaf, "sharding", None) for leaf in plan.leaves if type(leaf) is not Scalar]
+    candidates += list(out_shardings)
+    candidates += [dict(n.template[1]).get("sharding") for n in plan.nodes if n.name == "sharding_constraint"]
+    for sh in candidates:
+        if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh != default_mesh:
+            return sh.mesh
+    return None
+
+
+def _rehome(plan, mesh) -> None:
+    """Move default-placed (replicated) leaves onto the user's ``mesh``.
+
+    JAX carries an array's mesh into the avals of everything computed from it
+    and names propagated output shardings after it; the default placement's
+    1-D mesh cannot express a tiling over the user's mesh (IndivisibleError).
+    A replicated array has the same data on every device, so re-homing it is
+    a relabelling, done once per tensor (its storage keeps the new array).
+    """
+    from spmdtorch.tensor import xla_tensor
+    from spmdtorch.tensor.transfer import replicated_sharding
+
+    default_mesh = replicated_sharding().mesh
+    target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    for i, leaf in enumerate(plan.leaves):
+        if type(leaf) is Scalar:
+            continue
+        sh = leaf.sharding
+        if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh:
+            new = jax.device_put(leaf, target)
+            holder = xla_tensor.holder_of(leaf)
+            if holder is not None:
+                if holder.sharding is not None and not holder.annotated:
+                    holder.sharding = None  # inherited placement: let the new one apply
+                holder.set(new)
+            plan.leaves[i] = new
 
 
 def _leaf_sig(leaf):
@@ -147,10 +189,10 @@ def _make_fn(plan: _Plan):
 
 
 class _Program:
-    __slots__ = ("compiled", "lowered", "n_leaves", "has_random")
+    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh")
 
 
-def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple):
+def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     global _last_key
     leaf_sigs = tuple(_leaf_sig(leaf) for leaf in plan.leaves)
     key = (plan.key, leaf_sigs, donate, out_shardings)
@@ -166,7 +208,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple):
     fn = _make_fn(plan)
     donate_idx = tuple(i for i, d in enumerate(donate) if d)
     jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings))
-    args = _call_args(plan)
+    args = _call_args(plan, mesh)
     lowered = jitted.lower(*args)
     compiled = lowered.compile()
     prog = _Program()
@@ -174,6 +216,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple):
     prog.lowered = lowered
     prog.n_leaves = len(plan.leaves)
     prog.has_random = plan.has_random
+    prog.mesh = mesh
     _CACHE[key] = prog
     metrics.add_time("CompileTime", time.perf_counter() - start)
     return prog, key
@@ -209,7 +252,7 @@ _SCALAR_CACHE: dict = {}
 _SCALAR_CACHE_MAX = 4096
 
 
-def scalar_array(value):
+def scalar_array(value, mesh=None):
     """A replicated, weakly typed device array holding Python number ``value``.
 
     Passing a Python number to an executable copies it to every device on
@@ -217,19 +260,23 @@ def scalar_array(value):
     the arrays are made once and reused. Floats are keyed by their bit
     pattern so that 0.0 and -0.0 stay distinct.
     """
-    key = (type(value), value.hex() if type(value) is float else value)
+    key = (type(value), value.hex() if type(value) is float else value, mesh)
     arr = _SCALAR_CACHE.get(key)
     if arr is None:
         if len(_SCALAR_CACHE) >= _SCALAR_CACHE_MAX:
             _SCALAR_CACHE.clear()
         from spmdtorch.tensor.transfer import replicated_sharding
 
-        arr = _SCALAR_CACHE[key] = jax.device_put(jnp.asarray(value), replicated_sharding())
+        sharding = (
+            replicated_sharding() if mesh is None
+            else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        )
+        arr = _SCALAR_CACHE[key] = jax.device_put(jnp.asarray(value), sharding)
     return arr
 
 
-def _call_args(plan: _Plan) -> list:
-    args = [scalar_array(leaf.value) if type(leaf) is Scalar else leaf for leaf in plan.leaves]
+def _call_args(plan: _Plan, mesh=None) -> list:
+    args = [scalar_array(leaf.value, mesh) if type(leaf) is Scalar else leaf for leaf in plan.leaves]
     if plan.has_random:
         args.append(rng.next_key_data())
     return args
@@ -246,18 +293,27 @@ def run_plan(plan: _Plan, storages):
     Returns ``(outputs, program)``; the program can be called again with new
     leaf values (``spmdtorch.compile`` replays it without re-tracing).
     """
+    from spmdtorch.tensor.transfer import replicated_sharding
+
+    out_shardings = tuple(st.sharding if st is not None else None for st in storages)
+    mesh = _user_mesh(plan, out_shardings)
+    if mesh is not None:
+        _rehome(plan, mesh)
+        default_mesh = replicated_sharding().mesh
+        home = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        out_shardings = tuple(
+            home if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh else sh
+            for sh in out_shardings
+        )
+    if not any(type(leaf) is not Scalar for leaf in plan.leaves):
+        # No array inputs: without explicit shardings JAX would use one device.
+        fallback = replicated_sharding() if mesh is None else home
+        out_shardings = tuple(fallback if sh is None else sh for sh in out_shardings)
     donate = tuple(
         type(leaf) is not Scalar and xla_tensor.holder_of(leaf) is None for leaf in plan.leaves
     )
-    have_arrays = any(type(leaf) is not Scalar for leaf in plan.leaves)
-    from spmdtorch.tensor.transfer import replicated_sharding
-
-    default = None if have_arrays else replicated_sharding()
-    out_shardings = tuple(
-        (st.sharding if st is not None and st.sharding is not None else default) for st in storages
-    )
-    prog, _ = _program_for(plan, donate, out_shardings)
-    return execute(prog, _call_args(plan)), prog
+    prog, _ = _program_for(plan, donate, out_shardings, mesh)
+    return execute(prog, _call_args(plan, mesh)), prog
 
 
 def execute(prog: "_Program", args) -> list:
@@ -330,7 +386,11 @@ def lower(refs):
     """``jax.stages.Lowered`` for the program computing ``refs`` (for debugging)."""
     plan = _Plan(refs)
     fn = _make_fn(plan)
-    return jax.jit(fn).lower(*_call_args(plan))
+
+    mesh = _user_mesh(plan, ())
+    if mesh is not None:
+        _rehome(plan, mesh)
+    return jax.jit(fn).lower(*_call_args(plan, mesh))
 
 
 def reset_cache() -> None:

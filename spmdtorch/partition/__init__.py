@@ -1,0 +1,33 @@
+"""Sharding annotations, HLO sharding strings, sharding types and visualisation.
+
+Example:
+    >>> import numpy as np, torch, spmdtorch
+    >>> from spmdtorch.mesh import Mesh
+    >>> from spmdtorch.partition import mark_sharding, get_sharding_spec
+    >>> mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
+    >>> w = mark_sharding(torch.zeros(8, 4, device="xla"), mesh, ("data", "model"))
+    >>> get_sharding_spec(w)
+    '{devices=[4,2]0,1,2,3,4,5,6,7}'
+"""
+
+from spmdtorch.partition.hlo_sharding import hlo_sharding_string, parse_hlo_sharding_string
+from spmdtorch.partition.inspect import get_sharding_spec, sharding_type, visualize_tensor_sharding
+from spmdtorch.partition.marking import (
+    ShardingError,
+    ShardingSpec,
+    clear_sharding,
+    mark_sharding,
+    mark_sharding_with_gradients,
+    tensor_sharding,
+)
+from spmdtorch.partition.sharding_enum import ShardingType
+from spmdtorch.partition.shards import XLAShard, load_local_shards_, local_shards
+from spmdtorch.partition.visualize import visualize_array_sharding, visualize_sharding
+
+__all__ = [
+    "ShardingError", "ShardingSpec", "ShardingType", "XLAShard", "clear_sharding",
+    "get_sharding_spec", "hlo_sharding_string", "load_local_shards_", "local_shards",
+    "mark_sharding", "mark_sharding_with_gradients", "parse_hlo_sharding_string",
+    "sharding_type", "tensor_sharding", "visualize_array_sharding", "visualize_sharding",
+    "visualize_tensor_sharding",
+]

@@ -1,0 +1,57 @@
+"""Inspecting a tensor's sharding: PyTorch/XLA's strings, types and pictures."""
+
+from __future__ import annotations
+
+from spmdtorch.partition.hlo_sharding import hlo_sharding_string
+from spmdtorch.partition.marking import _check_tensor
+from spmdtorch.partition.sharding_enum import ShardingType, sharding_type_of
+from spmdtorch.partition.visualize import visualize_sharding
+
+__all__ = ["get_sharding_spec", "sharding_type", "visualize_tensor_sharding"]
+
+
+def _effective_sharding(t):
+    """The annotation, else the placement of concrete non-replicated data, else None.
+
+    Matches PyTorch/XLA: an unannotated tensor that was never sharded reports
+    no sharding, while the output of a sharded program reports the sharding
+    XLA gave it.
+    """
+    st = _check_tensor(t, "get_sharding_spec")._st
+    if st.annotated:
+        return st.sharding
+    value = st.value
+    sharding = getattr(value, "sharding", None)
+    if sharding is None or value.is_fully_replicated:
+        return None
+    return sharding
+
+
+def get_sharding_spec(t) -> str:
+    """PyTorch/XLA's HLO sharding string for ``t`` (``""`` when it has none).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.mesh import get_1d_mesh
+        >>> from spmdtorch.partition import mark_sharding, get_sharding_spec
+        >>> t = mark_sharding(torch.zeros(8, 2, device="xla"), get_1d_mesh("d"), ("d", None))
+        >>> get_sharding_spec(t)
+        '{devices=[8,1]0,1,2,3,4,5,6,7}'
+    """
+    sharding = _effective_sharding(t)
+    if sharding is None:
+        return ""
+    return hlo_sharding_string(sharding, t.dim())
+
+
+def sharding_type(t) -> ShardingType:
+    """``ShardingType`` of ``t`` (REPLICATED when it has no sharding)."""
+    sharding = _effective_sharding(t)
+    if sharding is None:
+        return ShardingType.REPLICATED
+    return sharding_type_of(sharding, t.dim())
+
+
+def visualize_tensor_sharding(t, **kwargs):
+    """Draw which device holds which block of ``t`` (a rich table; see ``visualize_sharding``)."""
+    return visualize_sharding(get_sharding_spec(t), shape=tuple(t.shape), **kwargs)
