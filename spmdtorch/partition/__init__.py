@@ -12,6 +12,17 @@ Example:
 
 from spmdtorch.partition.hlo_sharding import hlo_sharding_string, parse_hlo_sharding_string
 from spmdtorch.partition.inspect import get_sharding_spec, sharding_type, visualize_tensor_sharding
+from spmdtorch.partition.manual import (
+    ManualRegionError,
+    all_gather,
+    all_reduce,
+    axis_index,
+    disable_manual_sharding,
+    enable_manual_sharding,
+    ppermute,
+    reduce_scatter,
+    shard_map,
+)
 from spmdtorch.partition.marking import (
     ShardingError,
     ShardingSpec,
@@ -25,6 +36,8 @@ from spmdtorch.partition.shards import XLAShard, load_local_shards_, local_shard
 from spmdtorch.partition.visualize import visualize_array_sharding, visualize_sharding
 
 __all__ = [
+    "ManualRegionError", "all_gather", "all_reduce", "axis_index", "disable_manual_sharding",
+    "enable_manual_sharding", "ppermute", "reduce_scatter", "shard_map",
     "ShardingError", "ShardingSpec", "ShardingType", "XLAShard", "clear_sharding",
     "get_sharding_spec", "hlo_sharding_string", "load_local_shards_", "local_shards",
     "mark_sharding", "mark_sharding_with_gradients", "parse_hlo_sharding_string",

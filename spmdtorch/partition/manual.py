@@ -1,0 +1,328 @@
+"""Manual sharding regions: per-device torch code with explicit collectives.
+
+``shard_map(fn, mesh, in_specs, out_specs)`` runs ``fn`` once per device on
+that device's *local* blocks, like ``jax.shard_map``. Inside, torch code sees
+local tensors and may call the collectives here (``all_reduce``,
+``all_gather``, ``reduce_scatter``, ``ppermute``, ``axis_index``).
+
+How it is built: ``fn`` is recorded lazily on placeholder tensors of the local
+shapes; the recorded graph becomes the body of a ``jax.shard_map``, which is
+one node of the enclosing lazy graph. ``enable_manual_sharding`` /
+``disable_manual_sharding`` open and close such a region around ordinary code.
+Regions are not differentiable through torch autograd yet (arguments that
+require grad are refused rather than silently detached).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import torch
+from torch.utils import _pytree as pytree
+
+from spmdtorch import _dtypes
+from spmdtorch.lazy import executor
+from spmdtorch.lazy.graph import LazyRef, Node, Slot
+from spmdtorch.partition.marking import ShardingError
+from spmdtorch.tensor.dispatch import read_value, record
+from spmdtorch.tensor import xla_tensor
+from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
+
+__all__ = [
+    "shard_map", "enable_manual_sharding", "disable_manual_sharding", "ManualRegionError",
+    "all_reduce", "all_gather", "reduce_scatter", "ppermute", "axis_index",
+]
+
+
+class ManualRegionError(RuntimeError):
+    """A collective outside a manual region, or a region used wrongly."""
+
+
+class _ArgLeaf:
+    """Stands for the local block of region argument ``i`` inside the body."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+    @property
+    def shape(self):
+        # Only reached when a tensor computed inside a region is used outside it.
+        raise ManualRegionError(
+            "a tensor local to a manual region (shard_map body) was used outside the region; "
+            "return it from the region instead"
+        )
+
+    sharding = dtype = shape
+
+
+def _identity(x):
+    return x
+
+
+@dataclasses.dataclass
+class _Region:
+    mesh: object
+    args: list
+    in_specs: list
+    placeholders: list
+    start_seq: int = 0
+
+
+_ACTIVE: list[_Region] = []
+
+
+def _axis_sizes(mesh, jspec) -> list[int]:
+    sizes = []
+    for entry in jspec:
+        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        n = 1
+        for name in names:
+            n *= mesh.jax_mesh.shape[name]
+        sizes.append(n)
+    return sizes
+
+
+def _jax_spec(mesh, spec, ndim, what):
+    jspec = mesh.jax_partition_spec(tuple(spec))
+    if len(jspec) < ndim:
+        jspec = jax.sharding.PartitionSpec(*(tuple(jspec) + (None,) * (ndim - len(jspec))))
+    if len(jspec) != ndim:
+        raise ShardingError(f"{what}: spec {tuple(spec)} has {len(jspec)} entries for a {ndim}-dim tensor")
+    return jspec
+
+
+def _begin(mesh, args, in_specs) -> list:
+    if len(args) != len(in_specs):
+        raise ShardingError(f"shard_map got {len(args)} arguments but {len(in_specs)} in_specs")
+    region = _Region(mesh, list(args), [], [], next(xla_tensor._SEQ))
+    for i, (a, spec) in enumerate(zip(args, in_specs)):
+        if not isinstance(a, XlaTensor):
+            raise ShardingError(f"shard_map argument {i} must be an xla tensor, got {type(a).__name__}")
+        if a.requires_grad and torch.is_grad_enabled():
+            raise ManualRegionError(
+                f"shard_map argument {i} requires grad; manual regions are not differentiable "
+                "through torch autograd yet: pass t.detach() or run under torch.no_grad()"
+            )
+        jspec = _jax_spec(mesh, spec, a.dim(), f"in_specs[{i}]")
+        local = []
+        for dim, (size, parts) in enumerate(zip(a.shape, _axis_sizes(mesh, jspec))):
+            if size % parts:
+                raise ShardingError(
+                    f"shard_map argument {i}: dim {dim} of size {size} is not divisible by its "
+                    f"{parts} shards (spec {tuple(spec)})"
+                )
+            local.append(size // parts)
+        aval = (tuple(local), _dtypes.to_jax_dtype(a.dtype))
+        node = Node(_identity, ("manual_arg", i), ((Slot(0),), ()), [_ArgLeaf(i)], ((Slot(0),), ()), (aval,))
+        region.in_specs.append(jspec)
+        region.placeholders.append(new_base(LazyRef(node, 0), a.dtype))
+    _ACTIVE.append(region)
+    return region.placeholders
+
+
+class _ShardMapBody:
+    """The traced body as a callable over (local args, captured inputs)."""
+
+    def __init__(self, plan, n_out):
+        self.fn = executor._make_fn(plan)
+        self.n_out = n_out
+
+    def __call__(self, *vals):
+        return tuple(self.fn(*vals))
+
+
+def _end(region: _Region, outs, out_specs):
+    flat, spec = pytree.tree_flatten(outs)
+    if not flat or not all(isinstance(o, XlaTensor) for o in flat):
+        raise ShardingError("the body of a manual region must return xla tensors")
+    if len(out_specs) != len(flat):
+        raise ShardingError(f"the region returns {len(flat)} tensors but {len(out_specs)} out_specs were given")
+    refs = [read_value(o) for o in flat]
+    # Tensors computed inside the region are local blocks: they must not join
+    # the next global program as outputs of their own.
+    for st in list(xla_tensor._PENDING):
+        if st.pseq > region.start_seq:
+            xla_tensor._PENDING.discard(st)
+    if not all(isinstance(r, LazyRef) for r in refs):
+        raise ShardingError("a manual region must compute its outputs from its arguments")
+    plan = executor._Plan(refs)
+    if plan.has_random:
+        raise NotImplementedError("random ops inside a manual region are not supported yet")
+    mesh = region.mesh
+    in_specs, inputs = [], []
+    for leaf in plan.leaves:
+        if type(leaf) is _ArgLeaf:
+            in_specs.append(region.in_specs[leaf.i])
+            inputs.append(read_value(region.args[leaf.i]))
+        else:  # captured from outside the region: every device gets all of it
+            in_specs.append(jax.sharding.PartitionSpec())
+            inputs.append(leaf)
+    out_jspecs, out_avals = [], []
+    for k, (o, s) in enumerate(zip(flat, out_specs)):
+        jspec = _jax_spec(mesh, s, o.dim(), f"out_specs[{k}]")
+        shape = tuple(n * p for n, p in zip(o.shape, _axis_sizes(mesh, jspec)))
+        out_jspecs.append(jspec)
+        out_avals.append((shape, _dtypes.to_jax_dtype(o.dtype)))
+    body = jax.shard_map(
+        _ShardMapBody(plan, len(flat)), mesh=mesh.jax_mesh, in_specs=tuple(in_specs),
+        out_specs=tuple(out_jspecs), check_vma=False,
+    )
+    name = ("shard_map", plan.key, tuple(in_specs), tuple(out_jspecs), mesh.jax_mesh)
+    template = (tuple(Slot(i) for i in range(len(inputs))), ())
+    out_refs = record(body, name, template, inputs, tuple(out_avals))
+    if len(out_avals) == 1:
+        out_refs = [out_refs]
+    results = [new_base(r, o.dtype) for r, o in zip(out_refs, flat)]
+    return pytree.tree_unflatten(results, spec)
+
+
+def shard_map(fn, mesh, in_specs, out_specs):
+    """Wrap ``fn`` to run per device on local blocks (PyTorch/XLA/JAX ``shard_map``).
+
+    Args:
+        fn: torch code over local tensors; may call the collectives of this module.
+        mesh: a ``spmdtorch.mesh.Mesh``.
+        in_specs: one partition spec per positional argument.
+        out_specs: one spec per returned tensor (a single spec if ``fn`` returns one).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.mesh import get_1d_mesh
+        >>> from spmdtorch.partition import shard_map, all_reduce
+        >>> mesh = get_1d_mesh("x")
+        >>> f = shard_map(lambda t: all_reduce(t.sum(0, keepdim=True), "x"), mesh, [("x", None)], (None, None))
+        >>> f(torch.ones(8, 2, device="xla")).cpu()
+        tensor([[8., 8.]])
+    """
+
+    def wrapped(*args):
+        placeholders = _begin(mesh, args, list(in_specs))
+        region = _ACTIVE[-1]
+        try:
+            outs = fn(*placeholders)
+        finally:
+            _ACTIVE.pop()
+        # One tensor returned: out_specs is its spec; several: one spec each.
+        specs = [tuple(out_specs)] if isinstance(outs, torch.Tensor) else [tuple(s) for s in out_specs]
+        return _end(region, outs, specs)
+
+    return wrapped
+
+
+def enable_manual_sharding(t, partition_spec, *, mesh):
+    """Start a manual region on ``t``: returns its local block (close with ``disable_manual_sharding``)."""
+    return _begin(mesh, [t], [partition_spec])[0]
+
+
+def disable_manual_sharding(t, partition_spec, full_shape, *, mesh):
+    """Close the innermost manual region: ``t`` (local) becomes a global tensor of ``full_shape``."""
+    if not _ACTIVE:
+        raise ManualRegionError("disable_manual_sharding without a matching enable_manual_sharding")
+    region = _ACTIVE.pop()
+    out = _end(region, t, [tuple(partition_spec)])
+    if tuple(out.shape) != tuple(full_shape):
+        raise ShardingError(f"full_shape {tuple(full_shape)} does not match the region's output {tuple(out.shape)}")
+    return out
+
+
+# -- collectives ------------------------------------------------------------------
+
+
+def _region(what) -> _Region:
+    if not _ACTIVE:
+        raise ManualRegionError(f"{what} is only available inside shard_map / a manual region")
+    return _ACTIVE[-1]
+
+
+def _axis(region, axis):
+    names = region.mesh.jax_mesh.axis_names
+    if isinstance(axis, int):
+        return names[axis]
+    if isinstance(axis, tuple):
+        return tuple(_axis(region, a) for a in axis)
+    if axis not in names:
+        raise ManualRegionError(f"unknown mesh axis {axis!r}; the mesh has {names}")
+    return axis
+
+
+def _size(region, axis) -> int:
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    n = 1
+    for a in axes:
+        n *= region.mesh.jax_mesh.shape[a]
+    return n
+
+
+def _psum(x, *, axis, op):
+    return {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin, "mean": jax.lax.pmean}[op](x, axis)
+
+
+def _gather(x, *, axis, dim):
+    return jax.lax.all_gather(x, axis, axis=dim, tiled=True)
+
+
+def _scatter(x, *, axis, dim):
+    return jax.lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)
+
+
+def _permute(x, *, axis, perm):
+    return jax.lax.ppermute(x, axis, perm)
+
+
+def _index(*, axis):
+    return jax.lax.axis_index(axis)
+
+
+def _collective(fn, name, t, shape, **static):
+    ref = record(fn, name, ((Slot(0),), tuple(sorted(static.items()))), [read_value(t)],
+                 ((tuple(shape), _dtypes.to_jax_dtype(t.dtype)),))
+    return new_base(ref, t.dtype)
+
+
+def all_reduce(t, axis, op: str = "sum"):
+    """Sum (or ``max``/``min``/``mean``) ``t`` over mesh ``axis`` inside a region."""
+    region = _region("all_reduce")
+    if op not in ("sum", "max", "min", "mean"):
+        raise ValueError(f"all_reduce op must be sum, max, min or mean, got {op!r}")
+    return _collective(_psum, "psum", t, t.shape, axis=_axis(region, axis), op=op)
+
+
+def all_gather(t, axis, dim: int = 0):
+    """Concatenate every device's ``t`` along ``dim`` over mesh ``axis``."""
+    region = _region("all_gather")
+    ax = _axis(region, axis)
+    dim = dim % t.dim()
+    shape = list(t.shape)
+    shape[dim] *= _size(region, ax)
+    return _collective(_gather, "all_gather", t, shape, axis=ax, dim=dim)
+
+
+def reduce_scatter(t, axis, dim: int = 0):
+    """Sum over mesh ``axis`` and keep this device's slice of ``dim``."""
+    region = _region("reduce_scatter")
+    ax = _axis(region, axis)
+    dim = dim % t.dim()
+    n = _size(region, ax)
+    if t.shape[dim] % n:
+        raise ShardingError(f"reduce_scatter: dim {dim} of size {t.shape[dim]} is not divisible by {n}")
+    shape = list(t.shape)
+    shape[dim] //= n
+    return _collective(_scatter, "reduce_scatter", t, shape, axis=ax, dim=dim)
+
+
+def ppermute(t, axis, perm):
+    """Send ``t`` from device i to device j for each ``(i, j)`` in ``perm`` along ``axis``."""
+    region = _region("ppermute")
+    return _collective(_permute, "ppermute", t, t.shape, axis=_axis(region, axis),
+                       perm=tuple(tuple(p) for p in perm))
+
+
+def axis_index(axis):
+    """This device's index along mesh ``axis`` (a 0-dim int32 tensor)."""
+    region = _region("axis_index")
+    ref = record(_index, "axis_index", ((), (("axis", _axis(region, axis)),)), [], (((), jax.numpy.int32),))
+    return new_base(ref, torch.int32)
+
