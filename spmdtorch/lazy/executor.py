@@ -343,6 +343,22 @@ def _bound_in_flight(limit: int) -> None:
                 break
 
 
+def _padded_output(st):
+    """The value a storage receives: padded when its sharding is uneven."""
+    from spmdtorch.lazy import padding
+    from spmdtorch.tensor.dispatch import record
+
+    ref = st.value
+    shape = tuple(ref.shape)
+    target = None if st.sharding is None else padding.padded_shape(shape, st.sharding)
+    if target is None:
+        st.logical_shape = None
+        return ref
+    st.logical_shape = shape
+    return record(padding.pad_to, "pad_to_shards", ((Slot(0),), (("shape", target),)), [ref],
+                  ((target, ref.dtype),))
+
+
 def pending_storages() -> list:
     """Live storages whose value is pending (what the next barrier computes)."""
     live = [st for st in list(xla_tensor._PENDING) if isinstance(st.value, LazyRef)]
@@ -362,7 +378,7 @@ def sync(wait: bool = False, _on_plan=None) -> None:
     storages = pending_storages()
     xla_tensor._PENDING.clear()
     if storages:
-        plan = _Plan([st.value for st in storages])
+        plan = _Plan([_padded_output(st) for st in storages])
         try:
             outs, prog = run_plan(plan, storages)
         except BaseException:

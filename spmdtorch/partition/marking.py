@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 from typing import Any, Mapping, Sequence
 
 import jax
 import torch
 
-from spmdtorch.lazy import metrics
+from spmdtorch.lazy import metrics, padding
 from spmdtorch.lazy.graph import LazyRef, Slot
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -33,6 +34,11 @@ __all__ = [
 
 class ShardingError(ValueError):
     """An annotation that cannot be applied (bad spec, conflicting re-mark...)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _pad_program(target, sharding):
+    return jax.jit(functools.partial(padding.pad_to, shape=target), out_shardings=sharding)
 
 
 def _constrain(x, *, sharding):
@@ -61,26 +67,7 @@ def _named_sharding(mesh, partition_spec, t: torch.Tensor):
             f"partition_spec {spec} has {len(spec)} entries but the tensor has {t.dim()} dims "
             f"(shape {tuple(t.shape)}); give one entry per dim (None = replicated)"
         )
-    sharding = mesh.named_sharding(spec)
-    for dim, size in enumerate(t.shape):
-        parts = _parts(sharding, dim)
-        if parts > 1 and size % parts:
-            raise NotImplementedError(
-                f"dim {dim} of size {size} is not divisible by the {parts} shards that "
-                f"partition_spec {spec} gives it; uneven (padded) shardings are not supported yet"
-            )
-    return sharding
-
-
-def _parts(sharding, dim: int) -> int:
-    entry = sharding.spec[dim] if dim < len(sharding.spec) else None
-    if entry is None:
-        return 1
-    names = entry if isinstance(entry, tuple) else (entry,)
-    n = 1
-    for name in names:
-        n *= sharding.mesh.shape[name]
-    return n
+    return mesh.named_sharding(spec)
 
 
 def mark_sharding(t, mesh, partition_spec):
@@ -121,16 +108,23 @@ def mark_sharding(t, mesh, partition_spec):
             f"{tuple(st.sharding.spec)}; call spmdtorch.partition.clear_sharding(t) before "
             f"annotating it with {tuple(partition_spec)}"
         )
-    value = st.value
-    if isinstance(value, LazyRef):
-        from spmdtorch.tensor.dispatch import record
+    from spmdtorch.tensor.dispatch import base_value, record
 
+    value = base_value(st)
+    if isinstance(value, LazyRef):
         ref = record(_constrain, "sharding_constraint", ((Slot(0),), (("sharding", sharding),)),
                      [value], ((tuple(value.shape), value.dtype),))
         st.set(ref)
     else:
         metrics.inc("ReshardOnDevice")
-        st.set(jax.device_put(value, sharding))
+        target = padding.padded_shape(value.shape, sharding)
+        if target is None:
+            st.logical_shape = None
+            st.set(jax.device_put(value, sharding))
+        else:
+            # Uneven: keep the data padded so each device holds only its block.
+            st.logical_shape = tuple(value.shape)
+            st.set(_pad_program(target, sharding)(value))
     st.sharding = sharding
     st.annotated = True
     t._vcache = None
@@ -164,7 +158,7 @@ def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any
         p = params[name]
         try:
             mark_sharding(p, mesh, rules[pattern])
-        except (ShardingError, NotImplementedError) as e:
+        except ShardingError as e:
             raise type(e)(f"parameter {name!r} (rule {pattern!r}): {e}") from None
     return module
 

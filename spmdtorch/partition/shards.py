@@ -46,6 +46,15 @@ def _concrete(t):
     return st.value
 
 
+def _trim(index, padded_shape, logical_shape):
+    """Clip a shard's slices of the padded array to the tensor's real extent."""
+    out = []
+    for sl, p, n in zip(index, padded_shape, logical_shape):
+        start, stop = sl.start or 0, p if sl.stop is None else sl.stop
+        out.append(slice(min(start, n), min(stop, n)))
+    return tuple(out)
+
+
 def local_shards(t) -> list[XLAShard]:
     """The shards of ``t`` that this process's devices hold, as CPU tensors.
 
@@ -62,9 +71,12 @@ def local_shards(t) -> list[XLAShard]:
     ids = _logical_ids()
     out = []
     for shard in arr.addressable_shards:
+        index = _trim(shard.index, arr.shape, tuple(t.shape))
         data = transfer.array_to_torch(shard.data, t.dtype)
+        # Padding (uneven shardings) is storage detail: users see real data only.
+        data = data[tuple(slice(0, sl.stop - sl.start) for sl in index)]
         lid = ids[shard.device.id]
-        out.append(XLAShard(data, tuple(shard.index), f"xla:{lid}", lid, shard.replica_id))
+        out.append(XLAShard(data, index, f"xla:{lid}", lid, shard.replica_id))
     return out
 
 
@@ -85,13 +97,16 @@ def load_local_shards_(t, shards) -> torch.Tensor:
     pieces = []
     for i, (shard, dst) in enumerate(zip(shards, local)):
         data = shard.data if isinstance(shard, XLAShard) else shard
-        if tuple(data.shape) != tuple(dst.data.shape):
+        index = _trim(dst.index, arr.shape, tuple(t.shape))
+        expected = tuple(sl.stop - sl.start for sl in index)
+        if tuple(data.shape) != expected:
             raise ShardingError(
-                f"shard {i} has shape {tuple(data.shape)}, expected {tuple(dst.data.shape)} "
-                f"for device {dst.device}"
+                f"shard {i} has shape {tuple(data.shape)}, expected {expected} for device {dst.device}"
             )
-        pieces.append(jax.device_put(transfer._host_numpy(data.to(t.dtype)).copy(), dst.device))
+        block = torch.zeros(dst.data.shape, dtype=t.dtype)
+        block[tuple(slice(0, n) for n in expected)] = data.to(t.dtype)
+        pieces.append(jax.device_put(transfer._host_numpy(block).copy(), dst.device))
     new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, pieces)
-    t._st.set(new)
+    t._st.set(new)  # same (padded) shape and logical shape as before
     t._vcache = None
     return t

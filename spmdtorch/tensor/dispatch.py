@@ -115,15 +115,31 @@ def functional_twin(func):
 # -- reading and writing tensor values ---------------------------------------
 
 
+def base_value(st: Storage):
+    """The logical value of a storage (padded device data is read through a slice)."""
+    value = st.value
+    if st.logical_shape is None or isinstance(value, LazyRef) or tuple(value.shape) == st.logical_shape:
+        return value
+    cache = st.unpadded
+    if cache is not None and cache[0] == st.version:
+        return cache[1]
+    from spmdtorch.lazy import padding
+
+    ref = record(padding.unpad, "unpad", ((Slot(0),), (("shape", st.logical_shape),)), [value],
+                 ((st.logical_shape, value.dtype),))
+    st.unpadded = (st.version, ref)
+    return ref
+
+
 def read_value(t: XlaTensor):
     """The current value of ``t``: concrete array or LazyRef (views replayed)."""
     st = t._st
     if not t._chain:
-        return st.value
+        return base_value(st)
     cache = t._vcache
     if cache is not None and cache[0] == st.version and cache[1] is st:
         return cache[2]
-    value = st.value
+    value = base_value(st)
     for step in t._chain:
         value = _record_view_step(step, value)
     t._vcache = (st.version, st, value)
@@ -150,7 +166,7 @@ def assign_value(t: XlaTensor, value) -> None:
         return
     from spmdtorch.ops import views
 
-    bases = [st.value]
+    bases = [base_value(st)]
     for step in t._chain[:-1]:
         bases.append(_record_view_step(step, bases[-1]))
     new = value

@@ -65,7 +65,8 @@ class Storage:
             another sharding is an error until ``clear_sharding``).
     """
 
-    __slots__ = ("value", "version", "sharding", "annotated", "pseq", "__weakref__")
+    __slots__ = ("value", "version", "sharding", "annotated", "pseq", "logical_shape", "unpadded",
+                 "__weakref__")
 
     def __init__(self, value, sharding=None):
         self.value = None
@@ -73,6 +74,11 @@ class Storage:
         self.pseq = 0
         self.sharding = sharding
         self.annotated = False
+        # Uneven shardings (spmdtorch.lazy.padding): when set, a concrete
+        # ``value`` is padded and this is the shape the tensor really has;
+        # ``unpadded`` caches (version, LazyRef) of the slice that reads it.
+        self.logical_shape = None
+        self.unpadded = None
         self.set(value)
 
     def set(self, value) -> None:
@@ -84,7 +90,7 @@ class Storage:
                 del _HOLDERS[id(old)]
             # An in-place update keeps the placement the data had (parameters
             # keep their sharding across steps).
-            if self.sharding is None and tuple(old.shape) == tuple(value.shape):
+            if self.sharding is None and self.logical_shape is None and tuple(old.shape) == tuple(value.shape):
                 self.sharding = old.sharding
         self.value = value
         self.version += 1

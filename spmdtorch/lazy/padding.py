@@ -1,0 +1,48 @@
+"""Uneven shardings: padded device storage for dims a mesh axis does not divide.
+
+XLA partitions such dims fine inside a program, but JAX refuses to *hold* an
+array whose sharded dim is not divisible by its shard count. So a storage with
+such a sharding keeps its concrete data padded up to the next multiple (each
+device holds ⌈n/k⌉ of the dim, never a full copy) and remembers the logical
+shape; programs read it through a slice and write it through a pad, so
+results are those of the unsharded program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["padded_shape", "pad_to", "unpad"]
+
+
+def _shards_per_dim(sharding, ndim: int) -> list[int]:
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return [1] * ndim
+    out = []
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    for entry in spec[:ndim]:
+        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        n = 1
+        for name in names:
+            n *= sharding.mesh.shape[name]
+        out.append(n)
+    return out
+
+
+def padded_shape(shape, sharding) -> tuple | None:
+    """The padded storage shape for ``shape`` under ``sharding``, or None if even."""
+    shape = tuple(shape)
+    parts = _shards_per_dim(sharding, len(shape))
+    padded = tuple(-(-n // k) * k for n, k in zip(shape, parts))
+    return None if padded == shape else padded
+
+
+def pad_to(x, *, shape):
+    """Zero-pad ``x`` at the end of each dim up to ``shape``."""
+    return jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
+
+
+def unpad(x, *, shape):
+    """The leading ``shape`` block of padded ``x``."""
+    return jax.lax.slice(x, (0,) * len(shape), tuple(shape))
