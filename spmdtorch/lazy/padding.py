@@ -13,19 +13,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["padded_shape", "pad_to", "unpad"]
+__all__ = ["shards_per_dim", "padded_shape", "pad_to", "unpad"]
 
 
-def _shards_per_dim(sharding, ndim: int) -> list[int]:
-    if not isinstance(sharding, jax.sharding.NamedSharding):
-        return [1] * ndim
+def shards_per_dim(mesh: jax.sharding.Mesh, spec, ndim: int) -> list[int]:
+    """How many blocks a ``PartitionSpec`` over ``mesh`` cuts each of ``ndim`` dims into."""
     out = []
-    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    spec = tuple(spec) + (None,) * (ndim - len(spec))
     for entry in spec[:ndim]:
         names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
         n = 1
         for name in names:
-            n *= sharding.mesh.shape[name]
+            n *= mesh.shape[name]
         out.append(n)
     return out
 
@@ -33,7 +32,9 @@ def _shards_per_dim(sharding, ndim: int) -> list[int]:
 def padded_shape(shape, sharding) -> tuple | None:
     """The padded storage shape for ``shape`` under ``sharding``, or None if even."""
     shape = tuple(shape)
-    parts = _shards_per_dim(sharding, len(shape))
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    parts = shards_per_dim(sharding.mesh, sharding.spec, len(shape))
     padded = tuple(-(-n // k) * k for n, k in zip(shape, parts))
     return None if padded == shape else padded
 

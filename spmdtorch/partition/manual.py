@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from spmdtorch import _dtypes
-from spmdtorch.lazy import executor
+from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
 from spmdtorch.partition.marking import ShardingError
 from spmdtorch.tensor.dispatch import read_value, record
@@ -75,14 +75,7 @@ _ACTIVE: list[_Region] = []
 
 
 def _axis_sizes(mesh, jspec) -> list[int]:
-    sizes = []
-    for entry in jspec:
-        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        n = 1
-        for name in names:
-            n *= mesh.jax_mesh.shape[name]
-        sizes.append(n)
-    return sizes
+    return padding.shards_per_dim(mesh.jax_mesh, jspec, len(jspec))
 
 
 def _jax_spec(mesh, spec, ndim, what):
