@@ -123,8 +123,11 @@ def mark_sharding(t, mesh, partition_spec):
             st.set(jax.device_put(value, sharding))
         else:
             # Uneven: keep the data padded so each device holds only its block.
+            # The pad program's input must live on the target mesh's devices
+            # in its order (a replicated relabelling, not a reshard).
+            home = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
             st.logical_shape = tuple(value.shape)
-            st.set(_pad_program(target, sharding)(value))
+            st.set(_pad_program(target, sharding)(jax.device_put(value, home)))
     st.sharding = sharding
     st.annotated = True
     t._vcache = None

@@ -369,6 +369,8 @@ def meta_outputs(func, args, kwargs, facts, key):
 # -- the dispatcher --------------------------------------------------------------
 
 
+_CLONE = aten.clone.default
+
 # id(OpOverload) -> OpFacts. OpOverload.__hash__ is Python-level, and the hot
 # path looks an op up once per call: an int key keeps that lookup cheap (ops
 # are long-lived singletons, so their ids are stable).
@@ -456,7 +458,13 @@ def _dispatch_lowering(func, args, kwargs, facts):
     refs = record(low.fn, func, parsed.template, parsed.inputs, meta.avals, random=low.random)
     if not meta.multi:
         sp = meta.specs[0]
-        return XlaTensor(Storage(refs), (), sp[0], sp[4], 0, sp[3])
+        out = XlaTensor(Storage(refs), (), sp[0], sp[4], 0, sp[3])
+        if func is _CLONE and args[0]._st.annotated and not args[0]._chain:
+            # A clone is the same tensor again: it keeps the annotation (XLA
+            # would propagate it anyway, except for uneven shardings, which
+            # JAX cannot return as program outputs without the annotation).
+            out._st.sharding, out._st.annotated = args[0]._st.sharding, True
+        return out
     if len(meta.avals) == 1:
         refs = [refs]
     outs = []

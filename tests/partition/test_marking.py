@@ -261,3 +261,15 @@ def test_uneven_parameter_trains_like_eager(mesh):
         ref_opt.step()
     torch.testing.assert_close(model.weight.cpu(), ref.weight.detach(), rtol=1e-5, atol=1e-5)
     assert tensor_sharding(model.weight).spec == jax.sharding.PartitionSpec("data", "model")
+
+
+def test_uneven_sharding_survives_clone_and_deepcopy(mesh):
+    from spmdtorch.partition import get_sharding_spec
+
+    w = mark_sharding(torch.arange(30.0).reshape(6, 5).to("xla"), mesh, ("data", "model"))
+    c = w.clone()
+    d = copy.deepcopy(w)
+    spmdtorch.sync()
+    for t in (c, d):
+        assert get_sharding_spec(t) == get_sharding_spec(w) == "{devices=[4,2]0,1,2,3,4,5,6,7}"
+        torch.testing.assert_close(t.cpu(), torch.arange(30.0).reshape(6, 5))
