@@ -381,7 +381,12 @@ def sync(wait: bool = False, _on_plan=None) -> None:
         plan = _Plan([_padded_output(st) for st in storages])
         try:
             outs, prog = run_plan(plan, storages)
-        except BaseException:
+        except Exception:
+            # The tensors keep their pending values (reading one retries and
+            # shows the error again), but they leave the pending set: one
+            # failed step must not make every later, unrelated sync fail too.
+            raise
+        except BaseException:  # KeyboardInterrupt etc.: nothing failed, retry next sync
             for st in storages:
                 xla_tensor._PENDING.add(st)
             raise

@@ -154,3 +154,22 @@ def test_thousand_steps_without_reading_never_deadlock():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done" in proc.stdout
+
+
+def test_a_failed_program_does_not_poison_later_syncs(monkeypatch):
+    from spmdtorch.lazy import executor
+
+    bad = torch.ones(3, device="xla") * 5
+    real = executor.run_plan
+
+    def boom(plan, storages):
+        raise RuntimeError("injected compile failure")
+
+    monkeypatch.setattr(executor, "run_plan", boom)
+    with pytest.raises(RuntimeError, match="injected"):
+        spmdtorch.sync()
+    monkeypatch.setattr(executor, "run_plan", real)
+    ok = torch.ones(2, device="xla") + 1
+    spmdtorch.sync()  # unrelated work runs
+    assert ok.cpu().tolist() == [2.0, 2.0]
+    assert bad.cpu().tolist() == [5.0, 5.0, 5.0]  # the failed tensor is still there, computed on read
