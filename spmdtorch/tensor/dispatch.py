@@ -285,16 +285,6 @@ _CPU_OK_OPS = frozenset(
 _META_CACHE: dict = {}
 
 
-def _meta_args(x, inputs):
-    """Rebuild args for a meta call: XlaTensors act as meta tensors themselves."""
-    if type(x) is Slot:
-        v = inputs[x.i]
-        return v
-    if type(x) is tuple:
-        return tuple(_meta_args(y, inputs) for y in x)
-    return x
-
-
 def _run_meta(func, args, kwargs, facts):
     meta_kwargs = kwargs
     if facts.has_device and kwargs.get("device") is not None:
@@ -551,18 +541,22 @@ def _dispatch_mutation(func, args, kwargs, facts):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _write(dst: XlaTensor, src) -> None:
-    """``dst`` ← ``src`` (a tensor of dst's shape), casting to dst's dtype."""
-    if isinstance(src, XlaTensor):
-        if src.dtype != dst.dtype:
-            src = dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
-        value = read_value(src)
-    else:
-        raise TypeError(f"internal: cannot write {type(src)} into an xla tensor")
+def _write(dst: XlaTensor, src: XlaTensor, *, fresh: bool = False) -> None:
+    """``dst`` ← ``src`` broadcast to dst's shape and cast to its dtype.
+
+    The value written is always a node of its own unless ``src`` is a
+    temporary pending result (``fresh=False`` and lazy): two live storages must
+    never share one array or one pending value, or donating one would delete
+    the other's data.
+    """
+    if src.dtype != dst.dtype:
+        src = dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
     if tuple(src.shape) != tuple(dst.shape):
         src = dispatch(aten.expand.default, (src, list(dst.shape)), {})
-        src = dispatch(aten.clone.default, (src,), {})
-        value = read_value(src)
+        fresh = True
+    value = read_value(src)
+    if fresh or not isinstance(value, LazyRef):
+        value = read_value(dispatch(aten.clone.default, (src,), {}))
     assign_value(dst, value)
 
 
@@ -583,13 +577,7 @@ def _copy_(func, args, kwargs):
         from spmdtorch.tensor import transfer
 
         src = new_base(transfer.to_device_array(src), src.dtype)
-    if src.dtype != dst.dtype:
-        src = dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
-    if tuple(src.shape) != tuple(dst.shape):
-        src = dispatch(aten.expand.default, (src, list(dst.shape)), {})
-    # A fresh node, never the source's array itself: each array has one owner.
-    src = dispatch(aten.clone.default, (src,), {})
-    assign_value(dst, read_value(src))
+    _write(dst, src, fresh=True)
     return dst
 
 
