@@ -10,6 +10,16 @@ Example:
     '{devices=[4,2]0,1,2,3,4,5,6,7}'
 """
 
+from spmdtorch.partition.fsdp import (
+    FSDPv2,
+    FSDPv2Error,
+    FSDPv2MeshError,
+    FSDPv2OutputError,
+    FSDPv2WrapError,
+    SpmdFullyShardedDataParallel,
+    load_plain_state_dict,
+    plain_state_dict,
+)
 from spmdtorch.partition.hlo_sharding import hlo_sharding_string, parse_hlo_sharding_string
 from spmdtorch.partition.inspect import get_sharding_spec, sharding_type, visualize_tensor_sharding
 from spmdtorch.partition.manual import (
@@ -34,8 +44,18 @@ from spmdtorch.partition.marking import (
 from spmdtorch.partition.sharding_enum import ShardingType
 from spmdtorch.partition.shards import XLAShard, load_local_shards_, local_shards
 from spmdtorch.partition.visualize import visualize_array_sharding, visualize_sharding
+from spmdtorch.partition.wrap import (
+    lambda_auto_wrap_policy,
+    recursive_wrap,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 
 __all__ = [
+    "FSDPv2", "FSDPv2Error", "FSDPv2MeshError", "FSDPv2OutputError", "FSDPv2WrapError",
+    "SpmdFullyShardedDataParallel", "lambda_auto_wrap_policy",
+    "load_plain_state_dict", "plain_state_dict", "recursive_wrap",
+    "size_based_auto_wrap_policy", "transformer_auto_wrap_policy",
     "ManualRegionError", "all_gather", "all_reduce", "axis_index", "disable_manual_sharding",
     "enable_manual_sharding", "ppermute", "reduce_scatter", "shard_map",
     "ShardingError", "ShardingSpec", "ShardingType", "XLAShard", "clear_sharding",

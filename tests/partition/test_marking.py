@@ -273,3 +273,17 @@ def test_uneven_sharding_survives_clone_and_deepcopy(mesh):
     for t in (c, d):
         assert get_sharding_spec(t) == get_sharding_spec(w) == "{devices=[4,2]0,1,2,3,4,5,6,7}"
         torch.testing.assert_close(t.cpu(), torch.arange(30.0).reshape(6, 5))
+
+
+def test_gradient_views_report_their_sharding(mesh):
+    from spmdtorch.partition import get_sharding_spec
+
+    lin = torch.nn.Linear(4, 8).to("xla")
+    mark_sharding(lin.weight, mesh, ("data", None))
+    lin(torch.randn(2, 4).to("xla")).sum().backward()
+    g = lin.weight.grad
+    assert g._chain  # mm's backward leaves the gradient as a view
+    get_sharding_spec(g)  # views are inspectable (this raised before)
+    # A view reports the placement its computed value gets:
+    y = mark_sharding(torch.ones(8, 4).to("xla"), mesh, ("data", "model")).t()  # view of a tiled base
+    assert get_sharding_spec(y) == "{devices=[2,4]0,2,4,6,1,3,5,7}"
