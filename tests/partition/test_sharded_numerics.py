@@ -160,7 +160,11 @@ def _axis_index(name_or_idx, names):
 
 
 def expected_blocks(mesh_name, shape, spec):
-    """{device ordinal: tuple of (start, stop) per dim} from the mesh grid."""
+    """{device ordinal: tuple of (start, stop) per dim} from the mesh grid.
+
+    Each shard holds ceil(n / k) entries of a sharded dim, clipped to n, so
+    even and uneven shardings share one model.
+    """
     ids, mesh_shape, names = MESHES[mesh_name]
     grid = np.asarray(ids).reshape(mesh_shape)
     out = {}
@@ -170,14 +174,13 @@ def expected_blocks(mesh_name, shape, spec):
             if entry is None:
                 block.append((0, shape[dim]))
                 continue
-            axes = entry if isinstance(entry, tuple) else (entry,)
-            axes = [_axis_index(a, names) for a in axes]
+            axes = [_axis_index(a, names) for a in (entry if isinstance(entry, tuple) else (entry,))]
             parts, index = 1, 0
             for a in axes:  # first axis is the major one
                 index = index * mesh_shape[a] + coords[a]
                 parts *= mesh_shape[a]
-            size = shape[dim] // parts
-            block.append((index * size, (index + 1) * size))
+            size = -(-shape[dim] // parts)
+            block.append((min(index * size, shape[dim]), min((index + 1) * size, shape[dim])))
         out[int(grid[coords])] = tuple(block)
     return out
 
@@ -419,32 +422,10 @@ UNEVEN_CASES = [
 ]
 
 
-def uneven_blocks(mesh_name, shape, spec):
-    """Like expected_blocks, with ceil(n / k) rows per shard clipped to n."""
-    ids, mesh_shape, names = MESHES[mesh_name]
-    grid = np.asarray(ids).reshape(mesh_shape)
-    out = {}
-    for coords in itertools.product(*(range(n) for n in mesh_shape)):
-        block = []
-        for dim, entry in enumerate(spec):
-            if entry is None:
-                block.append((0, shape[dim]))
-                continue
-            axes = [_axis_index(a, names) for a in (entry if isinstance(entry, tuple) else (entry,))]
-            parts, index = 1, 0
-            for a in axes:
-                index = index * mesh_shape[a] + coords[a]
-                parts *= mesh_shape[a]
-            size = -(-shape[dim] // parts)
-            block.append((min(index * size, shape[dim]), min((index + 1) * size, shape[dim])))
-        out[int(grid[coords])] = tuple(block)
-    return out
-
-
 def test_uneven_blocks_model_by_hand():
-    b = uneven_blocks("1d", (6, 4), ("x", None))
+    b = expected_blocks("1d", (6, 4), ("x", None))
     assert [b[d][0] for d in range(8)] == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 6), (6, 6)]
-    b = uneven_blocks("4x2_rev", (6, 5), ("data", "model"))
+    b = expected_blocks("4x2_rev", (6, 5), ("data", "model"))
     # device 7 is mesh (0, 0): rows 0..2, cols 0..3; device 0 is mesh (3, 1): empty rows, cols 3..5
     assert b[7] == ((0, 2), (0, 3)) and b[0] == ((6, 6), (3, 5)) and b[2] == ((4, 6), (3, 5))
 
@@ -460,7 +441,7 @@ def test_uneven_sharding_is_exact(devices8, case):
     assert get_sharding_spec(t) == expected
     torch.testing.assert_close(t.cpu(), src, rtol=0, atol=0)
 
-    blocks = uneven_blocks(mesh_name, shape, spec)
+    blocks = expected_blocks(mesh_name, shape, spec)
     shards = local_shards(t)
     assert sorted(s.device_id for s in shards) == list(range(8))
     for s in shards:
@@ -499,7 +480,7 @@ def test_uneven_pending_value(devices8, mesh_name, expected):
     spmdtorch.sync()
     assert get_sharding_spec(y) == expected
     torch.testing.assert_close(y.cpu(), src * 2, rtol=0, atol=0)
-    blocks = uneven_blocks(mesh_name, (6, 5), ("data", "model"))
+    blocks = expected_blocks(mesh_name, (6, 5), ("data", "model"))
     for s in local_shards(y):
         got = _norm_index(s.indices, (6, 5))
         assert got == blocks[s.device_id]
