@@ -46,7 +46,7 @@ def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa=False)
     return linalg.matmul(p, v), lse, p
 
 
-@register("_scaled_dot_product_flash_attention_for_cpu.default")
+@register("_scaled_dot_product_flash_attention_for_cpu.default", lift_scalars=False)
 def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
                     scale=None):
     _check_no_dropout(dropout_p)
@@ -54,7 +54,7 @@ def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_m
     return out, lse
 
 
-@register("_scaled_dot_product_flash_attention_for_cpu_backward.default")
+@register("_scaled_dot_product_flash_attention_for_cpu_backward.default", lift_scalars=False)
 def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
                              *, attn_mask=None, scale=None):
     _check_no_dropout(dropout_p)
@@ -64,7 +64,7 @@ def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropou
     return vjp(f32(grad_out))
 
 
-@register("_scaled_dot_product_attention_math.default")
+@register("_scaled_dot_product_attention_math.default", lift_scalars=False)
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                dropout_mask=None, *, scale=None, enable_gqa=False):
     _check_no_dropout(dropout_p)

@@ -394,9 +394,10 @@ def _register_upsample(nsp, name, fwd):
         f = lambda x: fwd(x, tuple(output_size), scales[:nsp], *ac)  # noqa: E731
         return jax.vjp(f, x0)[1](upcast(grad_output))[0]
 
-    register(f"{name}.vec")(vec)
-    register(f"{name}.default")(default)
-    register(f"{name}_backward.default")(backward)
+    # The scales build static (numpy) index tables, so they stay Python numbers.
+    register(f"{name}.vec", lift_scalars=False)(vec)
+    register(f"{name}.default", lift_scalars=False)(default)
+    register(f"{name}_backward.default", lift_scalars=False)(backward)
 
 
 for _nsp, _suffix in ((1, "1d"), (2, "2d"), (3, "3d")):

@@ -87,8 +87,11 @@ def _norm_index(index, size):
 
 @register("gather.default")
 def _gather(self, dim, index, *, sparse_grad=False):
+    if index.size == 0:  # torch accepts any rank for an empty index
+        return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0 or index.ndim == 0:
-        return jnp.reshape(self, ()) if index.ndim == 0 else self[index]
+        # A 0-d side: every valid index is 0, the result is self in index's shape.
+        return jnp.broadcast_to(jnp.reshape(self, ()) if self.ndim == 0 else self[index], index.shape)
     d = canon_dim(dim, self.ndim)
     idx = _full_index(_norm_index(index, self.shape[d]), d)
     return self[idx]

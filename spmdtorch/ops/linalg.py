@@ -110,7 +110,9 @@ def _addr(self, vec1, vec2, *, beta=1, alpha=1):
     return _scaled_sum(self, vec1[:, None] * vec2[None, :], beta, alpha)
 
 
-@register("_cdist_forward.default")
+# ``p`` picks the formula (0, 1, 2, inf are special), so it stays a Python
+# number: a lifted 0-d array would always take the generic ``**p`` path.
+@register("_cdist_forward.default", lift_scalars=False)
 def _cdist_forward(x1, x2, p, compute_mode=None):
     x1f, x2f = x1.astype(jnp.float32), x2.astype(jnp.float32)
     if isinstance(p, (int, float)) and p == 2:
@@ -129,7 +131,7 @@ def _cdist_forward(x1, x2, p, compute_mode=None):
     return jnp.sum(d**p, axis=-1) ** (1.0 / p)
 
 
-@register("_pdist_forward.default")
+@register("_pdist_forward.default", lift_scalars=False)
 def _pdist_forward(self, p=2.0):
     import numpy as np
 

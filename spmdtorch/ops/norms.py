@@ -105,11 +105,12 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
 
 @register("native_group_norm.default")
 def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    x = upcast(input).reshape(N, group, -1)
+    # Explicit sizes (not -1): an empty batch (N == 0) has no size to infer.
+    x = upcast(input).reshape(N, group, (C // group) * HxW)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
     rstd = lax.rsqrt(var + eps)
-    out = ((x - mean) * rstd).reshape(N, C, -1)
+    out = ((x - mean) * rstd).reshape(N, C, HxW)
     if weight is not None:
         out = out * upcast(weight)[None, :, None]
     if bias is not None:
@@ -120,17 +121,17 @@ def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 @register("native_group_norm_backward.default")
 def _native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
                                 output_mask):
-    x = upcast(input).reshape(N, C, -1)
-    dy = upcast(grad_out).reshape(N, C, -1)
+    x = upcast(input).reshape(N, C, HxW)
+    dy = upcast(grad_out).reshape(N, C, HxW)
     m = upcast(mean).reshape(N, group, 1, 1)
     r = upcast(rstd).reshape(N, group, 1, 1)
-    xg = x.reshape(N, group, C // group, -1)
+    xg = x.reshape(N, group, C // group, HxW)
     xhat = (xg - m) * r  # (N, G, C/G, HxW)
     g = dy * upcast(weight)[None, :, None] if weight is not None else dy
     dx = None
     if output_mask[0]:
         dx = _norm_input_grad(g.reshape(xhat.shape), xhat, r, (2, 3)).reshape(input.shape)
-    xhat_c = xhat.reshape(N, C, -1)
+    xhat_c = xhat.reshape(N, C, HxW)
     dw = jnp.sum(dy * xhat_c, axis=(0, 2)) if output_mask[1] else None
     db = jnp.sum(dy, axis=(0, 2)) if output_mask[2] else None
     return dx, dw, db

@@ -197,14 +197,17 @@ def _logsumexp(self, dim=(), keepdim=False):
     return jax.nn.logsumexp(x, axis=reduce_dims(dim, x.ndim), keepdims=keepdim)
 
 
-@register("norm.ScalarOpt_dim", "norm.Scalar", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype")
+# ``p``/``ord`` pick the formula (0 counts non-zeros, inf is a max), so they
+# stay Python numbers (not lifted to runtime inputs).
+@register("norm.ScalarOpt_dim", "norm.Scalar", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype",
+          lift_scalars=False)
 def _norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
     if not isinstance(dim, (list, tuple, int, type(None))):  # norm.ScalarOpt_dtype: dtype positional
         dim, dtype = None, dim
     return _vector_norm(self, 2 if p is None else p, dim, keepdim, dtype=dtype)
 
 
-@register("linalg_vector_norm.default")
+@register("linalg_vector_norm.default", lift_scalars=False)
 def _vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = upcast(self if dtype is None else self.astype(jdtype(dtype)))
     axes = reduce_dims(dim, x.ndim)

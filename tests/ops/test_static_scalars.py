@@ -1,0 +1,79 @@
+"""Lowerings whose scalar arguments choose the formula must see Python numbers.
+
+The engine lifts ``Scalar``/``float`` arguments to 0-d runtime inputs unless a
+lowering is registered with ``lift_scalars=False``; a lowering that branches on
+such a value in Python (``if p == 0``) would silently take its generic path.
+These run end to end on xla tensors (found by tools/opinfo_report.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import spmdtorch  # noqa: F401
+
+aten = torch.ops.aten
+
+
+def _close(fn, *args, **kw):
+    want = fn(*args, **kw)
+    got = fn(*[a.to("xla") if isinstance(a, torch.Tensor) else a for a in args], **kw)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+X = torch.randn(3, 4, 5).masked_fill(torch.rand(3, 4, 5) > 0.6, 0.0)
+Y = torch.randn(3, 6, 5)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, float("inf"), float("-inf")])
+def test_vector_norm_orders(p):
+    _close(torch.linalg.vector_norm, X, p, dim=-1)
+    _close(torch.norm, X, p)
+    _close(F.normalize, X, p=p if p > 0 else 0.0, dim=-1)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 0.5, float("inf")])
+def test_cdist_pdist_orders(p):
+    _close(torch.cdist, X, Y, p)
+    _close(F.pdist, X[0], p)
+
+
+def test_group_norm_empty_batch():
+    w, b = torch.randn(4), torch.randn(4)
+    _close(F.group_norm, torch.randn(0, 4, 3), 2, w, b)
+    _close(F.group_norm, torch.randn(0, 4), 1, w, b)
+
+
+def test_sdpa_dropout_is_applied():
+    q = torch.randn(1, 2, 4, 8).to("xla")
+    dropped = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).cpu()
+    out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.0)
+    want = F.scaled_dot_product_attention(q.cpu(), q.cpu(), q.cpu())
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(dropped, want)
+
+
+@pytest.mark.parametrize("name", ["linalg_vector_norm.default", "norm.ScalarOpt_dim", "_cdist_forward.default",
+                                  "_pdist_forward.default", "_scaled_dot_product_attention_math.default"])
+def test_registered_without_lifting(name):
+    from spmdtorch.ops.registry import LOWERINGS, resolve_ops
+
+    (op,) = resolve_ops(name)
+    assert LOWERINGS[op].lift_scalars is False
+
+
+@pytest.mark.parametrize("shapes", [((), (1,)), ((), ()), ((5,), (2, 0)), ((5,), (0,)), ((4, 3), (2, 3))])
+def test_gather_edge_ranks(shapes):
+    """0-d self with a 1-element index, and empty indices of another rank (OpInfo samples)."""
+    x = torch.randn(shapes[0])
+    idx = torch.zeros(shapes[1], dtype=torch.long)
+    _close(torch.gather, x, 0, idx)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear"])
+def test_interpolate_scale_factor(mode):
+    x = torch.randn(1, 2, 5, 7)
+    _close(F.interpolate, x, scale_factor=1.7, mode=mode)
+    _close(F.interpolate, x, scale_factor=0.6, mode=mode, recompute_scale_factor=False)
