@@ -13,6 +13,9 @@ import sys
 
 import pytest
 
+# Shared test helpers (tests/training_helpers.py) import as top-level modules.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 NUM_DEVICES = 8
 
 # 8 host-platform (CPU) devices; replace any device count already in XLA_FLAGS.

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import spmdtorch
+from training_helpers import train_eager
 from spmdtorch import debug
 from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss
 
@@ -51,17 +52,6 @@ OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
 }
-
-
-def train_eager(model, opt, batches, loss_fn):
-    losses = []
-    for b in batches:
-        opt.zero_grad()
-        loss = loss_fn(model, b)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
 
 
 def train_lazy(model, opt, batches, loss_fn):

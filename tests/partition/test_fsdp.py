@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import spmdtorch
+from training_helpers import train_eager
 from spmdtorch import debug
 from spmdtorch.mesh import Mesh, set_global_mesh
 from spmdtorch.models.llama import (
@@ -175,17 +176,6 @@ def test_llama_auto_wrapped_per_decoder_layer(mesh):
     logits = model(torch.randint(0, 256, (8, 16), device="xla"))
     assert layer_outputs == [BATCH3, BATCH3]
     assert get_sharding_spec(logits) == BATCH3
-
-
-def train_eager(model, opt, data, loss_fn):
-    losses = []
-    for b in data:
-        opt.zero_grad()
-        loss = loss_fn(model, b)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
 
 
 # Every optimizer and mode on the MLP; the decoder (~10 s of XLA compiles per
