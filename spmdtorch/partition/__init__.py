@@ -10,6 +10,7 @@ Example:
     '{devices=[4,2]0,1,2,3,4,5,6,7}'
 """
 
+from spmdtorch.partition.activation_checkpoint import checkpoint_module, optimization_barrier
 from spmdtorch.partition.fsdp import (
     FSDPv2,
     FSDPv2Error,
@@ -58,6 +59,7 @@ __all__ = [
     "size_based_auto_wrap_policy", "transformer_auto_wrap_policy",
     "ManualRegionError", "all_gather", "all_reduce", "axis_index", "disable_manual_sharding",
     "enable_manual_sharding", "ppermute", "reduce_scatter", "shard_map",
+    "checkpoint_module", "optimization_barrier",
     "ShardingError", "ShardingSpec", "ShardingType", "XLAShard", "clear_sharding",
     "get_sharding_spec", "hlo_sharding_string", "load_local_shards_", "local_shards",
     "mark_sharding", "mark_sharding_with_gradients", "parse_hlo_sharding_string",

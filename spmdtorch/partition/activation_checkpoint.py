@@ -1,0 +1,208 @@
+"""Activation checkpointing (rematerialisation) that survives XLA's optimiser.
+
+``torch.utils.checkpoint`` recomputes a block's forward during backward. In
+one XLA program that recomputation is an exact copy of the forward ops, which
+XLA's common-subexpression elimination merges straight back, so nothing is
+saved. As in PyTorch/XLA (and ``jax.checkpoint``), the recomputation's inputs
+go through ``jax.lax.optimization_barrier`` together with the incoming
+gradients: the recomputed values then depend on the backward pass, must be
+computed there, and the forward activations can be freed.
+
+Backend note: XLA's CPU pipeline expands optimisation barriers before CSE, so
+on the CPU backend neither this nor ``jax.checkpoint`` lowers peak memory; on
+GPU and TPU both do (``tests/partition/test_activation_checkpoint.py`` holds
+spmdtorch to ``jax.checkpoint`` on whatever backend runs it).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import jax
+import torch
+import torch.utils._pytree as pytree
+
+from spmdtorch import _dtypes
+from spmdtorch.lazy.graph import Slot
+from spmdtorch.tensor.dispatch import read_value, record
+from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
+
+__all__ = ["checkpoint_module", "optimization_barrier"]
+
+
+def _barrier(*xs):
+    return jax.lax.optimization_barrier(tuple(xs))
+
+
+def optimization_barrier(*tensors: torch.Tensor) -> tuple:
+    """Return copies of ``tensors`` that XLA may not move across this point nor merge.
+
+    Every result depends on every argument, so whatever is computed from one
+    result waits for all arguments (this is how ``checkpoint_module`` makes a
+    recomputation wait for the backward pass).
+
+    Args:
+        *tensors: xla tensors.
+
+    Returns:
+        A tuple of new xla tensors with the same values.
+
+    Raises:
+        TypeError: an argument is not an xla tensor.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.partition import optimization_barrier
+        >>> a, b = optimization_barrier(torch.ones(2, device="xla"), torch.zeros(2, device="xla"))
+        >>> a.cpu().tolist()
+        [1.0, 1.0]
+    """
+    for i, t in enumerate(tensors):
+        if not isinstance(t, XlaTensor):
+            raise TypeError(
+                f"optimization_barrier argument {i} is a {type(t).__name__} on "
+                f"{getattr(t, 'device', '?')}, not an xla tensor; move it with .to('xla')"
+            )
+    values = [read_value(t) for t in tensors]
+    avals = tuple((tuple(t.shape), _dtypes.to_jax_dtype(t.dtype)) for t in tensors)
+    refs = record(_barrier, "optimization_barrier", (tuple(Slot(i) for i in range(len(values))), ()),
+                  values, avals)
+    if len(tensors) == 1:
+        refs = [refs]
+    return tuple(new_base(r, t.dtype) for r, t in zip(refs, tensors))
+
+
+# Set while a checkpointed module re-runs its forward inside backward: the
+# module's (wrapped) forward then runs plainly instead of checkpointing again.
+_RECOMPUTING = threading.local()
+
+
+class _Call:
+    """One checkpointed call: the module, its arguments' structure, its outputs' structure."""
+
+    def __init__(self, forward, arg_leaves, arg_spec, tensor_pos):
+        self.forward = forward
+        self.arg_leaves = arg_leaves  # non-tensor leaves stay here
+        self.arg_spec = arg_spec
+        self.tensor_pos = tensor_pos
+        self.out_leaves = None
+        self.out_spec = None
+        self.out_pos = None
+
+    def run(self, tensors):
+        leaves = list(self.arg_leaves)
+        for pos, t in zip(self.tensor_pos, tensors):
+            leaves[pos] = t
+        args, kwargs = pytree.tree_unflatten(leaves, self.arg_spec)
+        return self.forward(*args, **kwargs)
+
+
+class _Checkpoint(torch.autograd.Function):
+    """Forward without saving activations; recompute them behind a barrier in backward."""
+
+    @staticmethod
+    def forward(ctx, call, n_params, *inputs):
+        ctx.call = call
+        ctx.n_params = n_params
+        ctx.save_for_backward(*inputs)
+        with torch.no_grad():
+            out = call.run(inputs[n_params:])
+        leaves, spec = pytree.tree_flatten(out)
+        call.out_spec = spec
+        call.out_pos = [i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor)]
+        call.out_leaves = leaves
+        tensors = tuple(leaves[i] for i in call.out_pos)
+        ctx.mark_non_differentiable(*(t for t in tensors if not t.is_floating_point()))
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = ctx.saved_tensors
+        n = ctx.n_params
+        params, args = inputs[:n], inputs[n:]
+        # Tie the recomputation's inputs to the incoming gradients: XLA must
+        # then recompute in backward instead of reusing forward values.
+        live = [g for g in grads if isinstance(g, XlaTensor)]
+        xla_args = [i for i, a in enumerate(args) if isinstance(a, XlaTensor)]
+        tied = list(args)
+        if live and xla_args:
+            out = optimization_barrier(*live, *(args[i] for i in xla_args))[len(live):]
+            for i, t in zip(xla_args, out):
+                tied[i] = t
+        tied = [t.detach().requires_grad_(a.requires_grad) for t, a in zip(tied, args)]
+        _RECOMPUTING.active = True
+        try:
+            with torch.enable_grad():
+                out = ctx.call.run(tied)
+        finally:
+            _RECOMPUTING.active = False
+        leaves = pytree.tree_leaves(out)
+        outs, out_grads = [], []
+        for i, g in zip(ctx.call.out_pos, grads):
+            o = leaves[i]
+            if g is not None and o.requires_grad:
+                outs.append(o)
+                out_grads.append(g)
+        wanted = [p for p in params if p.requires_grad] + [t for t in tied if t.requires_grad]
+        got = torch.autograd.grad(outs, wanted, out_grads, allow_unused=True) if outs and wanted else ()
+        it = iter(got)
+        param_grads = [next(it) if p.requires_grad else None for p in params]
+        arg_grads = [next(it) if t.requires_grad else None for t in tied]
+        return (None, None, *param_grads, *arg_grads)
+
+
+def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
+    """Make ``module`` recompute its activations in backward instead of keeping them.
+
+    PyTorch/XLA's ``checkpoint_module``: only the module's inputs are kept for
+    backward; its forward runs again there, behind an optimisation barrier.
+    The module is changed in place (its ``forward`` is wrapped) and returned,
+    so it composes with ``FSDPv2``'s ``auto_wrapper_callable``. Arguments and
+    outputs may be any nesting of tuples/lists/dicts of tensors and other
+    values. The forward must be deterministic (random ops such as dropout
+    draw again in the recomputation).
+
+    Args:
+        module: the module to checkpoint.
+
+    Returns:
+        ``module``.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module``.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.partition import checkpoint_module
+        >>> block = checkpoint_module(torch.nn.Linear(4, 4).to("xla"))
+        >>> block(torch.ones(2, 4, device="xla")).sum().backward()
+        >>> tuple(block.weight.grad.shape)
+        (4, 4)
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(
+            f"checkpoint_module expects an nn.Module, got {type(module).__name__}; "
+            "wrap plain functions in a module or use torch.utils.checkpoint"
+        )
+    if getattr(module, "_spmdtorch_checkpointed", False):
+        return module
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def checkpointed(*args, **kwargs):
+        if not torch.is_grad_enabled() or getattr(_RECOMPUTING, "active", False):
+            return forward(*args, **kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        pos = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
+        call = _Call(forward, leaves, spec, pos)
+        params = [p for p in module.parameters()]
+        outs = _Checkpoint.apply(call, len(params), *params, *(leaves[i] for i in pos))
+        result = list(call.out_leaves)
+        for i, t in zip(call.out_pos, outs):
+            result[i] = t
+        return pytree.tree_unflatten(result, call.out_spec)
+
+    module.forward = checkpointed
+    module._spmdtorch_checkpointed = True
+    return module
