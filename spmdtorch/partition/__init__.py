@@ -42,6 +42,7 @@ from spmdtorch.partition.marking import (
     mark_sharding_with_gradients,
     tensor_sharding,
 )
+from spmdtorch.partition.mixed_precision import MixedPrecision, MixedPrecisionError
 from spmdtorch.partition.sharding_enum import ShardingType
 from spmdtorch.partition.shards import XLAShard, load_local_shards_, local_shards
 from spmdtorch.partition.visualize import visualize_array_sharding, visualize_sharding
@@ -59,7 +60,7 @@ __all__ = [
     "size_based_auto_wrap_policy", "transformer_auto_wrap_policy",
     "ManualRegionError", "all_gather", "all_reduce", "axis_index", "disable_manual_sharding",
     "enable_manual_sharding", "ppermute", "reduce_scatter", "shard_map",
-    "checkpoint_module", "optimization_barrier",
+    "checkpoint_module", "optimization_barrier", "MixedPrecision", "MixedPrecisionError",
     "ShardingError", "ShardingSpec", "ShardingType", "XLAShard", "clear_sharding",
     "get_sharding_spec", "hlo_sharding_string", "load_local_shards_", "local_shards",
     "mark_sharding", "mark_sharding_with_gradients", "parse_hlo_sharding_string",

@@ -53,6 +53,7 @@ from spmdtorch.partition.marking import (
     mark_sharding,
     tensor_sharding,
 )
+from spmdtorch.partition.mixed_precision import MixedPrecision
 from spmdtorch.partition.wrap import recursive_wrap
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -214,8 +215,14 @@ class FSDPv2(nn.Module):
         extra_data_axis: A second mesh axis the batch is split over (outer,
             before ``"fsdp"``); parameters stay sharded over ``"fsdp"`` only,
             i.e. replicated along this axis.
+        mixed_precision: A :class:`spmdtorch.partition.MixedPrecision`
+            policy: the forward computes with ``param_dtype`` copies of the
+            parameters (e.g. bfloat16) while the parameters, their
+            gradients and the optimizer stay in float32. Set it on the outer
+            wrapper; it covers every parameter beneath it.
 
     Raises:
+        FSDPv2Error: ``mixed_precision`` is not a ``MixedPrecision``.
         FSDPv2MeshError: no mesh given and none set globally; the mesh has no
             ``"fsdp"`` axis; ``extra_data_axis`` is not another axis of the mesh.
         FSDPv2WrapError: ``module`` is already an FSDPv2, does not define
@@ -246,7 +253,13 @@ class FSDPv2(nn.Module):
         auto_wrap_policy: Callable[..., bool] | None = None,
         auto_wrapper_callable: Callable[..., nn.Module] | None = None,
         extra_data_axis: str | None = None,
+        mixed_precision: MixedPrecision | None = None,
     ):
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+            raise FSDPv2Error(
+                f"FSDPv2 mixed_precision must be a spmdtorch.partition.MixedPrecision or None, got "
+                f"{type(mixed_precision).__name__}; e.g. MixedPrecision(param_dtype=torch.bfloat16)"
+            )
         if isinstance(module, FSDPv2):
             raise FSDPv2WrapError(
                 f"module is already wrapped with FSDPv2 (wrapping {type(module.module).__name__}); "
@@ -297,6 +310,7 @@ class FSDPv2(nn.Module):
             except ShardingError as e:
                 raise FSDPv2Error(f"FSDPv2 could not shard parameter {name!r}: {e}") from e
         self._user_shard_output = shard_output
+        self._mixed_precision = mixed_precision
 
     @property
     def module(self) -> nn.Module:
@@ -309,13 +323,21 @@ class FSDPv2(nn.Module):
         return self._mesh
 
     @property
+    def mixed_precision(self) -> MixedPrecision | None:
+        """The compute-dtype policy (None: compute in the parameters' dtype)."""
+        return self._mixed_precision
+
+    @property
     def extra_data_axis(self) -> str | None:
         """The extra batch axis (None when the batch is split over "fsdp" only)."""
         return self._extra_data_axis
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module, then shard its output (see the class docstring)."""
-        output = self._orig_module(*args, **kwargs)
+        if self._mixed_precision is not None:
+            output = self._mixed_precision.run(self._orig_module, args, kwargs)
+        else:
+            output = self._orig_module(*args, **kwargs)
         if self._user_shard_output is not None:
             self._user_shard_output(output, self._mesh)
             return output
