@@ -1,8 +1,11 @@
-"""Train a small Llama-style model with spmdtorch on every available device.
+"""Train a small Llama-style model with FSDPv2 on every available device.
 
 This is the README's main example: an ordinary PyTorch training loop
-(``LlamaForCausalLM`` + ``AdamW``) whose tensors live on the ``"xla"`` device.
-spmdtorch records each step lazily and runs it as one XLA program through JAX.
+(``LlamaForCausalLM`` + ``AdamW``) whose tensors live on the ``"xla"`` device,
+wrapped in ``FSDPv2`` (one wrapper per decoder layer): every parameter is
+split on its largest dim over the mesh axis ``"fsdp"``, each batch on dim 0,
+and spmdtorch runs each training step as one XLA program, partitioned by
+GSPMD across all devices. The parameter sharding table is printed at start.
 
 On a CPU-only machine the script simulates 8 CPU devices (set before JAX
 starts, through ``XLA_FLAGS=--xla_force_host_platform_device_count=8``), so the
@@ -16,6 +19,7 @@ Usage:
     python examples/train_llama.py --mode lazy          # spmdtorch.step() barrier per step instead
     python examples/train_llama.py --size small --steps 10
     python examples/train_llama.py --cpu-devices 4 --mesh 2,2
+    python examples/train_llama.py --mixed-precision bf16 --checkpoint-layers
     PJRT_DEVICE=TPU python examples/train_llama.py      # real accelerators (no CPU simulation)
 
 Modes:
@@ -26,9 +30,13 @@ Modes:
     compile cache (keyed by graph structure) avoids recompiling.
 
 Sharding:
-    ``--mesh`` is validated against ``spmdtorch.device_count()`` and printed,
-    but the SPMD sharding API (``mark_sharding``, FSDPv2) is not implemented
-    yet, so parameters are replicated on every device for now.
+    ``--mesh 8`` (the default: all devices) is one axis ``"fsdp"``: pure FSDP.
+    ``--mesh 2,4`` is ``("data", "fsdp")``: parameters are sharded over
+    ``"fsdp"`` and replicated over ``"data"``, the batch is split over both
+    (FSDPv2's ``extra_data_axis``), i.e. hybrid sharded data parallelism.
+    ``--checkpoint-layers`` recomputes each decoder layer's activations in
+    backward (``checkpoint_module``); ``--mixed-precision bf16`` computes in
+    bfloat16 with float32 master weights (``MixedPrecision``).
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default: all devices on one axis)")
     p.add_argument("--cpu-devices", type=int, default=None,
                    help=f"number of simulated CPU devices when running on CPU (default {DEFAULT_CPU_DEVICES})")
+    p.add_argument("--mixed-precision", choices=("none", "bf16"), default="none",
+                   help="bf16: compute in bfloat16, keep float32 master weights and optimizer state")
+    p.add_argument("--checkpoint-layers", action="store_true",
+                   help="activation checkpointing: recompute each decoder layer in backward")
     p.add_argument("--log-every", type=int, default=1,
                    help="read the loss back every k steps (each read waits for the device)")
     args = p.parse_args(argv)
@@ -109,14 +121,38 @@ if ARGS is not None:
     configure_cpu_devices(ARGS.cpu_devices)
 
 # Only now may JAX (imported by spmdtorch) start.
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+import functools
 
-import spmdtorch  # noqa: E402
-from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss  # noqa: E402
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
 
+import spmdtorch
+from spmdtorch.mesh import Mesh
+from spmdtorch.models.llama import (
+    DecoderLayer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    causal_lm_loss,
+)
+from spmdtorch.partition import (
+    FSDPv2,
+    MixedPrecision,
+    checkpoint_module,
+    get_sharding_spec,
+    mark_sharding,
+    plain_state_dict,
+    tensor_sharding,
+    transformer_auto_wrap_policy,
+)
 
 # ---------------------------------------------------------------------------
 # Data
@@ -165,19 +201,48 @@ def parse_mesh(spec, device_count: int) -> tuple[int, ...]:
         prod *= d
     if prod != device_count:
         raise SystemExit(f"--mesh {spec!r} has {prod} devices but spmdtorch.device_count() is {device_count}")
+    if len(shape) > 2:
+        raise SystemExit(f"--mesh {spec!r}: give one axis (fsdp) or two (data, fsdp)")
     return shape
 
 
+def make_mesh(shape: tuple[int, ...]) -> Mesh:
+    """One axis: ("fsdp",); two: ("data", "fsdp"), the batch split over both."""
+    names = ("fsdp",) if len(shape) == 1 else ("data", "fsdp")
+    return Mesh(np.arange(int(np.prod(shape))), shape, names)
+
+
+def _shard_shape(p: torch.Tensor) -> tuple[int, ...]:
+    """The block of ``p`` one device holds (uneven dims round up: they are padded)."""
+    sharding = tensor_sharding(p)
+    shape = tuple(p.shape)
+    if sharding is None:
+        return shape
+    per_dim = [1] * len(shape)
+    for dim, axes in enumerate(tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))):
+        for axis in (axes,) if isinstance(axes, str) else (axes or ()):
+            per_dim[dim] *= sharding.mesh.shape[axis]
+    return tuple(-(-n // k) for n, k in zip(shape, per_dim))
+
+
 def parameter_table(model: torch.nn.Module) -> tuple[Table, int]:
-    table = Table(title="Parameters", show_footer=True)
-    total = sum(p.numel() for p in model.parameters())
-    table.add_column("name", footer="total", overflow="fold")
-    table.add_column("shape")
-    table.add_column("dtype")
-    table.add_column("elements", justify="right", footer=f"{total:,}")
-    table.add_column("sharding", footer=f"{total * 4 / 2**20:.2f} MiB (fp32)")
-    for name, p in model.named_parameters():
-        table.add_row(name, str(tuple(p.shape)), str(p.dtype).removeprefix("torch."), f"{p.numel():,}", "replicated")
+    """Every parameter: shape, PyTorch/XLA sharding string, per-device block and bytes."""
+    table = Table(title="Parameter sharding", show_footer=True)
+    named = plain_state_dict(model, keep_vars=True)
+    params = [(n, p) for n, p in named.items() if isinstance(p, torch.nn.Parameter)]
+    total = sum(p.numel() for _, p in params)
+    per_device = sum(int(np.prod(_shard_shape(p))) * p.element_size() for _, p in params)
+    full = sum(p.numel() * p.element_size() for _, p in params)
+    table.add_column("parameter", footer="total", overflow="fold")
+    table.add_column("shape", footer=f"{total:,} elements")
+    table.add_column("sharding (HLO)", overflow="fold")
+    table.add_column("per-device block")
+    table.add_column("bytes/device", justify="right",
+                     footer=f"{per_device / 2**20:.2f} MiB of {full / 2**20:.2f} MiB")
+    for name, p in params:
+        block = _shard_shape(p)
+        table.add_row(name, str(tuple(p.shape)), get_sharding_spec(p) or "replicated", str(block),
+                      f"{int(np.prod(block)) * p.element_size():,}")
     return table, total
 
 
@@ -189,10 +254,12 @@ def parameter_table(model: torch.nn.Module) -> tuple[Table, int]:
 def main(args: argparse.Namespace) -> int:
     console = Console()
     n_dev = spmdtorch.device_count()
-    mesh = parse_mesh(args.mesh, n_dev)
+    mesh = make_mesh(parse_mesh(args.mesh, n_dev))
+    axes = " x ".join(f"{n}={k}" for n, k in zip(mesh.axis_names, mesh.mesh_shape))
     console.print(f"[bold]devices:[/] {n_dev} x {spmdtorch.runtime.device_type()}  "
-                  f"[bold]mesh:[/] {' x '.join(map(str, mesh))}  [bold]mode:[/] {args.mode}")
-    console.print("[yellow]note:[/] parameters are replicated on every device until FSDPv2 lands.")
+                  f"[bold]mesh:[/] {axes}  [bold]mode:[/] {args.mode}  "
+                  f"[bold]precision:[/] {args.mixed_precision}  "
+                  f"[bold]activation checkpointing:[/] {'on' if args.checkpoint_layers else 'off'}")
 
     cfg = LlamaConfig.tiny() if args.size == "tiny" else LlamaConfig.small()
     if args.seq_len > cfg.max_seq_len:
@@ -200,7 +267,23 @@ def main(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     spmdtorch.manual_seed(args.seed)
-    model = LlamaForCausalLM(cfg).to("xla")  # initialised on CPU (seeded), then moved
+    data_axis = "data" if "data" in mesh.axis_names else None
+    # One FSDPv2 per decoder layer (its output is sharded on the batch too),
+    # the root takes the embeddings, final norm and output head.
+    wrap = FSDPv2
+    if args.checkpoint_layers:
+        def wrap(layer, **kwargs):
+            return FSDPv2(checkpoint_module(layer), **kwargs)
+    model = FSDPv2(
+        LlamaForCausalLM(cfg),  # initialised on CPU (seeded); FSDPv2 moves and shards it
+        mesh=mesh,
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer}),
+        auto_wrapper_callable=wrap,
+        extra_data_axis=data_axis,
+        mixed_precision=MixedPrecision(torch.bfloat16, output_dtype=torch.float32)
+        if args.mixed_precision == "bf16" else None,
+    )
+    batch_spec = ((data_axis, "fsdp") if data_axis else "fsdp", None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     table, n_params = parameter_table(model)
     console.print(table)
@@ -263,7 +346,8 @@ def main(args: argparse.Namespace) -> int:
                 progress.console.print(f"step {i:4d}  loss {losses[i]:.4f}  {tps:9,.0f} tok/s")
 
         for i in range(args.steps):
-            tokens = data.next_batch().to("xla")
+            # The batch is split on dim 0 like the layers' outputs.
+            tokens = mark_sharding(data.next_batch().to("xla"), mesh, batch_spec)
             loss = run_step(tokens)
             if pending is not None:
                 read(*pending)

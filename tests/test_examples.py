@@ -23,11 +23,11 @@ RUN_TIMEOUT_S = 300
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["COLUMNS"] = "120"  # rich wraps at 80 columns when stdout is a pipe
+    env["COLUMNS"] = "160"  # rich wraps at 80 columns when stdout is a pipe
     try:
         return subprocess.run(
             [sys.executable, str(EXAMPLE), *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
         )
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"")
@@ -41,15 +41,29 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 # pytest-timeout (pyproject: 300 s) would kill the whole session first; give the
 # subprocess timeout room to report which run hung.
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("mode", ["compiled", "lazy"])
-def test_train_llama_loss_decreases(mode):
-    proc = _run("--steps", "8", "--mode", mode, "--seed", "0")
+@pytest.mark.parametrize(
+    "flags,mesh,embedding_spec",
+    [
+        # FSDP over all 8 devices: (256, 64) embedding split on dim 0.
+        (("--mode", "compiled"), "fsdp=8", "{devices=[8,1]0,1,2,3,4,5,6,7}"),
+        # Hybrid: fsdp=4 shards, replicated over data=2; bf16 compute and
+        # checkpointed layers, lazily.
+        (("--mode", "lazy", "--mesh", "2,4", "--mixed-precision", "bf16", "--checkpoint-layers"),
+         "data=2 x fsdp=4", "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"),
+    ],
+    ids=["fsdp8-compiled", "hybrid-bf16-remat-lazy"],
+)
+def test_train_llama_loss_decreases(flags, mesh, embedding_spec):
+    proc = _run("--steps", "8", "--seed", "0", *flags)
     out = proc.stdout
     assert proc.returncode == 0, (
         f"exit code {proc.returncode}\n--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
     )
     assert "devices: 8 x CPU" in out, out
-    assert "replicated" in out, out
+    assert f"mesh: {mesh}" in out, out
+    # The sharding table: the embedding's row, with its HLO sharding string.
+    row = next(line for line in out.splitlines() if "tok_embeddings.weight" in line)
+    assert embedding_spec in row, out
     assert re.search(r"final loss\s*│\s*\d+\.\d+", out), out
     m = re.search(r"first -> last loss\s*│\s*(\d+\.\d+) -> (\d+\.\d+)", out)
     assert m, out
