@@ -120,8 +120,13 @@ def jax_mlp_loss(p, x, y):
     return jax_cross_entropy(jax_linear(p, "fc3", h), y)
 
 
-def make_jax_llama_loss(cfg: LlamaConfig):
+def make_jax_llama_loss(cfg: LlamaConfig, act_sharding=None):
+    """The decoder's loss in jax.numpy. ``act_sharding``: a sharding each layer's
+    output (and the logits) is constrained to, as FSDPv2 shards its wrappers' outputs."""
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+
+    def constrain(x):
+        return x if act_sharding is None else jax.lax.with_sharding_constraint(x, act_sharding)
 
     def rms(x, w):
         xf = x.astype(jnp.float32)
@@ -155,8 +160,8 @@ def make_jax_llama_loss(cfg: LlamaConfig):
             h = h + jax_linear(p, pre + "attention.wo", att.transpose(0, 2, 1, 3).reshape(b, s, -1))
             x = rms(h, p[pre + "ffn_norm.weight"])
             ff = jax.nn.silu(jax_linear(p, pre + "feed_forward.w1", x)) * jax_linear(p, pre + "feed_forward.w3", x)
-            h = h + jax_linear(p, pre + "feed_forward.w2", ff)
-        logits = jax_linear(p, "output", rms(h, p["norm.weight"]))
+            h = constrain(h + jax_linear(p, pre + "feed_forward.w2", ff))
+        logits = constrain(jax_linear(p, "output", rms(h, p["norm.weight"])))
         return jax_cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1))
 
     return loss_fn

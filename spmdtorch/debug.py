@@ -16,7 +16,7 @@ from spmdtorch.lazy.graph import LazyRef
 
 __all__ = [
     "metrics_report", "counter_names", "counter_value", "metric_names", "metric_data",
-    "clear_metrics", "get_hlo_text", "get_stablehlo", "log_recompiles",
+    "clear_metrics", "get_hlo_text", "get_stablehlo", "last_executable", "log_recompiles",
 ]
 
 
@@ -98,3 +98,23 @@ def get_stablehlo(tensors) -> str:
 def log_recompiles(enabled: bool = True) -> None:
     """Log a line on every recompilation saying which input changed."""
     logging.getLogger("spmdtorch.compile").setLevel(logging.INFO if enabled else logging.WARNING)
+
+
+def last_executable():
+    """The XLA executable (``jax.stages.Compiled``) spmdtorch compiled last, or None.
+
+    In lazy mode this is the training step's program once the loop has run a
+    step, e.g. for its per-device ``memory_analysis()``. (For a
+    ``spmdtorch.compile`` function use its ``executable()``.)
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> y = torch.ones(4, device="xla") * 3
+        >>> spmdtorch.sync()
+        >>> spmdtorch.debug.last_executable().memory_analysis() is not None
+        True
+    """
+    from spmdtorch.lazy import executor
+
+    prog = executor._CACHE.get(executor._last_key)
+    return None if prog is None else prog.compiled

@@ -1,0 +1,328 @@
+"""FSDPv2 training step: spmdtorch lazy and compiled vs a pure-JAX twin (optax AdamW).
+
+One invocation runs every (config, mode) pair, each in a fresh process (so no
+mode inherits another's compile cache, warm allocator or memory), and prints
+one table per config with the ratios to the JAX twin:
+
+* the model: ``spmdtorch.models.llama.LlamaForCausalLM``, ``LlamaConfig.tiny()``
+  (batch 8x64; ffn_dim 176 instead of 172, because a JAX array cannot be
+  sharded 8 ways on a dim 8 does not divide) and ``LlamaConfig.small()``
+  (batch 8x128), on 8 simulated CPU
+  devices, wrapped in ``FSDPv2`` with one wrapper per decoder layer (every
+  parameter on its largest dim over ``"fsdp"``, every layer output and the
+  logits on the batch dim), trained with ``torch.optim.AdamW``;
+* the twin: the same decoder in ``jax.numpy`` (``benchmarks/step_time.py``),
+  initialised from the same torch weights, the same parameter shardings,
+  the same activation sharding constraints, ``optax.adamw`` with torch's
+  defaults, one ``jax.jit`` step with donated parameters and optimizer state.
+
+Columns (host wall-clock, ``time.perf_counter``):
+
+* ``step ms``: steady state, N steps launched back to back then one wait,
+  divided by N (the throughput a training loop gets);
+* ``first step s``: the first call, trace + compile + run, until its loss is
+  ready; ``warm-up s``: until the steady state (``spmdtorch.compile`` traces
+  until two consecutive traces agree; lazy mode compiles again once AdamW's
+  state exists);
+* ``host ms/step``: host time per steady-state step before the program is
+  launched (lazy: recording + graph key + launch; compiled and JAX: the call);
+* ``param+opt/device``: bytes of parameters and AdamW state each device holds
+  (measured on the arrays), and as a fraction of the unsharded total
+  (the target is 1/8 on 8 devices);
+* ``args``/``temp`` MiB: the compiled step's per-device memory analysis.
+
+Usage:
+    python benchmarks/train_step.py            # tiny and small, ~3 min on a quiet 2-core machine
+    python benchmarks/train_step.py --quick    # fewer steps
+    python benchmarks/train_step.py --configs tiny
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+_NUM_DEVICES = 8
+if __name__ == "__main__":  # before jax starts (also in each worker process)
+    _flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
+    os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}"])
+    os.environ["NPROC"] = str(max(int(os.environ.get("NPROC", "0") or 0), 2 * _NUM_DEVICES))
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+CONFIGS = {"tiny": (8, 64), "small": (8, 128)}  # batch, sequence length
+MODES = ("jax", "lazy", "compiled")
+TARGETS = {"compiled": 1.05, "lazy": 1.25, "first": 1.3}
+LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+# =============================================================================
+# Worker: one (config, mode) in this process; prints one JSON line.
+# =============================================================================
+
+
+def _shard_bytes(arr) -> int:
+    """Bytes of ``arr`` on one device (its first addressable shard)."""
+    return int(arr.addressable_shards[0].data.nbytes)
+
+
+def _setup(cfg_name: str):
+    import torch
+
+    from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM
+
+    cfg = getattr(LlamaConfig, cfg_name)()
+    # JAX cannot shard a dim 8 ways unless 8 divides it (spmdtorch pads it):
+    # tiny's ffn_dim 172 becomes 176 so that both sides shard identically.
+    cfg = dataclasses.replace(cfg, ffn_dim=-(-cfg.ffn_dim // _NUM_DEVICES) * _NUM_DEVICES)
+    batch, seq = CONFIGS[cfg_name]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return cfg, model, tokens
+
+
+def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from step_time import make_jax_llama_loss  # first: it checks that jax has not started
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    cfg, model, tokens = _setup(cfg_name)
+    mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+
+    def fsdp_spec(shape):  # FSDPv2's rule: the largest dim (first on a tie) over "fsdp"
+        dim = max(range(len(shape)), key=lambda d: (shape[d], -d))
+        return NamedSharding(mesh, P(*[("fsdp" if d == dim else None) for d in range(len(shape))]))
+
+    params = {k: jax.device_put(v.detach().numpy(), fsdp_spec(v.shape)) for k, v in model.state_dict().items()}
+    batch_sharding = NamedSharding(mesh, P("fsdp", None))
+    act = NamedSharding(mesh, P("fsdp", None, None))
+    tok = jax.device_put(tokens.numpy().astype(np.int32), batch_sharding)
+    loss_fn = make_jax_llama_loss(cfg, act_sharding=act)
+    tx = optax.adamw(LR, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WD)
+    replicated = NamedSharding(mesh, P())
+    # Moments sharded like their params (the same rule), the step counter replicated.
+    state_sh = jax.tree.map(lambda a: fsdp_spec(a.shape) if a.ndim else replicated, jax.eval_shape(tx.init, params))
+    opt_state = jax.jit(tx.init, out_shardings=state_sh)(params)
+
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    param_sh = jax.tree.map(lambda a: a.sharding, params)
+    opt_sh = jax.tree.map(lambda a: a.sharding, opt_state)
+    jitted = jax.jit(step, donate_argnums=(0, 1), out_shardings=(param_sh, opt_sh, replicated))
+    state_arrays = jax.tree.leaves((params, opt_state))
+    per_device = sum(_shard_bytes(a) for a in state_arrays)
+    total = sum(int(a.nbytes) for a in state_arrays)
+
+    t0 = now()
+    params, opt_state, loss = jitted(params, opt_state, tok)
+    losses = [float(loss)]
+    first = now() - t0
+    mem = jitted.lower(params, opt_state, tok).compile().memory_analysis()
+    for _ in range(warmup - 1):
+        params, opt_state, loss = jitted(params, opt_state, tok)
+        losses.append(float(loss))
+    warm = now() - t0
+    host = []
+    jax.block_until_ready(params)
+    t0 = now()
+    for _ in range(steps):
+        h = now()
+        params, opt_state, loss = jitted(params, opt_state, tok)
+        host.append(now() - h)
+    jax.block_until_ready((params, opt_state, loss))
+    step_s = (now() - t0) / steps
+    losses.append(float(loss))
+    return {
+        "first_s": first, "warmup_s": warm, "step_ms": step_s * 1e3, "host_ms": statistics.median(host) * 1e3,
+        "per_device": per_device, "total": total, "args": mem.argument_size_in_bytes,
+        "temp": mem.temp_size_in_bytes, "losses": losses, "compiles": 1,
+    }
+
+
+def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
+    import numpy as np
+    import torch
+
+    import spmdtorch
+    from spmdtorch import debug
+    from spmdtorch.mesh import Mesh
+    from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
+    from spmdtorch.partition import FSDPv2, mark_sharding, transformer_auto_wrap_policy
+    from spmdtorch.tensor.xla_tensor import XlaTensor
+
+    cfg, model, tokens = _setup(cfg_name)
+    mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
+    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
+
+    def train_step(tokens):
+        opt.zero_grad()
+        loss = causal_lm_loss(model(tokens), tokens)
+        loss.backward()
+        opt.step()
+        return loss
+
+    if mode == "compiled":
+        run = spmdtorch.compile(train_step)
+    else:
+        def run(tokens):
+            with spmdtorch.step():
+                return train_step(tokens)
+
+    compiles0 = debug.counter_value("UncachedCompile")
+    t0 = now()
+    losses = [run(tok).item()]
+    first = now() - t0
+    for _ in range(warmup - 1):
+        losses.append(run(tok).item())
+    warm = now() - t0
+    host = []
+    spmdtorch.wait_device_ops()
+    t0 = now()
+    for _ in range(steps):
+        h = now()
+        loss = run(tok)
+        host.append(now() - h)
+    spmdtorch.wait_device_ops()
+    step_s = (now() - t0) / steps
+    losses.append(loss.item())
+
+    state = list(model.parameters()) + [
+        v for s in opt.state.values() for v in s.values() if isinstance(v, XlaTensor)
+    ]
+    arrays = [t._st.value for t in state]
+    per_device = sum(_shard_bytes(a) for a in arrays)
+    total = sum(int(t.numel()) * t.element_size() for t in state)
+    exe = run.executable() if mode == "compiled" else debug.last_executable()
+    mem = exe.memory_analysis()
+    return {
+        "first_s": first, "warmup_s": warm, "step_ms": step_s * 1e3, "host_ms": statistics.median(host) * 1e3,
+        "per_device": per_device, "total": total, "args": mem.argument_size_in_bytes,
+        "temp": mem.temp_size_in_bytes, "losses": losses,
+        "compiles": debug.counter_value("UncachedCompile") - compiles0,
+    }
+
+
+def worker_main(args) -> None:
+    # Lazy mode compiles twice (AdamW's state appears after step 1);
+    # spmdtorch.compile replays from its fourth call.
+    warmup = 4  # the same number of steps everywhere, so the final losses agree too
+    if args.worker == "jax":
+        res = worker_jax(args.config, warmup, args.steps)
+    else:
+        res = worker_spmdtorch(args.config, args.worker, warmup, args.steps)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# =============================================================================
+# Driver: runs the workers, prints the tables.
+# =============================================================================
+
+
+def run_worker(mode: str, config: str, steps: int, timeout: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", mode, "--config", config, "--steps", str(steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"worker {mode}/{config} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def machine_line() -> str:
+    import jax
+    import torch
+
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; python "
+            f"{platform.python_version()}, torch {torch.__version__}, jax {jax.__version__}; "
+            f"{_NUM_DEVICES} simulated CPU devices; {datetime.date.today().isoformat()}")
+
+
+def ratio_cell(value: float, ref: float, target: float | None) -> str:
+    r = value / ref
+    if target is None:
+        return f"{r:.2f}x"
+    mark = "[green]ok[/]" if r <= target else "[red]over[/]"
+    return f"{r:.2f}x (<= {target}) {mark}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default="tiny,small", help="comma-separated: tiny, small")
+    p.add_argument("--quick", action="store_true", help="5 measured steps instead of 20")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per mode")
+    p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = 5 if args.quick else 20
+    if args.worker:
+        worker_main(args)
+        return 0
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 190))  # the tables are wide; don't wrap them in a pipe
+    console.print(f"[bold]machine:[/] {machine_line()}")
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for c in configs:
+        if c not in CONFIGS:
+            p.error(f"--configs: unknown config {c!r}; choose from {', '.join(CONFIGS)}")
+    for cfg in configs:
+        res = {}
+        for mode in MODES:
+            console.print(f"  running {cfg} / {mode} ...")
+            res[mode] = run_worker(mode, cfg, args.steps, timeout=900)
+        ref = res["jax"]
+        batch, seq = CONFIGS[cfg]
+        table = Table(title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW "
+                            f"({args.steps} measured steps)")
+        for col in ("mode", "step ms", "x twin", "first step s", "x twin (first)", "warm-up s",
+                    "host ms/step", "param+opt /device", "args / temp MiB", "compiles", "loss first -> last"):
+            table.add_column(col, justify="left" if col == "mode" else "right")
+        for mode in MODES:
+            r = res[mode]
+            table.add_row(
+                "JAX twin" if mode == "jax" else f"spmdtorch {mode}",
+                f"{r['step_ms']:.1f}",
+                "1.00x" if mode == "jax" else ratio_cell(r["step_ms"], ref["step_ms"], TARGETS[mode]),
+                f"{r['first_s']:.2f}",
+                "1.00x" if mode == "jax" else ratio_cell(r["first_s"], ref["first_s"], TARGETS["first"]),
+                f"{r['warmup_s']:.2f}",
+                f"{r['host_ms']:.2f}",
+                f"{r['per_device'] / 2**20:.3f} MiB = 1/{r['total'] / r['per_device']:.2f}",
+                f"{r['args'] / 2**20:.2f} / {r['temp'] / 2**20:.2f}",
+                str(r["compiles"]),
+                f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}",
+            )
+        console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
