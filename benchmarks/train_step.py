@@ -101,7 +101,6 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
     from step_time import make_jax_llama_loss  # first: it checks that jax has not started
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -173,7 +172,7 @@ def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
     from spmdtorch.partition import FSDPv2, mark_sharding, transformer_auto_wrap_policy
     from spmdtorch.tensor.xla_tensor import XlaTensor
 
-    cfg, model, tokens = _setup(cfg_name)
+    _, model, tokens = _setup(cfg_name)
     mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
     model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
