@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from spmdtorch.ops import registry
 from spmdtorch.tensor import transfer
+from spmdtorch.tensor.autocast import autocast_inputs
 from spmdtorch.tensor.dispatch import factory_kernel
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -84,6 +85,7 @@ def _from_data(func, args, kwargs):
     return out
 
 
+_autocast_on = torch.is_autocast_enabled
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
 
 
@@ -92,6 +94,8 @@ class XlaDeviceMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _autocast_on("xla"):  # torch's AutocastXLA key never sees xla tensors (autocast.py)
+            args, kwargs = autocast_inputs(func, args, kwargs)
         if func is torch.Tensor.to:
             out = _tensor_to(args, kwargs)
             if out is not None:
