@@ -20,3 +20,15 @@ def test_readme_sharding_snippet_runs(capsys):
     out = capsys.readouterr().out
     assert "{devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}" in out
     assert "CPU 1,3,5,7" in out
+
+
+def _block_after(heading: str) -> str:
+    text = README.read_text()
+    assert heading in text, f"README has no section {heading!r}"
+    return re.findall(r"```python\n(.*?)```", text.split(heading, 1)[1], re.S)[0]
+
+
+def test_readme_fsdp_snippet_runs(capsys):
+    exec(compile(_block_after("### FSDPv2, activation checkpointing, mixed precision"), "README.md", "exec"), {})
+    loss = float(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 4.0 < loss < 7.0  # ~log(256) = 5.5 for a fresh model
