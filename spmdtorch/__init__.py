@@ -19,6 +19,8 @@ from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402
 _device_mode.install()
 
 from spmdtorch import debug, mesh, partition  # noqa: E402
+from spmdtorch import checkpoint  # noqa: E402
+from spmdtorch import data  # noqa: E402  (after partition: it uses ShardingSpec)
 from spmdtorch.lazy.compiled import CompiledFunction, compile  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import manual_seed  # noqa: E402
@@ -29,6 +31,6 @@ from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileContractError", "CompiledFunction", "XlaTensor", "compile", "debug", "device", "device_count", "devices", "manual_seed",
+    "CompileContractError", "CompiledFunction", "XlaTensor", "checkpoint", "compile", "data", "debug", "device", "device_count", "devices", "manual_seed",
     "mark_step", "mesh", "partition", "runtime", "step", "sync", "wait_device_ops",
 ]

@@ -23,27 +23,35 @@ Environment:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
-from typing import Optional
 
 import jax
 import torch
 
 __all__ = [
-    "RuntimeConfigError",
+    "DistributedConfig",
+    "DistributedInitError",
+    "GatherTooLargeError",
     "InvalidPjrtDeviceError",
-    "device",
-    "devices",
-    "device_count",
-    "global_runtime_device_count",
+    "RuntimeConfigError",
     "addressable_runtime_device_count",
-    "process_index",
-    "process_count",
+    "device",
+    "device_count",
     "device_type",
+    "devices",
+    "global_runtime_device_count",
+    "initialize_cache",
+    "initialize_distributed",
+    "is_distributed_initialized",
     "jax_devices",
     "local_jax_devices",
-    "initialize_cache",
+    "max_gather_bytes",
+    "process_count",
+    "process_index",
+    "resolve_distributed_config",
+    "set_max_gather_bytes",
 ]
 
 #: The torch device type that spmdtorch tensors report.
@@ -72,7 +80,7 @@ class InvalidPjrtDeviceError(RuntimeConfigError, ValueError):
 # --------------------------------------------------------------------------
 
 
-def _pjrt_device_from_env() -> Optional[str]:
+def _pjrt_device_from_env() -> str | None:
     """Returns the device type named by ``PJRT_DEVICE``, normalised, or None.
 
     Raises:
@@ -107,7 +115,7 @@ def _type_of_platform(platform: str) -> str:
     return _TYPE_FOR_JAX_PLATFORM.get(platform.lower(), platform.upper())
 
 
-def _apply_pjrt_device_env() -> Optional[str]:
+def _apply_pjrt_device_env() -> str | None:
     """Points JAX at the platform named by ``PJRT_DEVICE``, if it is set.
 
     ``spmdtorch/__init__.py`` calls this at import. It only acts while no JAX
@@ -243,7 +251,7 @@ def process_count() -> int:
     return jax.process_count()
 
 
-def device(index: Optional[int] = None) -> torch.device:
+def device(index: int | None = None) -> torch.device:
     """Returns the ``torch.device`` for an addressable device, ``xla:<index>``.
 
     Args:
@@ -373,3 +381,384 @@ def initialize_cache(path: str | os.PathLike, readonly: bool = False) -> None:
     # JAX opens its cache once per process; drop it so the settings above
     # (notably a new path) take effect at the next compilation.
     cc.reset_cache()
+
+
+# --------------------------------------------------------------------------
+# Multi-process (multi-host) runs
+# --------------------------------------------------------------------------
+
+#: Environment variables that :func:`initialize_distributed` reads; the local
+#: launcher (``python -m spmdtorch.launch``) sets them for every process.
+ENV_COORDINATOR_ADDRESS = "SPMDTORCH_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "SPMDTORCH_NUM_PROCESSES"
+ENV_PROCESS_ID = "SPMDTORCH_PROCESS_ID"
+ENV_LOCAL_DEVICE_IDS = "SPMDTORCH_LOCAL_DEVICE_IDS"
+ENV_COORDINATOR_PORT = "SPMDTORCH_COORDINATOR_PORT"
+ENV_HEARTBEAT_TIMEOUT = "SPMDTORCH_HEARTBEAT_TIMEOUT"
+ENV_INIT_TIMEOUT = "SPMDTORCH_INIT_TIMEOUT"
+
+#: Seconds without a heartbeat after which a peer counts as dead (JAX's default).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 100
+#: Seconds to wait for every process to join (JAX's default).
+DEFAULT_INIT_TIMEOUT_S = 300
+
+
+class DistributedInitError(RuntimeConfigError):
+    """``initialize_distributed`` cannot join the processes as asked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """How this process joined (or did not join) a multi-process job.
+
+    Attributes:
+        coordinator_address: ``host:port`` of process 0's coordinator, or None
+            when JAX detected the cluster itself (TPU metadata, Slurm, MPI) or
+            the job is a single process.
+        num_processes: Number of processes, or None when JAX detected it.
+        process_id: This process's index, or None when JAX detected it.
+        local_device_ids: Devices this process may use (GPU only), or None.
+        source: Where the settings came from: ``"arguments"``,
+            ``"SPMDTORCH_*"`` (the local launcher), ``"torchrun"``
+            (``MASTER_ADDR``/``RANK``/``WORLD_SIZE``), ``"jax"`` (JAX's cluster
+            detection) or ``"single-process"`` (nothing found: one process).
+        heartbeat_timeout_s: Seconds after which a silent peer is declared
+            dead and every other process stops with an error.
+
+    Example:
+        >>> DistributedConfig("10.0.0.1:1234", 2, 0, None, "arguments", 100).num_processes
+        2
+    """
+
+    coordinator_address: str | None
+    num_processes: int | None
+    process_id: int | None
+    local_device_ids: tuple | None
+    source: str
+    heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S
+
+
+_DISTRIBUTED: list = [None]  # the DistributedConfig this process initialised with
+
+
+def _env_int(env, name: str, minimum: int = 0) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise DistributedInitError(f"{name}={raw!r} is not an integer; set it to a whole number") from None
+    if value < minimum:
+        raise DistributedInitError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _env_device_ids(env, name: str) -> tuple | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return tuple(int(x) for x in raw.split(","))
+    except ValueError:
+        raise DistributedInitError(
+            f"{name}={raw!r} must be a comma-separated list of device ids, e.g. '0,1'"
+        ) from None
+
+
+def _torchrun_address(env) -> str:
+    """``MASTER_ADDR:port`` for JAX's coordinator when torchrun started us.
+
+    torchrun's agent hosts its own TCPStore on ``MASTER_PORT`` when it sets
+    ``TORCHELASTIC_USE_AGENT_STORE=True``, so the coordinator then takes the
+    next port. ``SPMDTORCH_COORDINATOR_PORT`` overrides both.
+    """
+    port = _env_int(env, ENV_COORDINATOR_PORT, 1)
+    if port is None:
+        master_port = _env_int(env, "MASTER_PORT", 1)
+        if master_port is None:
+            raise DistributedInitError(
+                "MASTER_ADDR is set but MASTER_PORT is not; set MASTER_PORT (or "
+                f"{ENV_COORDINATOR_PORT}) to the port process 0 should listen on"
+            )
+        port = master_port + 1 if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else master_port
+    return f"{env['MASTER_ADDR']}:{port}"
+
+
+def resolve_distributed_config(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids=None,
+    *,
+    heartbeat_timeout_s: int | None = None,
+    env=None,
+) -> DistributedConfig:
+    """Works out the settings :func:`initialize_distributed` will use (no side effects).
+
+    Each argument left None is taken from the first of these that is set:
+    ``SPMDTORCH_COORDINATOR_ADDRESS`` / ``SPMDTORCH_NUM_PROCESSES`` /
+    ``SPMDTORCH_PROCESS_ID`` (set by ``python -m spmdtorch.launch``), then
+    torchrun's ``MASTER_ADDR`` / ``MASTER_PORT`` / ``WORLD_SIZE`` / ``RANK``
+    (with ``LOCAL_RANK`` as the local device when several processes share a
+    host). When neither is set, JAX's own cluster detection decides
+    (``source="jax"``): Cloud TPU metadata, Slurm, Open MPI, Kubernetes, and
+    ``JAX_COORDINATOR_ADDRESS``.
+
+    Args:
+        coordinator_address: ``host:port`` of process 0.
+        num_processes: Number of processes in the job.
+        process_id: This process's index, ``0 <= process_id < num_processes``.
+        local_device_ids: Device ids this process may use (GPU).
+        heartbeat_timeout_s: Seconds without a heartbeat before a peer is
+            declared dead; default ``SPMDTORCH_HEARTBEAT_TIMEOUT`` or 100.
+        env: Mapping to read instead of ``os.environ`` (for tests).
+
+    Returns:
+        A :class:`DistributedConfig`.
+
+    Raises:
+        DistributedInitError: A value is malformed or out of range.
+
+    Example:
+        >>> env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "4"}
+        >>> cfg = resolve_distributed_config(env=env)
+        >>> cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.source
+        ('10.0.0.1:29500', 4, 1, 'torchrun')
+    """
+    env = os.environ if env is None else env
+    if heartbeat_timeout_s is None:
+        heartbeat_timeout_s = _env_int(env, ENV_HEARTBEAT_TIMEOUT, 1) or DEFAULT_HEARTBEAT_TIMEOUT_S
+    if isinstance(local_device_ids, int) and not isinstance(local_device_ids, bool):
+        local_device_ids = (local_device_ids,)
+    elif local_device_ids is not None:
+        local_device_ids = tuple(int(i) for i in local_device_ids)
+
+    given = (coordinator_address, num_processes, process_id)
+    source = "arguments"
+    if None in given:
+        if env.get(ENV_COORDINATOR_ADDRESS):
+            source = "SPMDTORCH_*"
+            found = (env[ENV_COORDINATOR_ADDRESS], _env_int(env, ENV_NUM_PROCESSES, 1),
+                     _env_int(env, ENV_PROCESS_ID, 0))
+            if local_device_ids is None:
+                local_device_ids = _env_device_ids(env, ENV_LOCAL_DEVICE_IDS)
+        elif env.get("MASTER_ADDR") and env.get("WORLD_SIZE") and env.get("RANK"):
+            source = "torchrun"
+            found = (_torchrun_address(env), _env_int(env, "WORLD_SIZE", 1), _env_int(env, "RANK", 0))
+            local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1)
+            if local_device_ids is None and local_world is not None and local_world > 1:
+                # Several processes on this host: each takes the device of its local rank.
+                local_rank = _env_int(env, "LOCAL_RANK", 0)
+                local_device_ids = None if local_rank is None else (local_rank,)
+        else:
+            source = "jax"
+            found = (None, None, None)
+        coordinator_address, num_processes, process_id = (
+            g if g is not None else f for g, f in zip(given, found)
+        )
+    if source != "jax" and None in (coordinator_address, num_processes, process_id):
+        missing = [n for n, v in zip(("coordinator_address", "num_processes", "process_id"),
+                                     (coordinator_address, num_processes, process_id)) if v is None]
+        names = {"SPMDTORCH_*": (ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID),
+                 "torchrun": ("MASTER_ADDR", "WORLD_SIZE", "RANK")}.get(source)
+        hint = f" (environment: {', '.join(names)})" if names else ""
+        raise DistributedInitError(
+            f"initialize_distributed: {', '.join(missing)} not given and not found in the "
+            f"environment{hint}; pass them as arguments or set the variables"
+        )
+    if num_processes is not None:
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+            raise DistributedInitError(f"num_processes must be an int >= 1, got {num_processes!r}")
+        if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+            raise DistributedInitError(
+                f"process_id must be an int in 0..{num_processes - 1} (num_processes={num_processes}), "
+                f"got {process_id!r}"
+            )
+    if coordinator_address is not None and (":" not in coordinator_address
+                                            or not coordinator_address.rsplit(":", 1)[1].isdigit()):
+        raise DistributedInitError(
+            f"coordinator_address {coordinator_address!r} must be 'host:port', e.g. '10.0.0.1:8476'"
+        )
+    return DistributedConfig(coordinator_address, num_processes, process_id, local_device_ids, source,
+                             int(heartbeat_timeout_s))
+
+
+def is_distributed_initialized() -> bool:
+    """Whether this process has joined a multi-process job (``jax.distributed``).
+
+    Example:
+        >>> is_distributed_initialized()     # a plain single-process run
+        False
+    """
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None
+
+
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids=None,
+    *,
+    heartbeat_timeout_s: int | None = None,
+    initialization_timeout_s: int | None = None,
+) -> DistributedConfig:
+    """Joins this process to the other processes of the job (``jax.distributed``).
+
+    Every host runs the same script and calls this first, before any tensor
+    is created on ``"xla"``. Afterwards :func:`process_index`,
+    :func:`process_count` and :func:`global_runtime_device_count` describe
+    the whole job, meshes span every host's devices, and each process holds
+    (and transfers) only the shards on its own devices. See
+    :func:`resolve_distributed_config` for where unset arguments come from;
+    when nothing is configured the job is a single process and this is a
+    no-op.
+
+    On CPU it selects gloo for cross-process collectives. A peer that dies
+    is noticed within ``heartbeat_timeout_s``: every other process then
+    stops (JAX aborts it, printing "Terminating process because the JAX
+    distributed service detected fatal errors ... another task died").
+
+    Args:
+        coordinator_address: ``host:port`` of process 0 (it listens there).
+        num_processes: Number of processes.
+        process_id: This process's index.
+        local_device_ids: Device ids this process may use (GPU only).
+        heartbeat_timeout_s: Seconds without a heartbeat before a peer is
+            declared dead (default ``SPMDTORCH_HEARTBEAT_TIMEOUT`` or 100).
+        initialization_timeout_s: Seconds to wait for all processes to join
+            (default ``SPMDTORCH_INIT_TIMEOUT`` or 300).
+
+    Returns:
+        The :class:`DistributedConfig` used. Calling again with the same
+        settings returns it again.
+
+    Raises:
+        DistributedInitError: JAX has already started its backend (a tensor
+            or device was used first), the settings are malformed, they
+            differ from an earlier call, or joining failed.
+
+    Example:
+        >>> import spmdtorch.runtime as xr
+        >>> cfg = xr.initialize_distributed()    # doctest: +SKIP
+        >>> xr.process_index(), xr.process_count()  # doctest: +SKIP
+        (1, 2)
+    """
+    cfg = resolve_distributed_config(coordinator_address, num_processes, process_id, local_device_ids,
+                                     heartbeat_timeout_s=heartbeat_timeout_s)
+    done = _DISTRIBUTED[0]
+    if done is not None:
+        if (done.coordinator_address, done.num_processes, done.process_id) not in (
+            (cfg.coordinator_address, cfg.num_processes, cfg.process_id), (None, None, None)
+        ) and cfg.source != "jax":
+            raise DistributedInitError(
+                f"initialize_distributed was already called with {done}; it cannot be re-initialised "
+                f"with {cfg} in the same process"
+            )
+        return done
+    if is_distributed_initialized():  # the user called jax.distributed.initialize directly
+        _DISTRIBUTED[0] = dataclasses.replace(cfg, source="jax", num_processes=jax.process_count(),
+                                              process_id=jax.process_index())
+        return _DISTRIBUTED[0]
+    if cfg.num_processes == 1 and cfg.source != "jax":
+        _DISTRIBUTED[0] = cfg  # a job of one: nothing to join
+        return cfg
+    if _backends_initialized():
+        raise DistributedInitError(
+            "initialize_distributed must run before JAX starts: something already used a device "
+            f"(JAX is running on {jax.default_backend()} with {jax.device_count()} device(s)). Call "
+            "spmdtorch.runtime.initialize_distributed() at the top of the script, before creating "
+            "tensors on 'xla' or querying devices"
+        )
+    if initialization_timeout_s is None:
+        initialization_timeout_s = _env_int(os.environ, ENV_INIT_TIMEOUT, 1) or DEFAULT_INIT_TIMEOUT_S
+    platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
+    if platforms.split(",")[0].strip() in ("", "cpu"):
+        # CPU collectives across processes need an implementation; gloo ships with jaxlib.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator_address=cfg.coordinator_address,
+            num_processes=cfg.num_processes,
+            process_id=cfg.process_id,
+            local_device_ids=list(cfg.local_device_ids) if cfg.local_device_ids else None,
+            initialization_timeout=int(initialization_timeout_s),
+            heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
+        )
+    except ValueError as e:
+        if cfg.source == "jax":
+            # JAX found no cluster (no TPU metadata, Slurm, MPI...): one process, as in PyTorch/XLA.
+            _DISTRIBUTED[0] = dataclasses.replace(cfg, num_processes=1, process_id=0, source="single-process")
+            return _DISTRIBUTED[0]
+        raise DistributedInitError(f"jax.distributed.initialize rejected {cfg}: {e}") from e
+    except Exception as e:  # XlaRuntimeError (timeouts, refused connections) and friends
+        raise DistributedInitError(
+            f"could not join the job as process {cfg.process_id} of {cfg.num_processes} via "
+            f"{cfg.coordinator_address} ({cfg.source}): {e}. Check that every process runs with the "
+            "same coordinator address and process count and that process 0 is reachable"
+        ) from e
+    if cfg.source == "jax":
+        cfg = dataclasses.replace(cfg, num_processes=jax.process_count(), process_id=jax.process_index())
+    _DISTRIBUTED[0] = cfg
+    return cfg
+
+
+# --------------------------------------------------------------------------
+# Reading tensors that span other hosts
+# --------------------------------------------------------------------------
+
+#: Environment variable with the default gather limit in bytes.
+ENV_MAX_GATHER_BYTES = "SPMDTORCH_MAX_GATHER_BYTES"
+_DEFAULT_MAX_GATHER_BYTES = 1 << 30  # 1 GiB: a copy of this size lands on every host
+_MAX_GATHER: list = [None]
+
+
+class GatherTooLargeError(RuntimeError):
+    """Reading a tensor that spans other hosts would copy too much to every host."""
+
+
+def max_gather_bytes() -> int:
+    """The largest tensor (bytes) that ``.cpu()``/``.item()``/``print`` gathers from other processes.
+
+    In a multi-process job, reading a tensor sharded over other hosts' devices
+    all-gathers it (every process must do the same read). Larger tensors raise
+    :class:`GatherTooLargeError`. ``SPMDTORCH_MAX_GATHER_BYTES`` sets the
+    default (1 GiB); :func:`set_max_gather_bytes` overrides it.
+
+    Raises:
+        ValueError: ``SPMDTORCH_MAX_GATHER_BYTES`` is not a whole number >= 0.
+
+    Example:
+        >>> max_gather_bytes() > 0
+        True
+    """
+    if _MAX_GATHER[0] is not None:
+        return _MAX_GATHER[0]
+    raw = os.environ.get(ENV_MAX_GATHER_BYTES)
+    if raw is None or not raw.strip():
+        return _DEFAULT_MAX_GATHER_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_MAX_GATHER_BYTES}={raw!r} must be a whole number of bytes") from None
+    if value < 0:
+        raise ValueError(f"{ENV_MAX_GATHER_BYTES}={raw!r} must be >= 0")
+    return value
+
+
+def set_max_gather_bytes(limit: int | None) -> None:
+    """Sets the cross-host gather limit in bytes (None: back to the environment/default).
+
+    Raises:
+        ValueError: ``limit`` is not an int >= 0 or None.
+
+    Example:
+        >>> set_max_gather_bytes(2 ** 20); max_gather_bytes()
+        1048576
+        >>> set_max_gather_bytes(None)
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"max gather bytes must be an int >= 0 or None, got {limit!r}")
+    _MAX_GATHER[0] = limit

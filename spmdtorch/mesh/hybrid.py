@@ -46,7 +46,7 @@ def hybrid_device_ids(
     """Places devices in a hybrid ICI × DCN mesh; returns their ids in mesh shape.
 
     Devices are grouped into *granules*: by ``slice_index`` when the records
-    carry one, else by ``process_index`` (each process's devices form one DCN
+    span several slices, else by ``process_index`` (each process's devices form one DCN
     group, like ``mesh_utils.create_hybrid_device_mesh(...,
     process_is_granule=True)``). Granules are taken in increasing key order and
     laid out over ``dcn_mesh_shape`` in C order; within a granule, devices are
@@ -104,6 +104,9 @@ def hybrid_device_ids(
     has_slices = any(r.slice_index is not None for r in records)
     if has_slices and any(r.slice_index is None for r in records):
         raise HybridMeshError("some devices report a slice_index and others do not")
+    # Multi-process CPU/GPU jobs report every device in slice 0: one slice
+    # carries no DCN structure, so the processes are the granules.
+    has_slices = has_slices and len({r.slice_index for r in records}) > 1
     kind = "slice" if has_slices else "process"
     groups: dict[int, list[int]] = collections.defaultdict(list)
     for r in records:
@@ -148,7 +151,7 @@ def _tpu_device_ids(devices: list, ici: tuple, dcn: tuple) -> np.ndarray:
     ordinal = {d: i for i, d in enumerate(devices)}
     try:
         if math.prod(dcn) > 1:
-            has_slices = getattr(devices[0], "slice_index", None) is not None
+            has_slices = len({getattr(d, "slice_index", None) for d in devices}) > 1
             placed = mesh_utils.create_hybrid_device_mesh(
                 ici, dcn, devices, process_is_granule=not has_slices
             )

@@ -16,6 +16,7 @@ import torch
 
 from spmdtorch import _dtypes
 from spmdtorch.lazy import metrics
+from spmdtorch.tensor import multihost
 
 __all__ = ["replicated_sharding", "to_device_array", "to_cpu", "array_to_torch"]
 
@@ -63,7 +64,8 @@ def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
         # may_alias=False for replicated shardings), and torch users may write
         # into their tensor right after .to("xla"). Hand JAX a private copy: it
         # is the one copy this transfer makes, JAX may then alias it freely.
-        return jax.device_put(np.array(_host_numpy(t), copy=True), sharding or replicated_sharding())
+        # Multi-process: each process puts only its own shards (tensor/multihost.py).
+        return multihost.put_global(np.array(_host_numpy(t), copy=True), sharding or replicated_sharding())
 
 
 def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
@@ -81,8 +83,8 @@ def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
                 out = torch.from_dlpack(shard).clone()
             except (RuntimeError, TypeError, BufferError):
                 out = _numpy_to_torch(np.asarray(shard))
-        else:
-            out = _numpy_to_torch(np.asarray(arr))
+        else:  # sharded; across processes this is a collective (tensor/multihost.py)
+            out = _numpy_to_torch(multihost.gather(arr))
     if out.dtype != dtype:
         out = out.to(dtype)
     return out

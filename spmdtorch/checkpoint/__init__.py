@@ -1,0 +1,46 @@
+"""Distributed checkpoints on Orbax: save on one mesh, restore on any other.
+
+* :func:`save` / :func:`load`: one state (dicts/lists of xla tensors, CPU
+  tensors and plain values) to one checkpoint directory and back, in place,
+  into the targets' own shardings;
+* :class:`CheckpointManager`: periodic, asynchronous, preemption-aware saves
+  that never list a half-written step, with fallback to the newest intact one;
+* :func:`export` / :func:`import_state_dict`: plain single-file torch and
+  safetensors state_dicts, streamed one tensor at a time.
+
+Example:
+    >>> import tempfile, torch, spmdtorch
+    >>> from spmdtorch import checkpoint
+    >>> model = torch.nn.Linear(4, 2).to("xla")
+    >>> d = tempfile.mkdtemp() + "/ckpt"
+    >>> checkpoint.save(d, {"model": model.state_dict(), "step": 3})
+    >>> checkpoint.load(d, {"model": model.state_dict(), "step": 0})["step"]
+    3
+"""
+
+from spmdtorch.checkpoint.errors import (
+    CheckpointCorruptionError,
+    CheckpointError,
+    CheckpointExistsError,
+    DtypeMismatchError,
+    KeyMismatchError,
+    MissingKeysError,
+    NotACheckpointError,
+    ShapeMismatchError,
+    StepNotFoundError,
+    UnexpectedKeysError,
+    UnsupportedValueError,
+    ValueKindMismatchError,
+)
+from spmdtorch.checkpoint.export import export
+from spmdtorch.checkpoint.import_state import import_state_dict
+from spmdtorch.checkpoint.io import load, save
+from spmdtorch.checkpoint.manager import CheckpointManager
+from spmdtorch.checkpoint.optim import init_optimizer_state
+
+__all__ = [
+    "CheckpointCorruptionError", "CheckpointError", "CheckpointExistsError", "CheckpointManager",
+    "DtypeMismatchError", "KeyMismatchError", "MissingKeysError", "NotACheckpointError", "ShapeMismatchError",
+    "StepNotFoundError", "UnexpectedKeysError", "UnsupportedValueError", "ValueKindMismatchError", "export",
+    "import_state_dict", "init_optimizer_state", "load", "save",
+]

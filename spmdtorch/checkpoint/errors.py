@@ -1,0 +1,96 @@
+"""Exceptions raised by :mod:`spmdtorch.checkpoint`.
+
+Every error is a :class:`CheckpointError`. Input errors are also
+``ValueError`` (or ``KeyError``/``TypeError``/``FileNotFoundError`` where
+that is what callers already catch). Messages name the key path in the state
+(``['optimizer']['state'][0]['exp_avg']``), say what was expected and what was
+found, and suggest a fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointCorruptionError",
+    "CheckpointError",
+    "CheckpointExistsError",
+    "DtypeMismatchError",
+    "KeyMismatchError",
+    "MissingKeysError",
+    "NotACheckpointError",
+    "ShapeMismatchError",
+    "StepNotFoundError",
+    "UnexpectedKeysError",
+    "UnsupportedValueError",
+    "ValueKindMismatchError",
+]
+
+
+class CheckpointError(Exception):
+    """Base class of every error raised by :mod:`spmdtorch.checkpoint`."""
+
+
+class NotACheckpointError(CheckpointError, FileNotFoundError):
+    """A path that does not hold a complete spmdtorch checkpoint."""
+
+
+class StepNotFoundError(CheckpointError, KeyError):
+    """A step that the checkpoint directory does not hold."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointExistsError(CheckpointError, FileExistsError):
+    """Saving to a path or step that already holds a checkpoint."""
+
+
+class KeyMismatchError(CheckpointError, KeyError):
+    """The state's key paths differ from the checkpoint's.
+
+    Attributes:
+        keys: the offending key paths, as strings.
+    """
+
+    def __init__(self, message: str, keys=()):
+        super().__init__(message)
+        self.keys = tuple(keys)
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingKeysError(KeyMismatchError):
+    """The state has entries that the checkpoint does not hold."""
+
+
+class UnexpectedKeysError(KeyMismatchError):
+    """The checkpoint holds entries that the state has no place for."""
+
+
+class ShapeMismatchError(CheckpointError, ValueError):
+    """A saved array's shape differs from the target tensor's."""
+
+
+class DtypeMismatchError(CheckpointError, TypeError):
+    """A saved array's dtype differs from the target's (pass ``cast=True`` to convert)."""
+
+
+class ValueKindMismatchError(CheckpointError, TypeError):
+    """A saved tensor where the state holds a plain value, or the other way round."""
+
+
+class UnsupportedValueError(CheckpointError, TypeError):
+    """A state entry that cannot be checkpointed (an object, a tensor on an unknown device...)."""
+
+
+class CheckpointCorruptionError(CheckpointError, RuntimeError):
+    """Data on disk is damaged: a fingerprint mismatch, a truncated or unreadable file.
+
+    Attributes:
+        keys: the key paths of the arrays found damaged (empty when the
+            damage could not be attributed to one array).
+    """
+
+    def __init__(self, message: str, keys=()):
+        super().__init__(message)
+        self.keys = tuple(keys)

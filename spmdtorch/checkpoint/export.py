@@ -1,0 +1,262 @@
+"""Export a checkpoint to one safetensors or torch file, one array at a time.
+
+Both formats are written by streaming: the header (safetensors) or the pickle
+(torch's zip format) needs only shapes and dtypes, which the checkpoint
+record holds, so arrays are read from Orbax in small batches (at most
+``max_host_bytes``, or one array if it is larger), checked against their
+fingerprints, written, and dropped. Host memory stays bounded by the largest
+batch, never the whole state.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+import struct
+import sys
+import warnings
+
+import numpy as np
+import orbax.checkpoint as ocp
+import torch
+from etils import epath
+
+from spmdtorch.checkpoint import fingerprint, placement, tree
+from spmdtorch.checkpoint.errors import CheckpointCorruptionError
+from spmdtorch.checkpoint.io import ARRAYS, read_record
+
+__all__ = ["export", "read_arrays"]
+
+_FORMATS = ("safetensors", "torch")
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
+}
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def read_arrays(path, record: dict, indices, max_host_bytes: int):
+    """Yield ``(index, CPU tensor of the saved torch dtype)`` for ``indices``, in order.
+
+    Reads in batches of at most ``max_host_bytes`` (one array when larger) and
+    checks each array's fingerprint.
+    """
+    path = epath.Path(path)
+    infos = record["arrays"]
+    batch, size = [], 0
+    for i in indices:
+        nbytes = int(np.prod(infos[i]["shape"], dtype=np.int64)) * np.dtype(infos[i]["storage_dtype"]).itemsize
+        if batch and size + nbytes > max_host_bytes:
+            yield from _read_batch(path, infos, batch)
+            batch, size = [], 0
+        batch.append(i)
+        size += nbytes
+    if batch:
+        yield from _read_batch(path, infos, batch)
+
+
+def _read_batch(path, infos, batch):
+    items = {tuple(infos[i]["path"]): ocp.RestoreArgs(restore_type=np.ndarray) for i in batch}
+    args_tree = tree.orbax_tree(items)
+    try:
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+            restored = ckptr.restore(path / ARRAYS, args=ocp.args.PyTreeRestore(
+                item=args_tree, restore_args=args_tree, partial_restore=True))
+    except Exception as e:
+        raise CheckpointCorruptionError(
+            f"the arrays of checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:500]})"
+        ) from e
+    for i in batch:
+        info = infos[i]
+        node = restored
+        for k in info["path"]:
+            node = node[str(k)]
+        if fingerprint.fingerprint_numpy(node) != tuple(info["fingerprint"]):
+            key = tree.keystr(tuple(info["path"]))
+            raise CheckpointCorruptionError(
+                f"checkpoint {path}: state{key} read back different from what was saved (fingerprint "
+                "mismatch); the data files were altered: export another checkpoint", [key])
+        t = placement.to_torch(node)
+        want = _torch_dtype(info["dtype"])
+        yield i, (t.to(want) if t.dtype != want else t)
+        del node, t
+
+
+def _select(record: dict, prefix) -> tuple:
+    """``(sub-structure, {array index: name})`` under ``prefix``."""
+    root = tree.decode_state(record["tree"])
+    prefix = () if prefix is None else ((prefix,) if isinstance(prefix, (str, int)) else tuple(prefix))
+    node = root
+    for k in prefix:
+        if not isinstance(node, (dict, list, tuple)) or (isinstance(node, dict) and k not in node):
+            raise KeyError(f"export prefix {prefix!r}: the checkpoint has no entry state{tree.keystr(prefix)}")
+        node = node[k]
+    names: dict = {}
+    for info_i, info in enumerate(record["arrays"]):
+        p = tuple(info["path"])
+        if p[: len(prefix)] == prefix:
+            names[info_i] = ".".join(str(k) for k in p[len(prefix):])
+    return node, names
+
+
+def _values(node, path=()) -> dict:
+    """Plain Python values of a decoded structure, by dotted name."""
+    out = {}
+    if isinstance(node, dict):
+        items = node.items()
+    elif isinstance(node, (list, tuple)):
+        items = enumerate(node)
+    else:
+        if not isinstance(node, tree.ArrayRef):
+            out[".".join(str(k) for k in path)] = node
+        return out
+    for k, v in items:
+        out.update(_values(v, path + (k,)))
+    return out
+
+
+def _raw_bytes(t: torch.Tensor):
+    """The tensor's data as a buffer (no copy for a contiguous tensor)."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().data if t.numel() else b""
+
+
+def _write_safetensors(out, path, record, names: dict, values: dict, max_host_bytes: int) -> None:
+    infos = record["arrays"]
+    header: dict = {}
+    offset = 0
+    order = list(names)
+    for i in order:
+        dtype = _torch_dtype(infos[i]["dtype"])
+        if dtype not in _ST_DTYPES:
+            raise TypeError(f"state{tree.keystr(tuple(infos[i]['path']))} has dtype {dtype}, which safetensors "
+                            "cannot store; export with format='torch'")
+        nbytes = int(np.prod(infos[i]["shape"], dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        header[names[i]] = {"dtype": _ST_DTYPES[dtype], "shape": list(infos[i]["shape"]),
+                            "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    meta = {"format": "pt"}
+    meta.update({k: json.dumps(v) for k, v in values.items()})
+    header["__metadata__"] = meta
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data must start 8-byte aligned
+    with open(out, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        f.writelines(t.contiguous().view(torch.uint8).reshape(-1).numpy().data if t.numel() else b"" for _, t in read_arrays(path, record, order, max_host_bytes))
+
+
+class _StorageRef:
+    """Stands for one tensor's storage in the pickle (its data is written later)."""
+
+    def __init__(self, key: str, dtype: torch.dtype, numel: int):
+        self.key, self.dtype, self.numel = key, dtype, numel
+
+
+class _TensorRef:
+    """Unpickles as the tensor ``torch.save`` would have written."""
+
+    def __init__(self, ref: _StorageRef, shape):
+        self.ref, self.shape = ref, tuple(shape)
+
+    def __reduce_ex__(self, protocol):
+        stride, acc = [], 1
+        for s in reversed(self.shape):
+            stride.append(acc)
+            acc *= s
+        return (torch._utils._rebuild_tensor_v2,
+                (self.ref, 0, torch.Size(self.shape), tuple(reversed(stride)), False, collections.OrderedDict()))
+
+
+def _write_torch(out, path, record, node, names: dict, max_host_bytes: int) -> None:
+    infos = record["arrays"]
+    refs = {}
+    for n, i in enumerate(names):
+        dtype = _torch_dtype(infos[i]["dtype"])
+        refs[i] = _TensorRef(_StorageRef(str(n), dtype, int(np.prod(infos[i]["shape"], dtype=np.int64))),
+                             infos[i]["shape"])
+
+    def fill(x):
+        if isinstance(x, dict):
+            return {k: fill(v) for k, v in x.items()}
+        if isinstance(x, tree.ArrayRef):
+            return refs[x.index]
+        if isinstance(x, list):
+            return [fill(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(fill(v) for v in x)
+        return x
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, _StorageRef):
+                # The legacy storage class names are what torch.save pickles.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    name = torch.TypedStorage(0, dtype=obj.dtype)._pickle_storage_type()
+                return ("storage", getattr(torch, name), obj.key, "cpu", obj.numel)
+            return None
+
+    import io as _io
+
+    buf = _io.BytesIO()
+    Pickler(buf, protocol=2).dump(fill(node))
+    data = buf.getvalue()
+    writer = torch._C.PyTorchFileWriter(os.fspath(out))
+    writer.write_record("data.pkl", data, len(data))
+    writer.write_record(".format_version", "1", 1)
+    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+    for i, t in read_arrays(path, record, list(names), max_host_bytes):
+        storage = t.contiguous().untyped_storage()
+        writer.write_record(f"data/{refs[i].ref.key}", storage, storage.nbytes())
+    writer.write_end_of_file()
+
+
+def export(path, out, format: str = "safetensors", *, prefix=None, max_host_bytes: int = 256 << 20) -> None:
+    """Write the checkpoint at ``path`` as one file a plain PyTorch program loads.
+
+    Tensors get their saved torch dtype (64-bit tensors that the device held
+    in 32 bits are widened back). ``format="torch"`` writes what
+    ``torch.save(state)`` would have (the whole structure, plain values
+    included; ``torch.load(out, weights_only=True)`` reads it);
+    ``"safetensors"`` writes the tensors under their dotted key paths and the
+    plain values as JSON strings in the header's ``__metadata__``.
+
+    Args:
+        path: a checkpoint directory (see :func:`spmdtorch.checkpoint.save`).
+        out: the file to write.
+        format: ``"safetensors"`` or ``"torch"``.
+        prefix: export only ``state[prefix]`` (a key, or a tuple of keys), with
+            names relative to it: ``prefix="model"`` gives a file that
+            ``model.load_state_dict`` takes.
+        max_host_bytes: read at most this many bytes of arrays at a time.
+
+    Raises:
+        NotACheckpointError, CheckpointCorruptionError: see :func:`spmdtorch.checkpoint.load`.
+        ValueError: an unknown ``format``.
+        KeyError: ``prefix`` names no entry of the checkpoint.
+
+    Example:
+        >>> import tempfile, torch, spmdtorch
+        >>> from spmdtorch import checkpoint
+        >>> d = tempfile.mkdtemp()
+        >>> checkpoint.save(d + "/ckpt", {"model": {"w": torch.ones(2, device="xla")}, "step": 1})
+        >>> checkpoint.export(d + "/ckpt", d + "/model.pt", "torch", prefix="model")
+        >>> torch.load(d + "/model.pt", weights_only=True)
+        {'w': tensor([1., 1.])}
+    """
+    if format not in _FORMATS:
+        raise ValueError(f"export format must be one of {_FORMATS}, got {format!r}")
+    if max_host_bytes < 1:
+        raise ValueError(f"max_host_bytes must be positive, got {max_host_bytes}")
+    record = read_record(path)
+    node, names = _select(record, prefix)
+    if format == "safetensors":
+        _write_safetensors(out, path, record, names, _values(node), max_host_bytes)
+    else:
+        _write_torch(out, path, record, node, names, max_host_bytes)

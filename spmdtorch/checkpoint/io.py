@@ -1,0 +1,435 @@
+"""``save``/``load``: a training state as one Orbax composite checkpoint.
+
+Layout of a checkpoint directory (a standard Orbax ``CompositeCheckpointHandler``
+checkpoint, finalised atomically by Orbax: written under a temporary name and
+renamed when complete)::
+
+    <path>/arrays/   every tensor, a PyTree checkpoint of nested dicts with str
+                     keys mirroring the state (``model/fc1.weight`` ...)
+    <path>/meta/metadata
+                     JSON: the state's structure, its plain Python values, and
+                     per array its key path, torch dtype, shape and fingerprint
+
+``load`` reads every array straight into the *target's* sharding (other mesh,
+other device count, padded uneven dims: Orbax reads only each device's block),
+verifies every fingerprint on device, and only then swaps the new data into
+the target tensors, so a failed load leaves the state untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import torch
+from etils import epath
+
+from spmdtorch import _dtypes
+from spmdtorch.checkpoint import fingerprint, placement, tree
+from spmdtorch.checkpoint.errors import (
+    CheckpointCorruptionError,
+    CheckpointExistsError,
+    DtypeMismatchError,
+    MissingKeysError,
+    NotACheckpointError,
+    ShapeMismatchError,
+    UnexpectedKeysError,
+    ValueKindMismatchError,
+)
+from spmdtorch.lazy import executor
+
+__all__ = ["ARRAYS", "FORMAT", "META", "load", "read_record", "save"]
+
+ARRAYS = "arrays"
+META = "meta"
+META_FILE = "metadata"  # the JsonCheckpointHandler's file name
+FORMAT = "spmdtorch.checkpoint"
+VERSION = 1
+_TMP_MARK = ".orbax-checkpoint-tmp"
+
+
+# -- the meta item: JSON whose fingerprints are resolved in the background ------
+
+
+class MetaHandler(ocp.JsonCheckpointHandler):
+    """Orbax's JSON handler, but device fingerprints are awaited off the training thread.
+
+    The record is written by the save's commit future (the background thread
+    of an async save), so the training loop never waits for the fingerprint
+    programs. On disk it is exactly what ``JsonCheckpointHandler`` writes.
+    """
+
+    async def async_save(self, directory, item=None, args=None):
+        record = args.record
+
+        async def write():
+            args.resolve()
+            if jax.process_index() == 0:
+                (directory / META_FILE).write_text(json.dumps(record, allow_nan=False))
+
+        return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="spmdtorch_meta_save")]
+
+
+@ocp.args.register_with_handler(MetaHandler, for_save=True)
+@dataclasses.dataclass
+class MetaSave(ocp.args.CheckpointArgs):
+    """The record, plus ``(array index, pending device fingerprint)`` pairs to fill in."""
+
+    record: dict
+    pending: list
+
+    def resolve(self) -> None:
+        for i, fp in self.pending:
+            self.record["arrays"][i]["fingerprint"] = [int(v) for v in np.asarray(fp)]
+        self.pending = []
+
+
+@ocp.args.register_with_handler(MetaHandler, for_restore=True)
+@dataclasses.dataclass
+class MetaRestore(ocp.args.CheckpointArgs):
+    """Unused by ``load`` (which reads the JSON directly); lets Orbax restore the item."""
+
+
+def handlers() -> dict:
+    """The item handlers of a checkpoint (for ``CompositeCheckpointHandler``/``CheckpointManager``)."""
+    return {ARRAYS: ocp.PyTreeCheckpointHandler(), META: MetaHandler()}
+
+
+# -- save ------------------------------------------------------------------------
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def save_args(state) -> ocp.args.Composite:
+    """The Orbax arguments that save ``state`` (fingerprints dispatched, not awaited).
+
+    Raises:
+        UnsupportedValueError: an entry that cannot be checkpointed.
+    """
+    executor.sync()  # pending values (the last step's results) become concrete
+    entries = tree.flatten(state)
+    to_save: dict = {}
+    infos: list = []
+    index: dict = {}
+    device_src, device_logical, device_idx = [], [], []
+    for e in entries:
+        if e.kind == "value":
+            continue
+        i = len(infos)
+        index[e.path] = i
+        if e.kind == "xla":
+            arr, fp_src, logical = placement.save_value(e.value)
+            device_src.append(fp_src)
+            device_logical.append(logical)
+            device_idx.append(i)
+            fp = None
+        else:
+            arr = placement.host_array(e.value)
+            fp = list(fingerprint.fingerprint_numpy(arr))
+        to_save[e.path] = arr
+        infos.append({
+            "path": list(e.path),
+            "kind": e.kind,
+            "dtype": _dtype_name(e.value.dtype),
+            "storage_dtype": str(np.dtype(arr.dtype)),
+            "shape": list(e.value.shape),
+            "fingerprint": fp,
+        })
+    pending = list(zip(device_idx, fingerprint.device_fingerprints(device_src, device_logical)))
+    record = {"format": FORMAT, "version": VERSION, "tree": tree.encode(state, index), "arrays": infos}
+    items: dict[str, Any] = {META: MetaSave(record, pending)}
+    if to_save:
+        items[ARRAYS] = ocp.args.PyTreeSave(tree.orbax_tree(to_save))
+    return ocp.args.Composite(**items)
+
+
+def save(path, state, *, overwrite: bool = False) -> None:
+    """Save ``state`` to the checkpoint directory ``path`` (blocking; atomic).
+
+    Args:
+        path: a directory that does not exist yet (local or any path Orbax takes).
+        state: dicts/lists/tuples of xla tensors, CPU tensors and None/bool/int/
+            float/str values, e.g. ``{"model": model.state_dict(),
+            "optimizer": opt.state_dict(), "step": step}``.
+        overwrite: replace an existing checkpoint at ``path``.
+
+    Raises:
+        CheckpointExistsError: ``path`` exists and ``overwrite`` is False.
+        UnsupportedValueError: an entry that cannot be checkpointed.
+
+    Example:
+        >>> import tempfile, torch, spmdtorch
+        >>> from spmdtorch import checkpoint
+        >>> w = torch.arange(4.0, device="xla")
+        >>> d = tempfile.mkdtemp() + "/ckpt"
+        >>> checkpoint.save(d, {"w": w, "step": 7})
+        >>> _ = w.zero_()
+        >>> checkpoint.load(d, {"w": w, "step": 0})["step"]
+        7
+        >>> w.cpu()
+        tensor([0., 1., 2., 3.])
+    """
+    path = epath.Path(path)
+    if path.exists() and not overwrite:
+        raise CheckpointExistsError(
+            f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
+        )
+    args = save_args(state)
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers())) as ckptr:
+        ckptr.save(path, args=args, force=overwrite)
+
+
+# -- load ------------------------------------------------------------------------
+
+
+def _list_steps(path: epath.Path) -> list[int]:
+    out = []
+    for child in path.iterdir():
+        if child.name.isdigit() and (child / META / META_FILE).exists():
+            out.append(int(child.name))
+    return sorted(out)
+
+
+def read_record(path) -> dict:
+    """The JSON record of the checkpoint at ``path``.
+
+    Raises:
+        NotACheckpointError: ``path`` is missing or holds no spmdtorch checkpoint.
+        CheckpointCorruptionError: ``path`` is a checkpoint whose record is missing or damaged.
+    """
+    path = epath.Path(path)
+    if not path.exists():
+        tmp = [p.name for p in path.parent.glob(path.name + _TMP_MARK + "*")] if path.parent.exists() else []
+        hint = (f" (found the unfinished save {tmp[0]!r}: that save was interrupted)" if tmp else "")
+        raise NotACheckpointError(f"checkpoint path {path} does not exist{hint}")
+    meta_file = path / META / META_FILE
+    if not meta_file.exists():
+        if path.is_dir() and (path / ARRAYS).exists():
+            raise CheckpointCorruptionError(
+                f"checkpoint {path} has arrays but its record {META}/{META_FILE} is missing: the checkpoint is "
+                "damaged; restore another one (CheckpointManager.restore falls back to the newest intact step)"
+            )
+        steps = _list_steps(path) if path.is_dir() else []
+        if steps:
+            raise NotACheckpointError(
+                f"{path} is a CheckpointManager directory (steps {steps}), not one checkpoint; load "
+                f"{path / str(steps[-1])} or use CheckpointManager({str(path)!r}).restore(state)"
+            )
+        raise NotACheckpointError(
+            f"{path} is not an spmdtorch checkpoint: expected {META}/{META_FILE} and {ARRAYS}/ inside it"
+        )
+    try:
+        record = json.loads(meta_file.read_text())
+    except (ValueError, OSError) as e:
+        raise CheckpointCorruptionError(f"checkpoint record {meta_file} cannot be read: {e}") from e
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise NotACheckpointError(
+            f"{meta_file} is not an spmdtorch checkpoint record (format {record.get('format') if isinstance(record, dict) else None!r}, "
+            f"expected {FORMAT!r})"
+        )
+    if record.get("version", 0) > VERSION:
+        raise NotACheckpointError(
+            f"checkpoint {path} has format version {record['version']}; this spmdtorch reads up to {VERSION}: upgrade"
+        )
+    if record["arrays"] and not (path / ARRAYS).exists():
+        raise CheckpointCorruptionError(
+            f"checkpoint {path} lists {len(record['arrays'])} arrays but its {ARRAYS}/ directory is missing"
+        )
+    return record
+
+
+def _paths(saved_path_lists) -> list:
+    return [tuple(p) for p in saved_path_lists]
+
+
+def _check_keys(target: dict, saved: dict, strict: bool, path) -> None:
+    missing = [p for p in target if p not in saved]
+    unexpected = [p for p in saved if p not in target]
+    if strict and missing:
+        names = [tree.keystr(p) for p in missing]
+        raise MissingKeysError(
+            f"checkpoint {path} has no entry for {len(names)} key(s) of the state: {names[:10]}"
+            f"{' ...' if len(names) > 10 else ''}; the checkpoint holds {[tree.keystr(p) for p in list(saved)[:10]]}"
+            "; remove them from the state or pass strict=False to leave them unchanged",
+            names,
+        )
+    if strict and unexpected:
+        names = [tree.keystr(p) for p in unexpected]
+        raise UnexpectedKeysError(
+            f"checkpoint {path} holds {len(names)} key(s) that the state has no entry for: {names[:10]}"
+            f"{' ...' if len(names) > 10 else ''}; add them to the state (a fresh optimizer has no state yet: "
+            "call spmdtorch.checkpoint.init_optimizer_state(opt) before opt.state_dict()) or pass strict=False "
+            "to skip them",
+            names,
+        )
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One array to restore: where it comes from and where it goes."""
+
+    path: tuple
+    info: dict
+    entry: tree.Entry
+    layout: Any = None  # placement.Layout for xla targets
+    via_host: bool = False  # read as numpy (CPU target, or a dtype the device cannot hold)
+
+
+def _check_array(p: _Plan, cast: bool, path) -> None:
+    saved_shape = tuple(p.info["shape"])
+    target = p.entry.value
+    if saved_shape != tuple(target.shape):
+        raise ShapeMismatchError(
+            f"state{tree.keystr(p.path)}: checkpoint {path} holds shape {saved_shape}, the state's tensor has "
+            f"shape {tuple(target.shape)}; build the model with the saved configuration (shapes must match exactly)"
+        )
+    saved_dtype = p.info["dtype"]
+    if saved_dtype != _dtype_name(target.dtype) and not cast:
+        raise DtypeMismatchError(
+            f"state{tree.keystr(p.path)}: checkpoint {path} holds dtype {saved_dtype}, the state's tensor is "
+            f"{_dtype_name(target.dtype)}; pass cast=True to convert, or convert the model first"
+        )
+
+
+def _restore_arg(p: _Plan):
+    storage = np.dtype(p.info["storage_dtype"])
+    if p.entry.kind == "xla":
+        p.layout = placement.layout_of(p.entry.value, p.path)
+        # 64-bit data saved from a CPU tensor cannot live on the device (x64
+        # is off): it is read on the host, checked, narrowed and placed.
+        p.via_host = storage.itemsize == 8 and not jax.config.jax_enable_x64
+        if not p.via_host:
+            return ocp.ArrayRestoreArgs(
+                sharding=p.layout.sharding,
+                global_shape=p.layout.storage_shape,
+                # Orbax zero-fills up to a padded storage shape only when not strict;
+                # the logical shapes were checked to match above.
+                strict=not p.layout.padded,
+            )
+    p.via_host = True
+    return ocp.RestoreArgs(restore_type=np.ndarray)
+
+
+def _read_arrays(path: epath.Path, plans: list, partial: bool) -> dict:
+    items = {p.path: _restore_arg(p) for p in plans}
+    restore_args = tree.orbax_tree(items)
+    args = ocp.args.PyTreeRestore(item=restore_args, restore_args=restore_args, partial_restore=partial)
+    try:
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+            restored = ckptr.restore(path / ARRAYS, args=args)
+        flat = {}
+        for p in plans:
+            node = restored
+            for k in p.path:
+                node = node[str(k)]
+            flat[p.path] = node
+        jax.block_until_ready([v for v in flat.values() if isinstance(v, jax.Array)])
+    except Exception as e:
+        raise CheckpointCorruptionError(
+            f"the arrays of checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:500]}); "
+            "the files are damaged or incomplete: restore another checkpoint"
+        ) from e
+    return flat
+
+
+def _verify(path, plans: list, arrays: dict) -> None:
+    device = [p for p in plans if not p.via_host]
+    fps = fingerprint.device_fingerprints(
+        [arrays[p.path] for p in device],
+        [p.layout.logical_shape if p.layout.padded else None for p in device],
+    )
+    got = {p.path: tuple(int(v) for v in np.asarray(fp)) for p, fp in zip(device, fps)}
+    for p in plans:
+        if p.via_host:
+            got[p.path] = fingerprint.fingerprint_numpy(arrays[p.path])
+    bad = [p for p in plans if got[p.path] != tuple(p.info["fingerprint"])]
+    if bad:
+        names = [tree.keystr(p.path) for p in bad]
+        details = "; ".join(
+            f"state{tree.keystr(p.path)}: saved {tuple(p.info['fingerprint'])}, read {got[p.path]}" for p in bad[:5]
+        )
+        raise CheckpointCorruptionError(
+            f"checkpoint {path}: {len(bad)} array(s) read back different from what was saved "
+            f"(fingerprint mismatch): {details}; the data files were altered: restore another checkpoint",
+            names,
+        )
+
+
+def _new_value(p: _Plan, array):
+    """The restored array converted to what replaces the target's data."""
+    target = p.entry.value
+    if p.entry.kind == "cpu":
+        src = placement.to_torch(array)
+        return src.to(target.dtype) if src.dtype != target.dtype else src
+    want = _dtypes.to_jax_dtype(target.dtype)
+    if p.via_host:
+        host = np.asarray(array).astype(want)
+        return placement.device_put(host, p.layout)
+    if array.dtype != want:
+        return placement.cast(array, want, p.layout.sharding)
+    return array
+
+
+def load(path, state, *, strict: bool = True, cast: bool = False):
+    """Fill ``state``'s tensors in place from the checkpoint at ``path``; return the state.
+
+    Xla tensors keep their own sharding (the checkpoint may come from another
+    mesh, device count or sharding); CPU tensors are copied into; plain
+    Python values are replaced (in their dicts and lists; tuples are rebuilt),
+    so use the returned state for them.
+
+    Args:
+        path: a checkpoint directory written by :func:`save` (or one step of a
+            :class:`CheckpointManager` directory).
+        state: the same structure as saved, holding the tensors to fill.
+        strict: every key must match (otherwise keys on only one side are skipped).
+        cast: convert saved dtypes to the targets' (otherwise a mismatch raises).
+
+    Raises:
+        NotACheckpointError, MissingKeysError, UnexpectedKeysError, ShapeMismatchError,
+        DtypeMismatchError, ValueKindMismatchError: nothing was changed.
+        CheckpointCorruptionError: the files are damaged; nothing was changed.
+    """
+    path = epath.Path(path)
+    record = read_record(path)
+    saved = tree.decode(record["tree"])
+    executor.sync()
+    entries = {e.path: e for e in tree.flatten(state)}
+    _check_keys(entries, saved, strict, path)
+    plans, values = [], {}
+    for key, e in entries.items():
+        if key not in saved:
+            continue
+        kind, payload = saved[key]
+        if (kind == "array") != (e.kind != "value"):
+            found = "a tensor" if kind == "array" else f"the value {payload!r}"
+            want = "a tensor" if e.kind != "value" else f"the value {e.value!r}"
+            raise ValueKindMismatchError(
+                f"state{tree.keystr(key)}: checkpoint {path} holds {found} where the state holds {want}; "
+                "the state's structure must match the saved one"
+            )
+        if kind == "value":
+            values[key] = payload
+            continue
+        plan = _Plan(key, record["arrays"][payload], e)
+        _check_array(plan, cast, path)
+        plans.append(plan)
+    if plans:
+        arrays = _read_arrays(path, plans, partial=len(plans) < len(record["arrays"]))
+        _verify(path, plans, arrays)
+        new = {p.path: _new_value(p, arrays[p.path]) for p in plans}
+        # Only now, with every array read and checked, does the state change.
+        for p in plans:
+            target = p.entry.value
+            if p.entry.kind == "xla":
+                placement.install(target, new[p.path])
+            else:
+                with torch.no_grad():
+                    target.copy_(new[p.path])
+    return tree.replace_values(state, values)

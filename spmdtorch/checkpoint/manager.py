@@ -1,0 +1,249 @@
+"""``CheckpointManager``: periodic, asynchronous, preemption-aware checkpoints.
+
+A thin layer over ``orbax.checkpoint.CheckpointManager``, which already does
+the hard parts: atomic step finalisation (a step is written under a temporary
+name and renamed only once complete, so ``all_steps`` never lists a partial
+one), ``max_to_keep`` garbage collection and background writes (an async save
+blocks only for the device→host copy). This layer adds the spmdtorch state
+(see :func:`spmdtorch.checkpoint.save`), fingerprint checks with fallback to
+the newest intact step, and SIGTERM-driven preemption saves on one host.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import warnings
+
+import orbax.checkpoint as ocp
+from etils import epath
+
+from spmdtorch.checkpoint import io
+from spmdtorch.checkpoint.errors import (
+    CheckpointCorruptionError,
+    CheckpointExistsError,
+    StepNotFoundError,
+)
+
+__all__ = ["CheckpointManager"]
+
+log = logging.getLogger("spmdtorch.checkpoint")
+
+
+def _positive_int(value, name: str, allow_none: bool = False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+class CheckpointManager:
+    """Saves a training state every ``save_interval_steps`` steps under ``directory/<step>``.
+
+    Args:
+        directory: where the step directories go (created if missing).
+        save_interval_steps: ``should_save(step)`` is True when ``step`` is a
+            multiple, and for the first step saved into an empty directory
+            (Orbax's rule: a run always has a checkpoint early).
+        max_to_keep: keep only this many newest steps (None keeps all).
+        async_save: write in the background; ``save`` returns after the
+            device→host copy. Call ``wait_until_finished()`` before reading
+            the files yourself.
+        save_on_preemption: install a SIGTERM handler (main thread only; the
+            previous handler is restored by ``close()``): after a SIGTERM the
+            next ``save`` saves whatever the interval, waits for the write,
+            and ``reached_preemption`` returns True.
+
+    Example:
+        >>> import tempfile, torch, spmdtorch
+        >>> from spmdtorch.checkpoint import CheckpointManager
+        >>> w = torch.zeros(4, device="xla")
+        >>> with CheckpointManager(tempfile.mkdtemp(), save_interval_steps=2) as mgr:
+        ...     for step in range(5):
+        ...         _ = w.add_(1)
+        ...         _ = mgr.save(step, {"w": w, "step": step})
+        ...         if mgr.reached_preemption(step):
+        ...             break
+        ...     mgr.wait_until_finished()
+        ...     mgr.all_steps(), mgr.restore({"w": w, "step": -1})["step"], w.cpu()
+        ([0, 2, 4], 4, tensor([5., 5., 5., 5.]))
+    """
+
+    def __init__(self, directory, save_interval_steps: int = 1, max_to_keep: int | None = None,
+                 async_save: bool = True, save_on_preemption: bool = True):
+        self._directory = epath.Path(directory)
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=_positive_int(save_interval_steps, "save_interval_steps"),
+            max_to_keep=_positive_int(max_to_keep, "max_to_keep", allow_none=True),
+            enable_async_checkpointing=bool(async_save),
+            create=True,
+        )
+        self._mgr = ocp.CheckpointManager(self._directory, options=options, item_handlers=io.handlers())
+        self._preempted = False
+        self._preemption_step = None
+        self._restored_step = None
+        self._previous_handler = None
+        self._handler_installed = False
+        self._closed = False
+        if save_on_preemption:
+            self._install_handler()
+
+    # -- preemption ------------------------------------------------------------
+
+    def _install_handler(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn("CheckpointManager built outside the main thread cannot catch SIGTERM; "
+                          "preemption saves are off", RuntimeWarning, stacklevel=3)
+            return
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._handler_installed = True  # (the previous handler may be None: not set from Python)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        # Only a flag: the save itself must happen at a step boundary, where
+        # the state is consistent, not inside whatever the signal interrupted.
+        self._preempted = True
+
+    def reached_preemption(self, step: int) -> bool:
+        """True once a preemption was seen *and* a step boundary saved for it.
+
+        A SIGTERM sets a flag; the next ``save`` saves whatever the interval
+        and then this returns True, so a loop that calls ``save`` then
+        ``reached_preemption`` every step stops with its last step on disk.
+        (A SIGTERM that lands between this step's ``save`` and this call is
+        reported at the next step, after that step's save.) JAX's multi-host
+        preemption notice is passed through as Orbax reports it.
+        """
+        if self._preempted:
+            return self._preemption_step is not None
+        return bool(self._mgr.reached_preemption(step))
+
+    # -- saving ----------------------------------------------------------------
+
+    @property
+    def directory(self) -> epath.Path:
+        """The directory holding the step directories."""
+        return self._directory
+
+    def should_save(self, step: int) -> bool:
+        """Whether ``save(step, ...)`` would save (interval reached, or preemption)."""
+        if self._preempted and step not in self.all_steps():
+            return True
+        return bool(self._mgr.should_save(step))
+
+    def save(self, step: int, state, force: bool = False) -> bool:
+        """Save ``state`` as ``step`` if ``should_save(step)`` (or ``force``); return whether it did.
+
+        Raises:
+            CheckpointExistsError: ``step`` is already saved.
+            UnsupportedValueError: an entry of ``state`` cannot be checkpointed.
+        """
+        preempted = self._preempted or bool(self._mgr.reached_preemption(step))
+        if not (force or preempted or self._mgr.should_save(step)):
+            return False
+        if step in self.all_steps():
+            if preempted and self._preemption_step == step:
+                return True
+            raise CheckpointExistsError(
+                f"step {step} is already saved in {self._directory}; save a later step "
+                f"(latest is {self.latest_step()})"
+            )
+        saved = bool(self._mgr.save(step, args=io.save_args(state), force=True))
+        if preempted:
+            # The process is about to be killed: the write must finish first.
+            self._mgr.wait_until_finished()
+            self._preemption_step = step
+            log.warning("preemption: saved step %d to %s", step, self._directory)
+        return saved
+
+    def wait_until_finished(self) -> None:
+        """Block until every background save is written and finalised."""
+        self._mgr.wait_until_finished()
+
+    # -- listing and restoring ---------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """The completely written steps, oldest first."""
+        return sorted(self._mgr.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The highest completely written step (None if there is none); what ``restore`` loads first."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    @property
+    def restored_step(self) -> int | None:
+        """The step the last ``restore`` loaded (after a fallback, an older one)."""
+        return self._restored_step
+
+    def step_path(self, step: int) -> epath.Path:
+        """The checkpoint directory of ``step`` (what ``spmdtorch.checkpoint.load`` takes)."""
+        return self._directory / str(step)
+
+    def restore(self, state, step: int | None = None, *, strict: bool = True, cast: bool = False,
+                fallback: bool = True):
+        """Fill ``state`` from ``step`` (the newest when None); return the state.
+
+        With ``step=None`` and ``fallback``, a damaged newest step
+        (``CheckpointCorruptionError``) is reported with a warning and the
+        next older step is tried, down to the oldest.
+
+        Raises:
+            StepNotFoundError: ``step`` is not saved, or there is no step at all.
+            CheckpointCorruptionError: the step (every step, with fallback) is damaged.
+            MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError:
+                see :func:`spmdtorch.checkpoint.load`.
+        """
+        self._mgr.wait_until_finished()
+        steps = self.all_steps()
+        if step is not None:
+            if step not in steps:
+                raise StepNotFoundError(
+                    f"step {step} is not saved in {self._directory}; saved steps: {steps}; "
+                    "pass one of them, or step=None for the newest"
+                )
+            out = io.load(self.step_path(step), state, strict=strict, cast=cast)
+            self._restored_step = step
+            return out
+        if not steps:
+            raise StepNotFoundError(f"{self._directory} holds no saved step; save one first")
+        failures = []
+        for s in reversed(steps if fallback else steps[-1:]):
+            try:
+                out = io.load(self.step_path(s), state, strict=strict, cast=cast)
+            except CheckpointCorruptionError as e:
+                failures.append(e)
+                warnings.warn(f"step {s} is damaged, trying an older step: {e}", RuntimeWarning, stacklevel=2)
+                continue
+            self._restored_step = s
+            return out
+        raise CheckpointCorruptionError(
+            f"no intact step in {self._directory}: " + " | ".join(str(e) for e in failures),
+            tuple(k for e in failures for k in e.keys),
+        ) from failures[-1]
+
+    # -- lifetime ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish background saves, release Orbax's resources, restore the SIGTERM handler."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._mgr.wait_until_finished()
+            self._mgr.close()
+        finally:
+            if self._handler_installed:
+                previous = self._previous_handler
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+                self._handler_installed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({str(self._directory)!r}, steps={self.all_steps()})"

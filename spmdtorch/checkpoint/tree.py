@@ -1,0 +1,244 @@
+"""A training state as key paths and leaves, and its JSON description.
+
+A state is any nesting of dicts (str or int keys), lists and tuples whose
+leaves are xla tensors, CPU tensors or plain Python values (None, bool, int,
+float, str). Tensors become arrays in the Orbax tree; everything else is kept,
+exactly, in a JSON record beside it. A key path is the tuple of keys from the
+root to a leaf; :func:`keystr` prints it the way the state is indexed
+(``['optimizer']['state'][0]['exp_avg']``).
+
+Example:
+    >>> import torch
+    >>> entries = flatten({"step": 3, "w": torch.zeros(2)})
+    >>> [(keystr(e.path), e.kind) for e in entries]
+    [("['step']", 'value'), ("['w']", 'cpu')]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from spmdtorch.checkpoint.errors import UnsupportedValueError
+from spmdtorch.tensor.xla_tensor import XlaTensor
+
+__all__ = [
+    "ArrayRef", "Entry", "decode", "decode_state", "encode", "flatten", "keystr", "orbax_name", "orbax_tree",
+    "replace_values",
+]
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One leaf of a state.
+
+    Attributes:
+        path: the keys from the root to the leaf.
+        kind: ``"xla"`` (an xla tensor), ``"cpu"`` (a CPU tensor) or ``"value"``.
+        value: the leaf itself.
+    """
+
+    path: tuple
+    kind: str
+    value: Any
+
+
+def keystr(path: tuple) -> str:
+    """``('optimizer', 'state', 0)`` → ``"['optimizer']['state'][0]"`` (``"<root>"`` for ``()``)."""
+    return "".join(f"[{k!r}]" for k in path) or "<root>"
+
+
+def _kind(value, path) -> str:
+    if isinstance(value, XlaTensor):
+        return "xla"
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise UnsupportedValueError(
+                f"state{keystr(path)} is a tensor on {value.device}; spmdtorch.checkpoint saves xla and CPU "
+                "tensors: move it with .to('xla') or .cpu() first"
+            )
+        if value.is_sparse or value.layout != torch.strided:
+            raise UnsupportedValueError(
+                f"state{keystr(path)} is a {value.layout} tensor; only dense (strided) tensors can be "
+                "checkpointed: save t.to_dense()"
+            )
+        return "cpu"
+    if isinstance(value, _PLAIN):
+        return "value"
+    raise UnsupportedValueError(
+        f"state{keystr(path)} is a {type(value).__module__}.{type(value).__qualname__}; a checkpointed state "
+        "holds dicts, lists, tuples, tensors and None/bool/int/float/str: convert it (e.g. a numpy array "
+        "with torch.from_numpy, an object with its state_dict())"
+    )
+
+
+def _check_key(key, path) -> None:
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise UnsupportedValueError(
+            f"state{keystr(path)} has the key {key!r} of type {type(key).__name__}; dict keys must be str "
+            "or int: convert the key"
+        )
+
+
+def flatten(state) -> list[Entry]:
+    """The leaves of ``state`` in a deterministic order (dict insertion order).
+
+    Raises:
+        UnsupportedValueError: a leaf or a dict key that cannot be checkpointed.
+    """
+    out: list[Entry] = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                _check_key(k, path)
+                walk(v, path + (k,))
+        elif isinstance(node, (list, tuple)) and not isinstance(node, torch.Size):
+            for i, v in enumerate(node):
+                walk(v, path + (i,))
+        else:
+            out.append(Entry(path, _kind(node, path), node))
+
+    walk(state, ())
+    return out
+
+
+def _encode_value(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        # Strict JSON has no NaN/inf; the record must stay readable by any JSON reader.
+        return {"float": repr(v)}
+    return {"v": v}
+
+
+def encode(state, array_index: dict) -> dict:
+    """A JSON description of ``state``; tensors become ``{"array": i}`` (``array_index[path]``)."""
+
+    def enc(node, path):
+        if isinstance(node, dict):
+            return {"dict": [[k, enc(v, path + (k,))] for k, v in node.items()]}
+        if isinstance(node, (list, tuple)) and not isinstance(node, torch.Size):
+            tag = "list" if isinstance(node, list) else "tuple"
+            return {tag: [enc(v, path + (i,)) for i, v in enumerate(node)]}
+        if path in array_index:
+            return {"array": array_index[path]}
+        return _encode_value(node)
+
+    return enc(state, ())
+
+
+def decode(node) -> dict:
+    """``{path: ("array", i) | ("value", python value)}`` for every leaf of an encoded state."""
+    out: dict = {}
+
+    def dec(n, path):
+        if "dict" in n:
+            for k, v in n["dict"]:
+                dec(v, path + (k,))
+        elif "list" in n or "tuple" in n:
+            for i, v in enumerate(n.get("list", n.get("tuple"))):
+                dec(v, path + (i,))
+        elif "array" in n:
+            out[path] = ("array", n["array"])
+        elif "float" in n:
+            out[path] = ("value", float(n["float"]))
+        else:
+            out[path] = ("value", n["v"])
+
+    dec(node, ())
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayRef:
+    """Stands for saved array ``index`` in a decoded state."""
+
+    index: int
+
+
+def decode_state(node):
+    """The saved state itself, with an :class:`ArrayRef` at each tensor leaf."""
+    if "dict" in node:
+        return {k: decode_state(v) for k, v in node["dict"]}
+    if "list" in node:
+        return [decode_state(v) for v in node["list"]]
+    if "tuple" in node:
+        return tuple(decode_state(v) for v in node["tuple"])
+    if "array" in node:
+        return ArrayRef(node["array"])
+    if "float" in node:
+        return float(node["float"])
+    return node["v"]
+
+
+def replace_values(state, values: dict):
+    """Put ``values[path]`` at each path of ``state``, in place where the container allows.
+
+    Dicts and lists are updated in place; a tuple on the way is rebuilt (with
+    its type, so named tuples survive). Returns the (possibly new) root.
+    """
+    if not values:
+        return state
+
+    def rebuild(node, path):
+        if path in values:
+            return values[path]
+        if isinstance(node, dict):
+            for k, v in list(node.items()):
+                new = rebuild(v, path + (k,))
+                if new is not v:
+                    node[k] = new
+            return node
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                new = rebuild(v, path + (i,))
+                if new is not v:
+                    node[i] = new
+            return node
+        if isinstance(node, tuple) and not isinstance(node, torch.Size):
+            items = [rebuild(v, path + (i,)) for i, v in enumerate(node)]
+            if all(a is b for a, b in zip(items, node)):
+                return node
+            return type(node)(*items) if hasattr(node, "_fields") else type(node)(items)
+        return node
+
+    return rebuild(state, ())
+
+
+def orbax_name(path: tuple) -> str:
+    """The parameter name Orbax stores an array under (its keys joined by ".")."""
+    return ".".join(str(k) for k in path)
+
+
+def orbax_tree(items: dict) -> dict:
+    """Nested dicts with str keys (what Orbax saves) from ``{path: leaf}``.
+
+    Raises:
+        UnsupportedValueError: two paths that Orbax would store under one name
+            (``{"a.b": x, "a": {"b": y}}``, or keys ``0`` and ``"0"`` side by side).
+    """
+    names: dict = {}
+    root: dict = {}
+    for path, leaf in items.items():
+        if not path:
+            raise UnsupportedValueError(
+                "the state is a single tensor; wrap it in a dict, e.g. {'weight': t}"
+            )
+        name = orbax_name(path)
+        if name in names:
+            raise UnsupportedValueError(
+                f"state{keystr(path)} and state{keystr(names[name])} would both be stored as the Orbax "
+                f"parameter {name!r}; rename one of the keys"
+            )
+        names[name] = path
+        node = root
+        for k in path[:-1]:
+            node = node.setdefault(str(k), {})
+            if not isinstance(node, dict):
+                raise UnsupportedValueError(f"state{keystr(path)} collides with another entry of the Orbax tree")
+        node[str(path[-1])] = leaf
+    return root

@@ -1,0 +1,21 @@
+"""Errors raised by the data loaders."""
+
+from __future__ import annotations
+
+__all__ = ["InputShardingError", "LoaderWorkerError"]
+
+
+class InputShardingError(ValueError):
+    """``input_sharding`` does not fit the loader or one of its batches."""
+
+
+class LoaderWorkerError(RuntimeError):
+    """Loading or transferring a batch failed on a background thread.
+
+    The original exception is chained (``__cause__``); ``batch_index`` is the
+    0-based index of the batch that failed.
+    """
+
+    def __init__(self, message: str, batch_index: int):
+        super().__init__(message)
+        self.batch_index = batch_index

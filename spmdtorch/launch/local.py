@@ -1,0 +1,324 @@
+"""Start N copies of a script on this machine as one multi-process job.
+
+Each process gets ``K`` simulated CPU devices and the environment that
+:func:`spmdtorch.runtime.initialize_distributed` reads, so a script written
+for a multi-host cluster runs unchanged on one machine. Output lines are
+streamed with a ``[rank i]`` prefix. When a process fails, the others get
+SIGTERM, and SIGKILL after a grace period (JAX traps SIGTERM in a
+multi-process job, so only SIGKILL is sure to stop it).
+
+Example:
+    >>> result = launch(["-c", "import os; print(os.environ['RANK'])"], nprocs=2)  # doctest: +SKIP
+    [rank 0] 0
+    [rank 1] 1
+    >>> result.returncode                                                   # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from spmdtorch import runtime
+
+__all__ = ["LaunchError", "LaunchResult", "RankResult", "child_env", "free_port", "launch"]
+
+#: Seconds between the first failure and SIGKILL for the processes still running.
+DEFAULT_GRACE_PERIOD_S = 10.0
+_POLL_S = 0.05
+
+
+class LaunchError(ValueError):
+    """The launch request is malformed (bad counts, empty command...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RankResult:
+    """How one process ended.
+
+    Attributes:
+        rank: The process index.
+        returncode: Its exit status (negative: killed by that signal number).
+        stopped_by_launcher: The launcher signalled it because another process
+            failed (or the launch was interrupted).
+        elapsed_s: Seconds from the start of the launch to its exit.
+    """
+
+    rank: int
+    returncode: int
+    stopped_by_launcher: bool
+    elapsed_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    """The outcome of :func:`launch`.
+
+    Attributes:
+        returncode: 0 when every process succeeded, else the exit status of
+            the first process that failed (a signal ``s`` reads ``128 + s``,
+            as in a shell).
+        ranks: One :class:`RankResult` per process, by rank.
+        first_failure: Rank of the first process that failed, or None.
+        timed_out: The launch hit ``timeout_s`` and stopped the processes.
+    """
+
+    returncode: int
+    ranks: tuple
+    first_failure: int | None
+    timed_out: bool = False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Returns a TCP port that is free on ``host`` right now.
+
+    Example:
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def child_env(
+    rank: int,
+    nprocs: int,
+    devices_per_proc: int,
+    coordinator: str,
+    master_port: int,
+    *,
+    heartbeat_timeout_s: int | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict:
+    """The environment of process ``rank``: distributed settings and CPU devices.
+
+    Sets ``SPMDTORCH_COORDINATOR_ADDRESS`` / ``SPMDTORCH_NUM_PROCESSES`` /
+    ``SPMDTORCH_PROCESS_ID`` (read by ``initialize_distributed()``), torchrun's
+    ``MASTER_ADDR`` / ``MASTER_PORT`` / ``RANK`` / ``WORLD_SIZE`` /
+    ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (for code that reads them; the port
+    differs from the coordinator's so ``torch.distributed`` can use it), CPU
+    as the platform with ``devices_per_proc`` devices (``XLA_FLAGS``) and
+    enough XLA threads (``NPROC``), and unbuffered Python output.
+
+    Example:
+        >>> env = child_env(1, 2, 4, "127.0.0.1:5000", 5001, base={})
+        >>> env["SPMDTORCH_PROCESS_ID"], env["RANK"], env["XLA_FLAGS"]
+        ('1', '1', '--xla_force_host_platform_device_count=4')
+    """
+    env = dict(os.environ if base is None else base)
+    host = coordinator.rsplit(":", 1)[0]
+    env.update({
+        runtime.ENV_COORDINATOR_ADDRESS: coordinator,
+        runtime.ENV_NUM_PROCESSES: str(nprocs),
+        runtime.ENV_PROCESS_ID: str(rank),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "JAX_PLATFORMS": "cpu",
+        "PJRT_DEVICE": "CPU",
+        "PYTHONUNBUFFERED": "1",
+    })
+    flag = "--xla_force_host_platform_device_count"
+    flags = re.sub(rf"{flag}=\S*", "", env.get("XLA_FLAGS", "")).split()
+    env["XLA_FLAGS"] = " ".join(flags + [f"{flag}={devices_per_proc}"])
+    # XLA's CPU client sizes its thread pool from NPROC; fewer threads than
+    # 2 x devices can deadlock queued collectives (DESIGN.md, Known hazards).
+    try:
+        nproc = int(env.get("NPROC", "0"))
+    except ValueError:
+        nproc = 0
+    env["NPROC"] = str(max(nproc, 16, 2 * devices_per_proc))
+    if heartbeat_timeout_s is not None:
+        env[runtime.ENV_HEARTBEAT_TIMEOUT] = str(int(heartbeat_timeout_s))
+    return env
+
+
+def _pump(rank: int, stream, out: TextIO, lock: threading.Lock) -> None:
+    """Copies ``stream`` to ``out`` line by line, each line prefixed with the rank."""
+    prefix = f"[rank {rank}] "
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        with lock:
+            out.write(prefix + line + "\n")
+            out.flush()
+    stream.close()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the child leads its own process group
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _shell_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def launch(
+    command: Sequence[str],
+    *,
+    nprocs: int,
+    devices_per_proc: int = 1,
+    grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    heartbeat_timeout_s: int | None = None,
+    env: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    python: str = sys.executable,
+    timeout_s: float | None = None,
+) -> LaunchResult:
+    """Runs ``python *command`` as ``nprocs`` processes of one job and waits for them.
+
+    Args:
+        command: Arguments after the interpreter: ``["train.py", "--steps",
+            "5"]``, ``["-m", "pkg.mod"]`` or ``["-c", "code"]``.
+        nprocs: Number of processes (>= 1).
+        devices_per_proc: Simulated CPU devices per process (>= 1).
+        grace_period_s: After the first failure, seconds the other processes
+            get to stop by themselves (they receive SIGTERM at once) before
+            SIGKILL.
+        host: Address of process 0's coordinator.
+        port: Coordinator port; a free one when None.
+        heartbeat_timeout_s: Passed to the processes as
+            ``SPMDTORCH_HEARTBEAT_TIMEOUT`` (seconds before a silent peer is
+            declared dead).
+        env: Base environment (default ``os.environ``).
+        out: Where the prefixed lines go (default ``sys.stdout``).
+        python: The interpreter to run.
+        timeout_s: Stop every process (SIGTERM, then SIGKILL after the grace
+            period) once this many seconds have passed; the result's
+            ``returncode`` is then 124 (as with ``timeout(1)``) unless a
+            process had already failed.
+
+    Returns:
+        A :class:`LaunchResult`.
+
+    Raises:
+        LaunchError: ``nprocs``, ``devices_per_proc`` or ``grace_period_s`` is
+            out of range, or ``command`` is empty.
+        KeyboardInterrupt: after stopping every process (SIGTERM, then
+            SIGKILL after the grace period).
+    """
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise LaunchError(f"nprocs must be an int >= 1, got {nprocs!r}")
+    if isinstance(devices_per_proc, bool) or not isinstance(devices_per_proc, int) or devices_per_proc < 1:
+        raise LaunchError(f"devices_per_proc must be an int >= 1, got {devices_per_proc!r}")
+    if not grace_period_s >= 0:
+        raise LaunchError(f"grace_period_s must be >= 0 seconds, got {grace_period_s!r}")
+    if timeout_s is not None and not timeout_s > 0:
+        raise LaunchError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
+    if isinstance(command, str) or not command:
+        raise LaunchError(
+            f"command must be a non-empty list of arguments after the interpreter, e.g. "
+            f"['train.py', '--steps', '5'], got {command!r}"
+        )
+    out = sys.stdout if out is None else out
+    coordinator = f"{host}:{port if port is not None else free_port(host)}"
+    master_port = free_port(host)
+    lock = threading.Lock()
+    start = time.monotonic()
+    procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    ended: dict[int, float] = {}
+    stopped: set[int] = set()
+    first_failure: int | None = None
+    kill_at: float | None = None
+    timed_out = False
+    try:
+        for rank in range(nprocs):
+            proc = subprocess.Popen(
+                [python, *command],
+                env=child_env(rank, nprocs, devices_per_proc, coordinator, master_port,
+                              heartbeat_timeout_s=heartbeat_timeout_s, base=env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: signals reach its children too
+            )
+            procs.append(proc)
+            pump = threading.Thread(target=_pump, args=(rank, proc.stdout, out, lock), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        while len(ended) < nprocs:
+            now = time.monotonic()
+            for rank, proc in enumerate(procs):
+                if rank in ended or proc.poll() is None:
+                    continue
+                ended[rank] = now - start
+                if proc.returncode != 0 and first_failure is None and rank not in stopped:
+                    first_failure = rank
+                    kill_at = now + grace_period_s
+                    with lock:
+                        out.write(f"[launch] rank {rank} failed with exit status "
+                                  f"{_describe(proc.returncode)}; stopping the other processes\n")
+                        out.flush()
+                    for other, p in enumerate(procs):
+                        if other not in ended and p.poll() is None:
+                            stopped.add(other)
+                            _signal_group(p, signal.SIGTERM)
+            if timeout_s is not None and not timed_out and now - start >= timeout_s and len(ended) < nprocs:
+                timed_out = True
+                kill_at = now + grace_period_s if kill_at is None else min(kill_at, now + grace_period_s)
+                with lock:
+                    out.write(f"[launch] timed out after {timeout_s:g} s; stopping every process\n")
+                    out.flush()
+                for rank, proc in enumerate(procs):
+                    if rank not in ended and proc.poll() is None:
+                        stopped.add(rank)
+                        _signal_group(proc, signal.SIGTERM)
+            if kill_at is not None and now >= kill_at:
+                for rank, proc in enumerate(procs):
+                    if rank not in ended and proc.poll() is None:
+                        stopped.add(rank)
+                        _signal_group(proc, signal.SIGKILL)
+            time.sleep(_POLL_S)
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed to start a process: stop every child.
+        for rank, proc in enumerate(procs):
+            if proc.poll() is None:
+                stopped.add(rank)
+                _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_period_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        raise
+    finally:
+        for pump in pumps:
+            pump.join(timeout=5.0)
+    ranks = tuple(
+        RankResult(rank, proc.returncode, rank in stopped, ended[rank]) for rank, proc in enumerate(procs)
+    )
+    if first_failure is not None:
+        code = _shell_code(procs[first_failure].returncode)
+    else:
+        code = 124 if timed_out else 0
+    return LaunchResult(code, ranks, first_failure, timed_out)
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"{returncode} (killed by {signal.Signals(-returncode).name})"
+        except ValueError:
+            return str(returncode)
+    return str(returncode)

@@ -1,0 +1,300 @@
+"""save/load: resharding on restore, exact plain values, bad input, damaged files, plain-Orbax interop."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import torch
+
+import spmdtorch
+from spmdtorch import checkpoint
+from spmdtorch.checkpoint import (
+    CheckpointCorruptionError,
+    CheckpointExistsError,
+    DtypeMismatchError,
+    MissingKeysError,
+    NotACheckpointError,
+    ShapeMismatchError,
+    UnexpectedKeysError,
+    ValueKindMismatchError,
+)
+from spmdtorch.mesh import Mesh
+from spmdtorch.partition import mark_sharding
+
+SHAPES = {"even": (16, 8), "uneven": (10, 6)}
+
+
+def _layouts(on_devices):
+    """name -> function(cpu tensor) -> tensor in that layout (8, 4 and 1 devices, CPU)."""
+    mesh8 = Mesh(np.arange(8), (4, 2), ("a", "b"))
+
+    def marked(spec):
+        def make(cpu):
+            return mark_sharding(cpu.clone().to("xla"), mesh8, spec[: cpu.dim()] + (None,) * (cpu.dim() - len(spec)))
+        return make
+
+    return {
+        "8dev_a_b": marked(("a", "b")),
+        "8dev_b_a": marked(("b", "a")),
+        "replicated": lambda cpu: cpu.clone().to("xla"),
+        "4dev_dim1": lambda cpu: on_devices(cpu, 4, (None, "x")),
+        "1dev": lambda cpu: on_devices(cpu, 1, ("x",)),
+        "cpu": lambda cpu: cpu.clone(),
+    }
+
+
+def _storage(t):
+    return None if not isinstance(t, spmdtorch.XlaTensor) else (t._st.value.sharding, tuple(t._st.value.shape))
+
+
+def test_every_resharding_pair_restores_the_saved_values(tmp_path, on_devices):
+    layouts = _layouts(on_devices)
+    gen = torch.Generator().manual_seed(0)
+    values = {f"{src}/{name}": torch.randn(shape, generator=gen) for src in layouts for name, shape in SHAPES.items()}
+    state = {src: {name: layouts[src](values[f"{src}/{name}"]) for name in SHAPES} for src in layouts}
+    checkpoint.save(tmp_path / "ckpt", state)
+    # Every saved layout (the keys) into every target layout (one load each).
+    for dst, make in layouts.items():
+        target = {src: {name: make(torch.zeros(shape)) for name, shape in SHAPES.items()} for src in layouts}
+        before = {(s, n): _storage(t) for s, d in target.items() for n, t in d.items()}
+        out = checkpoint.load(tmp_path / "ckpt", target)
+        assert out is target
+        for src in layouts:
+            for name in SHAPES:
+                t = target[src][name]
+                assert torch.equal(t.cpu(), values[f"{src}/{name}"]), (src, dst, name)
+                assert _storage(t) == before[(src, name)], (src, dst, name)  # its own sharding, padding kept
+
+
+def test_training_state_round_trips_exactly(tmp_path):
+    model = torch.nn.Linear(6, 10).to("xla")
+    mark_sharding(model.weight, Mesh(np.arange(8), (8,), ("x",)), ("x", None))  # uneven: 10 over 8
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.95))
+    model(torch.randn(4, 6, device="xla")).pow(2).sum().backward()
+    opt.step()
+    rng = torch.get_rng_state()
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 2**40 + 3, "rng": rng,
+             "ids": torch.tensor([2**40, -7]), "idx": torch.tensor([3, -2**31], device="xla"),
+             "half": torch.randn(3).bfloat16(), "x64": torch.tensor([0.1], dtype=torch.float64),
+             "misc": {"nan": math.nan, "none": None, "name": "run-1", "flags": (True, False)}}
+    checkpoint.save(tmp_path / "c", state)
+    expected = {k: v.cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in state["model"].items()}
+    exp_opt = {k: v.cpu().clone() for k, v in opt.state[model.weight].items()}
+
+    model2 = torch.nn.Linear(6, 10).to("xla")
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=0.5)
+    checkpoint.init_optimizer_state(opt2)
+    target = {"model": model2.state_dict(), "optim": opt2.state_dict(), "step": 0, "rng": torch.zeros_like(rng),
+              "ids": torch.zeros(2, dtype=torch.int64), "idx": torch.zeros(2, dtype=torch.int64, device="xla"),
+              "half": torch.zeros(3, dtype=torch.bfloat16), "x64": torch.zeros(1, dtype=torch.float64),
+              "misc": {"nan": 0.0, "none": 1, "name": "", "flags": (False, False)}}
+    out = checkpoint.load(tmp_path / "c", target)
+    opt2.load_state_dict(out["optim"])
+    for k, v in expected.items():
+        assert torch.equal(model2.state_dict()[k].cpu(), v), k
+    for k, v in exp_opt.items():
+        assert torch.equal(opt2.state[model2.weight][k].cpu(), v), k
+    assert opt2.param_groups[0]["lr"] == 1e-3 and opt2.param_groups[0]["betas"] == (0.8, 0.95)
+    assert out["step"] == 2**40 + 3 and torch.equal(out["rng"], rng)
+    assert torch.equal(out["ids"], state["ids"]) and out["idx"].tolist() == [3, -2**31]
+    assert torch.equal(out["half"], state["half"]) and out["x64"].dtype == torch.float64
+    assert out["x64"].item() == 0.1
+    assert math.isnan(out["misc"]["nan"]) and out["misc"]["none"] is None and out["misc"]["name"] == "run-1"
+    assert out["misc"]["flags"] == (True, False)
+
+
+def _saved(tmp_path, **extra):
+    state = {"model": {"w": torch.arange(12.0).reshape(3, 4).to("xla"), "b": torch.ones(4)}, "step": 5}
+    state.update(extra)
+    checkpoint.save(tmp_path / "c", state)
+    return tmp_path / "c"
+
+
+def _target(**over):
+    t = {"model": {"w": torch.zeros(3, 4, device="xla"), "b": torch.zeros(4)}, "step": 0}
+    t.update(over)
+    return t
+
+
+def test_bad_input_names_the_key_and_both_values(tmp_path):
+    path = _saved(tmp_path)
+    with pytest.raises(ShapeMismatchError, match=r"state\['model'\]\['w'\].*\(3, 4\).*\(4, 3\)"):
+        checkpoint.load(path, _target(model={"w": torch.zeros(4, 3, device="xla"), "b": torch.zeros(4)}))
+    with pytest.raises(DtypeMismatchError, match=r"state\['model'\]\['w'\].*float32.*bfloat16.*cast=True"):
+        checkpoint.load(path, _target(model={"w": torch.zeros(3, 4, dtype=torch.bfloat16, device="xla"),
+                                             "b": torch.zeros(4)}))
+    with pytest.raises(MissingKeysError, match=r"\['model'\]\['extra'\]") as e:
+        checkpoint.load(path, _target(model={"w": torch.zeros(3, 4, device="xla"), "b": torch.zeros(4),
+                                             "extra": torch.zeros(1)}))
+    assert e.value.keys == ("['model']['extra']",)
+    with pytest.raises(UnexpectedKeysError, match=r"\['model'\]\['b'\].*init_optimizer_state"):
+        checkpoint.load(path, _target(model={"w": torch.zeros(3, 4, device="xla")}))
+    with pytest.raises(ValueKindMismatchError, match=r"state\['step'\].*value 5.*a tensor"):
+        checkpoint.load(path, _target(step=torch.zeros(())))
+    with pytest.raises(CheckpointExistsError, match="overwrite=True"):
+        checkpoint.save(path, _target())
+
+
+def test_failed_load_changes_nothing_and_options_relax_it(tmp_path):
+    path = _saved(tmp_path)
+    w = torch.full((3, 4), 7.0, device="xla")
+    target = _target(model={"w": w, "b": torch.zeros(4), "extra": torch.zeros(1)})
+    with pytest.raises(MissingKeysError):
+        checkpoint.load(path, target)
+    assert torch.equal(w.cpu(), torch.full((3, 4), 7.0)) and target["step"] == 0
+    out = checkpoint.load(path, target, strict=False)  # 'extra' stays as it was
+    assert torch.equal(w.cpu(), torch.arange(12.0).reshape(3, 4)) and out["step"] == 5
+    wb = torch.zeros(3, 4, dtype=torch.bfloat16, device="xla")
+    checkpoint.load(path, _target(model={"w": wb, "b": torch.zeros(4, dtype=torch.float64)}), cast=True)
+    assert wb.dtype == torch.bfloat16 and torch.equal(wb.cpu().float(), torch.arange(12.0).reshape(3, 4))
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(NotACheckpointError, match="does not exist"):
+        checkpoint.load(tmp_path / "nope", {})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotACheckpointError, match="meta/metadata"):
+        checkpoint.load(tmp_path / "empty", {})
+    with checkpoint.CheckpointManager(tmp_path / "mgr") as mgr:
+        mgr.save(3, {"w": torch.ones(2)})
+    with pytest.raises(NotACheckpointError, match=r"CheckpointManager directory \(steps \[3\]\)"):
+        checkpoint.load(tmp_path / "mgr", {"w": torch.zeros(2)})
+
+
+def _data_files(path: Path) -> list:
+    return [p for p in (path / "arrays").rglob("*") if p.is_file() and p.parent.name == "d"]
+
+
+def test_flipped_byte_is_detected(tmp_path):
+    path = _saved(tmp_path, big=torch.randn(64, 64).to("xla"))
+    # The largest file holds the 16 KiB of 'big' (the others are small b-tree nodes).
+    biggest = max(_data_files(path), key=lambda p: p.stat().st_size)
+    for f in _data_files(path):
+        if f.read_bytes() == biggest.read_bytes():  # every copy of it
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 0x10
+            f.write_bytes(bytes(data))
+    big = torch.zeros(64, 64, device="xla")
+    with pytest.raises(CheckpointCorruptionError, match=r"state\['big'\]"):
+        checkpoint.load(path, _target(big=big))
+    assert torch.equal(big.cpu(), torch.zeros(64, 64))  # untouched
+
+
+def test_altered_array_fails_its_fingerprint(tmp_path):
+    # Orbax alone restores this silently: a well-formed file holding other values.
+    path = _saved(tmp_path)
+    arrays = path / "arrays"
+    restored = ocp.PyTreeCheckpointer().restore(arrays)
+    restored["model"]["w"] = np.asarray(restored["model"]["w"]).copy()
+    restored["model"]["w"][1, 2] += 1.0
+    ocp.PyTreeCheckpointer().save(arrays, restored, force=True)
+    with pytest.raises(CheckpointCorruptionError, match=r"fingerprint mismatch.*state\['model'\]\['w'\]") as e:
+        checkpoint.load(path, _target())
+    assert e.value.keys == ("['model']['w']",)
+
+
+def test_truncated_and_deleted_files_raise(tmp_path):
+    path = _saved(tmp_path, big=torch.randn(64, 64).to("xla"))
+    biggest = max(_data_files(path), key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 3])
+    with pytest.raises(CheckpointCorruptionError):
+        checkpoint.load(path, _target(big=torch.zeros(64, 64, device="xla")))
+
+    path2 = tmp_path / "c2"
+    checkpoint.save(path2, _target())
+    (path2 / "meta" / "metadata").unlink()
+    with pytest.raises(CheckpointCorruptionError, match="record meta/metadata is missing"):
+        checkpoint.load(path2, _target())
+
+
+@pytest.mark.parametrize("name", ["arrays/_METADATA", "arrays/manifest.ocdbt", "_CHECKPOINT_METADATA",
+                                  "arrays/_sharding"])
+def test_deleted_metadata_file_never_gives_wrong_values(tmp_path, name):
+    """Either a named error, or (Orbax not needing that file) exactly the saved values."""
+    path = _saved(tmp_path)
+    (path / name).unlink()
+    target = _target()
+    try:
+        out = checkpoint.load(path, target)
+    except checkpoint.CheckpointError:
+        assert torch.equal(target["model"]["w"].cpu(), torch.zeros(3, 4))
+        return
+    assert torch.equal(target["model"]["w"].cpu(), torch.arange(12.0).reshape(3, 4)) and out["step"] == 5
+    assert torch.equal(target["model"]["b"], torch.ones(4))
+
+
+def test_plain_orbax_reads_it(tmp_path):
+    """The recipe of docs/checkpoint.md: no spmdtorch needed to read the arrays."""
+    w = torch.randn(10, 6)
+    mark = mark_sharding(w.clone().to("xla"), Mesh(np.arange(8), (4, 2), ("a", "b")), ("a", "b"))
+    checkpoint.save(tmp_path / "c", {"model": {"fc.weight": mark}, "optim": {"state": {0: {"m": torch.ones(3)}}},
+                                     "step": 9})
+    arrays = ocp.PyTreeCheckpointer().restore(tmp_path / "c" / "arrays")
+    assert np.array_equal(np.asarray(arrays["model"]["fc.weight"]), w.numpy())
+    assert np.array_equal(np.asarray(arrays["optim"]["state"]["0"]["m"]), np.ones(3))
+    import json
+
+    record = json.loads((tmp_path / "c" / "meta" / "metadata").read_text())
+    assert record["arrays"][0]["path"] == ["model", "fc.weight"] and record["arrays"][0]["dtype"] == "float32"
+
+
+_CHILD = textwrap.dedent(r'''
+    # A 4-device runtime: restore the 8-device checkpoint, save it, restore that
+    # onto 1 device (a one-device slice), save again.
+    import sys
+    import numpy as np, torch, jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import spmdtorch
+    from spmdtorch import checkpoint
+    from spmdtorch.mesh import Mesh
+    from spmdtorch.partition import mark_sharding
+    from spmdtorch.tensor.xla_tensor import new_base
+    root = sys.argv[1]
+    assert jax.device_count() == 4, jax.devices()
+    want = torch.load(root + "/want.pt")
+    mesh = Mesh(np.arange(4), (4,), ("x",))
+    state = {"w": mark_sharding(torch.zeros(10, 6).to("xla"), mesh, (None, "x")),
+             "v": mark_sharding(torch.zeros(13).to("xla"), mesh, ("x",)), "step": 0}
+    out = checkpoint.load(root + "/on8", state)
+    assert torch.equal(state["w"].cpu(), want["w"]) and torch.equal(state["v"].cpu(), want["v"]), "on 4"
+    assert state["w"]._st.value.shape == (10, 8) and out["step"] == 0
+    out["step"] = 1
+    checkpoint.save(root + "/on4", out)
+    one = NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    state1 = {"w": new_base(jax.device_put(np.zeros((10, 6), np.float32), one), torch.float32),
+              "v": new_base(jax.device_put(np.zeros(13, np.float32), one), torch.float32), "step": 0}
+    out = checkpoint.load(root + "/on4", state1)
+    assert torch.equal(state1["w"].cpu(), want["w"]) and torch.equal(state1["v"].cpu(), want["v"]), "on 1"
+    assert state1["w"]._st.value.sharding.device_set == {jax.devices()[0]} and out["step"] == 1
+    out["step"] = 2
+    checkpoint.save(root + "/on1", out)
+    print("ok")
+''')
+
+
+def test_device_count_changes_8_4_1_8(tmp_path):
+    gen = torch.Generator().manual_seed(3)
+    want = {"w": torch.randn(10, 6, generator=gen), "v": torch.randn(13, generator=gen)}
+    torch.save(want, tmp_path / "want.pt")
+    mesh = Mesh(np.arange(8), (4, 2), ("a", "b"))
+    checkpoint.save(tmp_path / "on8", {"w": mark_sharding(want["w"].clone().to("xla"), mesh, ("a", "b")),
+                                       "v": mark_sharding(want["v"].clone().to("xla"), mesh, (("a", "b"),)),
+                                       "step": 0})
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PJRT_DEVICE="CPU")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], check=False, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    w = mark_sharding(torch.zeros(10, 6).to("xla"), mesh, ("b", "a"))
+    out = checkpoint.load(tmp_path / "on1", {"w": w, "v": torch.zeros(13), "step": -1})
+    assert torch.equal(w.cpu(), want["w"]) and torch.equal(out["v"], want["v"]) and out["step"] == 2

@@ -1,0 +1,41 @@
+"""One process of a job dies; the others must stop, not hang.
+
+    python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 --heartbeat-timeout 5 \
+        tests/multiprocess/dead_peer.py 1
+
+Process ``argv[1]`` kills itself (SIGKILL, no cleanup) after one collective
+step; the others keep running collective steps. They print ``SURVIVED`` if
+they are still alive after ``SURVIVE_S`` seconds (the test then fails).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import spmdtorch.runtime as xr
+
+SURVIVE_S = 90.0
+
+if __name__ == "__main__":
+    victim = int(sys.argv[1])
+    xr.initialize_distributed()
+    import numpy as np
+    import torch
+
+    from spmdtorch.mesh import Mesh
+    from spmdtorch.partition import mark_sharding
+
+    x = mark_sharding(torch.arange(16.0).to("xla"), Mesh(np.arange(8), (8,), ("d",)), ("d",))
+    print("first step", x.sum().item(), flush=True)  # both processes are up and talking
+    if xr.process_index() == victim:
+        print("dying now", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    while time.monotonic() - start < SURVIVE_S:
+        x = x + 1
+        x.sum().item()  # a cross-process reduction every step
+        time.sleep(0.05)
+    print("SURVIVED", flush=True)

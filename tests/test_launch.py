@@ -1,0 +1,200 @@
+"""The local launcher (spmdtorch.launch) with small plain-Python child processes.
+
+The jobs that really join through JAX are in tests/multiprocess; here the
+children are tiny ``python -c`` programs, so these tests take ~0.1-2 s each.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from spmdtorch.launch import LaunchError, child_env, free_port, launch, local
+from spmdtorch.launch import __main__ as cli
+
+
+def run(code: str, nprocs: int = 2, **kwargs):
+    out = io.StringIO()
+    result = launch(["-c", textwrap.dedent(code)], nprocs=nprocs, out=out, **kwargs)
+    return result, out.getvalue().splitlines()
+
+
+def test_every_rank_runs_with_its_environment_and_prefixed_output():
+    result, lines = run(
+        """
+        import os
+        keys = ["SPMDTORCH_PROCESS_ID", "SPMDTORCH_NUM_PROCESSES", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "JAX_PLATFORMS", "PJRT_DEVICE", "XLA_FLAGS"]
+        print(*(os.environ[k] for k in keys))
+        print("coordinator", os.environ["SPMDTORCH_COORDINATOR_ADDRESS"], "master", os.environ["MASTER_ADDR"],
+              os.environ["MASTER_PORT"])
+        """,
+        nprocs=3,
+        devices_per_proc=4,
+    )
+    assert result.returncode == 0 and result.first_failure is None and not result.timed_out
+    assert [r.returncode for r in result.ranks] == [0, 0, 0]
+    for rank in range(3):
+        mine = [line for line in lines if line.startswith(f"[rank {rank}] ")]
+        assert len(mine) == 2, lines
+        assert mine[0] == f"[rank {rank}] {rank} 3 {rank} 3 {rank} cpu CPU --xla_force_host_platform_device_count=4"
+    coords = {line.split()[3] for line in lines if "coordinator" in line}
+    assert len(coords) == 1  # one coordinator for the job ...
+    (coord,) = coords
+    host, port = coord.rsplit(":", 1)
+    master_port = {line.split()[-1] for line in lines if "coordinator" in line}
+    assert host == "127.0.0.1" and master_port != {port}  # ... on another port than torch.distributed's
+
+
+def test_failure_stops_the_others_with_sigkill_after_the_grace_period():
+    # Rank 0 ignores SIGTERM (as JAX does in a multi-process job) and would
+    # sleep for a minute; rank 1 fails.
+    start = time.monotonic()
+    result, lines = run(
+        """
+        import os, signal, sys, time
+        if os.environ["RANK"] == "1":
+            time.sleep(0.3)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(60)
+        """,
+        grace_period_s=1.0,
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == 3 and result.first_failure == 1
+    r0, r1 = result.ranks
+    assert (r1.returncode, r1.stopped_by_launcher) == (3, False)
+    assert (r0.returncode, r0.stopped_by_launcher) == (-signal.SIGKILL, True)
+    assert 1.0 <= r0.elapsed_s - r1.elapsed_s < 5.0
+    assert elapsed < 20
+    assert "[launch] rank 1 failed with exit status 3; stopping the other processes" in lines
+
+
+def test_a_rank_killed_by_a_signal_gives_a_shell_style_status():
+    result, lines = run(
+        """
+        import os, signal, time
+        if os.environ["RANK"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(30)
+        """,
+        grace_period_s=0.5,
+    )
+    assert result.returncode == 128 + signal.SIGKILL and result.first_failure == 0
+    assert any("killed by SIGKILL" in line for line in lines)
+    assert result.ranks[1].stopped_by_launcher  # SIGTERM ended it within the grace period
+    assert result.ranks[1].returncode == -signal.SIGTERM
+
+
+def test_timeout_stops_every_process():
+    result, lines = run("import time; time.sleep(60)", timeout_s=1.0, grace_period_s=0.5)
+    assert result.timed_out and result.returncode == 124 and result.first_failure is None
+    assert all(r.stopped_by_launcher and r.returncode != 0 for r in result.ranks)
+    assert "[launch] timed out after 1 s; stopping every process" in lines
+
+
+def test_interrupt_stops_every_process_and_propagates(monkeypatch, tmp_path):
+    pids_file = tmp_path / "pids"
+
+    def started() -> list[int]:
+        return [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
+
+    class InterruptingClock:
+        """time as the launcher sees it, with Ctrl-C arriving once both children run."""
+
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(s):
+            time.sleep(s)
+            if len(started()) == 2:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "time", InterruptingClock)
+    code = f"import os, time; open({str(pids_file)!r}, 'a').write(f'{{os.getpid()}} '); time.sleep(60)"
+    with pytest.raises(KeyboardInterrupt):
+        launch(["-c", code], nprocs=2, out=io.StringIO(), grace_period_s=0.5)
+    for pid in started():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # stopped and reaped
+
+
+def test_cli_runs_a_script_and_returns_its_status(tmp_path, capfd):
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys\nprint('args', sys.argv[1:])\nsys.exit(int(os.environ['RANK']) * 5)\n")
+    assert cli.main(["--nprocs", "2", "--grace-period", "0.5", str(script), "--flag", "x"]) == 5
+    out = capfd.readouterr().out
+    assert "[rank 0] args ['--flag', 'x']" in out and "[rank 1] args ['--flag', 'x']" in out
+
+
+def test_cli_runs_a_module(capfd):
+    assert cli.main(["--nprocs", "1", "-m", "json.tool", "--help"]) == 0
+    assert "[rank 0] usage:" in capfd.readouterr().out
+
+
+def test_cli_rejects_bad_counts(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--nprocs", "0", "x.py"])
+    assert "--nprocs and --devices-per-proc must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"nprocs": 0}, "nprocs must be an int >= 1, got 0"),
+        ({"nprocs": 2, "devices_per_proc": 0}, "devices_per_proc must be an int >= 1"),
+        ({"nprocs": 2, "grace_period_s": -1}, "grace_period_s must be >= 0"),
+        ({"nprocs": 2, "timeout_s": 0}, "timeout_s must be > 0"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(LaunchError, match=match):
+        launch(["x.py"], **kwargs)
+
+
+def test_bad_command():
+    with pytest.raises(LaunchError, match="non-empty list"):
+        launch("train.py", nprocs=1)
+    with pytest.raises(LaunchError, match="non-empty list"):
+        launch([], nprocs=1)
+
+
+def test_child_env_replaces_the_device_count_and_keeps_other_flags():
+    base = {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8", "NPROC": "4", "KEEP": "1"}
+    env = child_env(1, 2, 12, "10.0.0.1:5000", 5001, heartbeat_timeout_s=7, base=base)
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=12"
+    assert env["NPROC"] == "24"  # at least 2 x devices (DESIGN.md: CPU collective deadlock)
+    assert env["KEEP"] == "1" and env["SPMDTORCH_HEARTBEAT_TIMEOUT"] == "7"
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["SPMDTORCH_COORDINATOR_ADDRESS"]) == (
+        "10.0.0.1", "5001", "10.0.0.1:5000")
+    assert base["XLA_FLAGS"].endswith("=8")  # the caller's mapping is not modified
+
+
+def test_free_port_is_bindable():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_python_is_configurable():
+    result, lines = run("import sys; print(sys.executable)", nprocs=1, python=sys.executable)
+    assert result.returncode == 0 and lines == [f"[rank 0] {sys.executable}"]
+
+
+@pytest.mark.parametrize("name", ["spmdtorch.launch", "spmdtorch.launch.local"])
+def test_doctests(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
