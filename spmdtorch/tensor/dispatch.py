@@ -584,7 +584,11 @@ def _copy_(func, args, kwargs):
 def _to_copy(func, args, kwargs):
     x = args[0]
     device = kwargs.get("device")
-    if device is not None and torch.device(device).type != "xla":
+    # C++ code sees an XlaTensor's storage device (meta): ``x.to(dtype)``
+    # inside a composite op (softmax with dtype=) asks for a copy on meta,
+    # which means "stay where you are". A meta tensor holds no data, so no
+    # caller can want the xla value moved there.
+    if device is not None and torch.device(device).type not in ("xla", "meta"):
         from spmdtorch.tensor import transfer
 
         out = transfer.to_cpu(x)
