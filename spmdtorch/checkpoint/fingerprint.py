@@ -104,8 +104,10 @@ def _one(x, logical_shape):
 
 @functools.lru_cache(maxsize=64)
 def _program(logical_shapes: tuple):
+    # One output per array: indexing one stacked result on the host side
+    # would dispatch (and compile) a gather per array.
     def run(*xs):
-        return jnp.stack([_one(x, s) for x, s in zip(xs, logical_shapes)])
+        return tuple(_one(x, s) for x, s in zip(xs, logical_shapes))
 
     return jax.jit(run)
 
