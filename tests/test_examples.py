@@ -53,8 +53,9 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     ],
     ids=["fsdp8-compiled", "hybrid-bf16-remat-lazy"],
 )
-def test_train_llama_loss_decreases(flags, mesh, embedding_spec):
-    proc = _run("--steps", "8", "--seed", "0", *flags)
+def test_train_llama_loss_decreases(flags, mesh, embedding_spec, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = _run("--steps", "8", "--seed", "0", "--checkpoint-dir", str(ckpt), *flags)
     out = proc.stdout
     assert proc.returncode == 0, (
         f"exit code {proc.returncode}\n--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
@@ -71,6 +72,9 @@ def test_train_llama_loss_decreases(flags, mesh, embedding_spec):
     assert last < first, out
     assert "UncachedCompile" in out, out
     assert "OK: loss decreased" in out, out
+    # The final sharded checkpoint is a complete Orbax step (listed only once finalised).
+    assert f"checkpoint: step 8 saved to {ckpt / '8'}" in out, out
+    assert sorted(p.name for p in ckpt.iterdir()) == ["8"], list(ckpt.iterdir())
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
