@@ -23,14 +23,15 @@ from spmdtorch import checkpoint  # noqa: E402
 from spmdtorch import data  # noqa: E402  (after partition: it uses ShardingSpec)
 from spmdtorch.lazy.compiled import CompiledFunction, compile  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
-from spmdtorch.lazy.rng import manual_seed  # noqa: E402
+from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
 from spmdtorch.lazy.step import mark_step, step, sync, wait_device_ops  # noqa: E402
+from spmdtorch.partition.materialize import materialize  # noqa: E402
 from spmdtorch.runtime import device, device_count, devices  # noqa: E402
 from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileContractError", "CompiledFunction", "XlaTensor", "checkpoint", "compile", "data", "debug", "device", "device_count", "devices", "manual_seed",
-    "mark_step", "mesh", "partition", "runtime", "step", "sync", "wait_device_ops",
+    "CompileContractError", "CompiledFunction", "RandomGeneratorError", "XlaTensor", "checkpoint", "compile", "data", "debug", "device", "device_count", "devices", "manual_seed",
+    "mark_step", "materialize", "mesh", "partition", "runtime", "step", "sync", "wait_device_ops",
 ]

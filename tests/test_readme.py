@@ -32,3 +32,11 @@ def test_readme_fsdp_snippet_runs(capsys):
     exec(compile(_block_after("### FSDPv2, activation checkpointing, mixed precision"), "README.md", "exec"), {})
     loss = float(capsys.readouterr().out.strip().splitlines()[-1])
     assert 4.0 < loss < 7.0  # ~log(256) = 5.5 for a fresh model
+
+
+def test_readme_planning_snippet_runs(capsys):
+    exec(compile(_block_after("### Models that do not fit: plan, materialize, check the memory"), "README.md", "exec"),
+         {})
+    out = capsys.readouterr().out
+    assert "('fsdp', 'tp')" in out
+    assert "layers.0.attention.wo.weight" in out and "optimizer state (adamw)" in out

@@ -171,6 +171,16 @@ class CompiledFunction:
             entry.stable = record
         return result
 
+    def executable(self):
+        """The XLA executable (``jax.stages.Compiled``) of the latest call, or None before one.
+
+        It is the stable program once there is one (else the last traced), e.g.
+        for ``executable().memory_analysis()`` (see ``spmdtorch.partition.memory_plan``).
+        """
+        records = [e.stable or e.last for e in self._entries.values()]
+        progs = [r.prog for r in records if r is not None and r.prog is not None]
+        return progs[-1].compiled if progs else None
+
     # -- tracing ------------------------------------------------------------
     def _trace(self, args, kwargs, flat_in):
         _TraceState.active = True

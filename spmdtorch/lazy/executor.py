@@ -58,7 +58,7 @@ def _fill(x, vals):
 class _Plan:
     """The graph behind a set of roots, in post-order, with its cache key."""
 
-    __slots__ = ("nodes", "codes", "leaves", "outputs", "key", "has_random")
+    __slots__ = ("nodes", "codes", "leaves", "outputs", "key", "has_random", "draws")
 
     def __init__(self, refs):
         node_ids: dict = {}
@@ -92,7 +92,15 @@ class _Plan:
                 nodes.append(n)
                 codes.append(c)
                 has_random |= n.random
-        entries = [(n.name, n.static_key, n.random, c) for n, c in zip(nodes, codes)]
+        # A random node's key is folded from its rank in recording order (see
+        # graph.Node.draw), not from its position in the graph, so that the
+        # values do not depend on sharding constraints or output order.
+        order = sorted((n.draw, i) for i, n in enumerate(nodes) if n.random)
+        draws = [-1] * len(nodes)
+        for rank, (_, i) in enumerate(order):
+            draws[i] = rank
+        entries = [(n.name, n.static_key, d, c) for n, c, d in zip(nodes, codes, draws)]
+        self.draws = draws
         self.nodes = nodes
         self.codes = codes
         self.leaves = leaves
@@ -150,7 +158,7 @@ def _leaf_sig(leaf):
 
 
 def _make_fn(plan: _Plan):
-    nodes = [(n.fn, n.template, n.random, n.out_avals, n.name) for n in plan.nodes]
+    nodes = [(n.fn, n.template, d, n.out_avals, n.name) for n, d in zip(plan.nodes, plan.draws)]
     codes = plan.codes
     outputs = plan.outputs
     n_leaves = len(plan.leaves)
@@ -162,15 +170,22 @@ def _make_fn(plan: _Plan):
             kd = args[n_leaves]
             key = jax.random.fold_in(jax.random.fold_in(jax.random.key(kd[0]), kd[1]), kd[2])
         env = []
-        for idx, ((fn, template, random, avals, name), code) in enumerate(zip(nodes, codes)):
+        for (fn, template, draw, avals, name), code in zip(nodes, codes):
             vals = [env[c[0]][c[1]] if type(c) is tuple else leaf_vals[-1 - c] for c in code]
             a_t, kw_t = template
             call_args = _fill(a_t, vals)
             call_kwargs = {k: _fill(v, vals) for k, v in kw_t}
-            if random:
-                call_kwargs["key"] = jax.random.fold_in(key, idx)
+            if draw >= 0:
+                call_kwargs["key"] = jax.random.fold_in(key, draw)
             out = fn(*call_args, **call_kwargs)
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            if len(outs) != len(avals):
+                # Masked outputs (convolution_backward's output_mask...): the
+                # lowering returns None where torch returns no tensor, and
+                # the node's avals list only the tensors.
+                outs = tuple(o for o in outs if o is not None)
+                if len(outs) != len(avals):
+                    raise LoweringError(f"lowering of {name} returned {len(outs)} tensors, torch expects {len(avals)}")
             fixed = []
             for o, (shape, dtype) in zip(outs, avals):
                 o = jnp.asarray(o)
@@ -208,7 +223,9 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     fn = _make_fn(plan)
     donate_idx = tuple(i for i, d in enumerate(donate) if d)
     jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings))
-    args = _call_args(plan, mesh)
+    # Lowering needs only the key's type: drawing here would consume a key
+    # that no execution uses (a first run would then differ from a cached one).
+    args = _call_args(plan, mesh, draw_key=False)
     lowered = jitted.lower(*args)
     compiled = lowered.compile()
     prog = _Program()
@@ -275,10 +292,10 @@ def scalar_array(value, mesh=None):
     return arr
 
 
-def _call_args(plan: _Plan, mesh=None) -> list:
+def _call_args(plan: _Plan, mesh=None, draw_key=True) -> list:
     args = [scalar_array(leaf.value, mesh) if type(leaf) is Scalar else leaf for leaf in plan.leaves]
     if plan.has_random:
-        args.append(rng.next_key_data())
+        args.append(rng.next_key_data() if draw_key else rng.placeholder_key_data())
     return args
 
 

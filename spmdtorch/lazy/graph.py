@@ -8,6 +8,7 @@ executor turns a set of nodes into one ``jax.jit`` program.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 __all__ = ["Node", "LazyRef", "Scalar", "Slot"]
@@ -47,6 +48,9 @@ class Scalar:
         return f"Scalar({self.value!r})"
 
 
+_DRAWS = itertools.count()
+
+
 class Node:
     """One recorded op.
 
@@ -59,9 +63,11 @@ class Node:
         static_key: hashable form of ``template`` (part of the graph key).
         out_avals: ``((shape, jax dtype), ...)`` of each output.
         random: the node draws random numbers (it gets ``key=``).
+        draw: for a random node, its place in recording order (else -1).
     """
 
-    __slots__ = ("fn", "name", "template", "inputs", "static_key", "out_avals", "random", "__weakref__")
+    __slots__ = ("fn", "name", "template", "inputs", "static_key", "out_avals", "random", "draw",
+                 "__weakref__")
 
     def __init__(self, fn, name, template, inputs, static_key, out_avals, random=False):
         self.fn = fn
@@ -71,6 +77,12 @@ class Node:
         self.static_key = static_key
         self.out_avals = out_avals
         self.random = random
+        # The executor keys each random node by its rank in recording order
+        # among the program's random nodes, so the numbers drawn do not depend
+        # on the non-random nodes beside them (sharding constraints, padding)
+        # or on the order of the program's outputs: the same seed gives the
+        # same values whatever the mesh and the annotations.
+        self.draw = next(_DRAWS) if random else -1
 
     def __repr__(self):
         return f"Node({self.name}, inputs={len(self.inputs)})"

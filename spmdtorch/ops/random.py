@@ -20,17 +20,19 @@ def _float_dtype(dt):
     return dt if jnp.issubdtype(dt, jnp.floating) else jnp.dtype(jnp.float32)
 
 
-def _uniform(key, shape, dtype, low, high):
+def _uniform(key, shape, dtype, low=0.0, high=1.0):
+    # Drawn in the target dtype, not drawn in float32 and rounded: rounding
+    # maps the top of [0, 1) onto 1.0 in bfloat16/float16, and torch's range
+    # excludes the upper bound.
     dt = _float_dtype(dtype)
-    u = jax.random.uniform(key, shape, jnp.float32)
-    return (low + u * (high - low)).astype(dtype if jnp.issubdtype(dtype, jnp.floating) else dt)
+    return jax.random.uniform(key, shape, dt, low, high).astype(dtype)
 
 
 @register("uniform.default", "uniform_.default", random=True)
 def _uniform_op(self, from_=0.0, to=1.0, *, generator=None, key, **kw):
     if "from" in kw:  # the schema name is ``from`` (a Python keyword)
         from_ = kw.pop("from")
-    return _uniform(key, self.shape, self.dtype, from_, to).astype(self.dtype)
+    return _uniform(key, self.shape, self.dtype, from_, to)
 
 
 @register("normal_.default", "normal_functional.default", random=True)
@@ -68,8 +70,7 @@ def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, devi
           random=True)
 def _rand(size, *, generator=None, names=None, dtype=None, layout=None, device=None,
           pin_memory=None, key):
-    dt = jdtype(dtype, jnp.float32)
-    return jax.random.uniform(key, tuple(size), jnp.float32).astype(dt)
+    return _uniform(key, tuple(size), jdtype(dtype, jnp.float32))
 
 
 @register("randn.default", "randn.generator", "randn.names", "randn.generator_with_names",
@@ -83,8 +84,7 @@ def _randn(size, *, generator=None, names=None, dtype=None, layout=None, device=
 @register("rand_like.default", random=True)
 def _rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
                memory_format=None, key):
-    dt = jdtype(dtype, self.dtype)
-    return jax.random.uniform(key, self.shape, jnp.float32).astype(dt)
+    return _uniform(key, self.shape, jdtype(dtype, self.dtype))
 
 
 @register("randn_like.default", random=True)
@@ -136,7 +136,12 @@ def _random_(self, *, generator=None, key):
     if jnp.issubdtype(dt, jnp.floating):
         hi = 2 ** (jnp.finfo(dt).nmant + 1)
         return jax.random.randint(key, self.shape, 0, min(hi, 2**31 - 1), jnp.int32).astype(dt)
-    return jax.random.randint(key, self.shape, 0, jnp.iinfo(dt).max, dt)
+    top = int(jnp.iinfo(dt).max)  # inclusive, as in torch
+    if top < 2**31 - 1:
+        return jax.random.randint(key, self.shape, 0, top + 1, jnp.int32).astype(dt)
+    # [0, 2**31 - 1]: the top bit of uniform uint32 words cleared (int64
+    # tensors are stored as int32, see spmdtorch._dtypes).
+    return (jax.random.bits(key, self.shape, jnp.uint32) >> 1).astype(dt)
 
 
 @register("random_.from", random=True, lift_scalars=False)

@@ -42,7 +42,18 @@ from spmdtorch.partition.marking import (
     mark_sharding_with_gradients,
     tensor_sharding,
 )
+from spmdtorch.partition.materialize import MaterializeError, materialize
+from spmdtorch.partition.memory import (
+    CompiledMemory,
+    MemoryBudgetError,
+    MemoryPlan,
+    MemoryPlanError,
+    TensorMemory,
+    compiled_memory,
+    memory_plan,
+)
 from spmdtorch.partition.mixed_precision import MixedPrecision, MixedPrecisionError
+from spmdtorch.partition.planner import PlanError, ShardingPlan, plan_sharding
 from spmdtorch.partition.sharding_enum import ShardingType
 from spmdtorch.partition.shards import XLAShard, load_local_shards_, local_shards
 from spmdtorch.partition.visualize import visualize_array_sharding, visualize_sharding
@@ -66,4 +77,6 @@ __all__ = [
     "mark_sharding", "mark_sharding_with_gradients", "parse_hlo_sharding_string",
     "sharding_type", "tensor_sharding", "visualize_array_sharding", "visualize_sharding",
     "visualize_tensor_sharding",
+    "CompiledMemory", "MaterializeError", "MemoryBudgetError", "MemoryPlan", "MemoryPlanError", "PlanError",
+    "ShardingPlan", "TensorMemory", "compiled_memory", "materialize", "memory_plan", "plan_sharding",
 ]

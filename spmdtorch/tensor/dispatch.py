@@ -20,7 +20,7 @@ import jax
 import torch
 
 from spmdtorch import _dtypes
-from spmdtorch.lazy import metrics
+from spmdtorch.lazy import metrics, rng
 from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot
 from spmdtorch.ops import registry
 from spmdtorch.tensor.xla_tensor import (
@@ -432,6 +432,8 @@ def _decompose(func, args, kwargs):
 
 def _dispatch_lowering(func, args, kwargs, facts):
     low = facts.lowering
+    if low.random and kwargs.get("generator") is not None:
+        rng.check_generator(func, kwargs["generator"])  # raises: xla draws use the default generator
     parsed = _Args(func, facts, args, kwargs)
     meta = meta_outputs(func, args, kwargs, facts, parsed.key)
     if facts.mutable_pos:

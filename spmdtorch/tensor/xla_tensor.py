@@ -266,6 +266,25 @@ class XlaTensor(torch.Tensor):
         memo[id(self)] = out
         return out
 
+    # -- the wrapper-subclass protocol ---------------------------------------
+    # XlaTensor has no inner torch tensors: its data is the Storage (a
+    # jax.Array or a lazy node). Implementing the protocol matters for
+    # ``Module.to("xla")``: for such subclasses ``nn.Module._apply`` swaps
+    # each parameter in place (``torch.utils.swap_tensors``) instead of
+    # creating a new Parameter per module, which would untie shared weights
+    # (an embedding tied to the output head) and leave optimizers built
+    # before the move holding the old CPU parameters.
+    def __tensor_flatten__(self):
+        return [], (self._st, self._chain, self.storage_offset())
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
+        # Only tracing stacks (torch.compile, torch.export) rebuild subclasses
+        # from parts; spmdtorch's own tracer is spmdtorch.compile.
+        raise NotImplementedError(
+            "torch.compile/torch.export cannot trace xla tensors; use spmdtorch.compile"
+        )
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         from spmdtorch.tensor.dispatch import dispatch
