@@ -522,11 +522,17 @@ def _imag(self):
     return jnp.imag(self)
 
 
-@register("conj_physical.default", "_conj.default", "conj.default", "resolve_conj.default",
-          "resolve_neg.default", "_conj_physical.default")
+@register("conj_physical.default", "_conj_physical.default")
 def _conj(self):
     if jnp.iscomplexobj(self):
         return jnp.conj(self)
+    return self
+
+
+# XlaTensors never carry torch's conj/neg bits (the views compute their
+# values, spmdtorch/ops/views.py), so resolving them is a copy.
+@register("resolve_conj.default", "resolve_neg.default")
+def _resolve(self):
     return self
 
 
@@ -545,4 +551,45 @@ def _polar(abs, angle):
 
 @register("complex.default")
 def _complex(real, imag):
+    real, imag = jnp.broadcast_arrays(real, imag)
     return lax.complex(real, imag)
+
+
+@register("polygamma.default")
+def _polygamma(n, self):
+    x = upcast(self)
+    if n == 0:  # jax's polygamma(0, x) is fine too, but digamma is exact at the poles torch uses
+        return jax.scipy.special.digamma(x)
+    return jax.scipy.special.polygamma(jnp.asarray(n, jnp.int32), x)
+
+
+@register("special_zeta.default", "special_zeta.self_scalar", "special_zeta.other_scalar")
+def _zeta(self, other):
+    return jax.scipy.special.zeta(upcast(self), upcast(other))
+
+
+@register("frexp.Tensor")
+def _frexp(self):
+    # Exact in float32 for bf16/f16 inputs; the engine rounds the mantissa back.
+    mantissa, exponent = jnp.frexp(upcast(self))
+    return mantissa, exponent.astype(jnp.int32)
+
+
+@register("searchsorted.Tensor", "searchsorted.Scalar")
+def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    side = side or ("right" if right else "left")
+    seq = sorted_sequence
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter.astype(jnp.int32), axis=-1)
+    values = jnp.asarray(self)
+    if seq.size == 0 or values.size == 0:
+        shape = values.shape if seq.ndim <= 1 else seq.shape[:-1] + values.shape[-1:]
+        return jnp.zeros(shape, jnp.int32)
+    if seq.ndim <= 1:
+        return jnp.searchsorted(seq, values, side=side).astype(jnp.int32)
+    # One search per leading index: sorted_sequence[..., :] against self[..., :].
+    batch = seq.shape[:-1]
+    flat_seq = seq.reshape((-1, seq.shape[-1]))
+    flat_val = jnp.broadcast_to(values, batch + values.shape[-1:]).reshape((flat_seq.shape[0], -1))
+    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_val)
+    return out.reshape(batch + values.shape[-1:]).astype(jnp.int32)

@@ -1,4 +1,4 @@
-"""Matrix products: mm, addmm, bmm, baddbmm, dot, mv, addmv, addbmm, ...
+"""Matrix products (mm, addmm, bmm, baddbmm, dot, mv, ...) and torch.linalg factorizations.
 
 Float products accumulate in float32 (``preferred_element_type``) so bf16
 matmuls match torch's fp32-accumulating kernels. ``MATMUL_PRECISION`` is
@@ -10,6 +10,7 @@ set it to ``jax.lax.Precision.HIGHEST`` for bit-closer results.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -180,3 +181,226 @@ def _solve_triangular(self, B, *, upper, left=True, unitriangular=False):
 def _cholesky(self, upper=False):
     L = jnp.linalg.cholesky(self)
     return jnp.swapaxes(L, -1, -2).conj() if upper else L
+
+
+# -- factorizations and solvers (torch.linalg) ------------------------------------
+#
+# ``info`` outputs are computed from the results (0 where they are finite), as
+# the device cannot raise from inside a program; ``check_errors=True`` callers
+# reach ``_linalg_check_errors``, which the engine treats as PyTorch/XLA does
+# (no host round trip per call: a singular input gives inf/nan, not an error).
+
+
+def _info(*xs):
+    """int32 ``info`` of shape batch: 0 where every value is finite, else 1."""
+    ok = None
+    for x in xs:
+        f = jnp.all(jnp.isfinite(x), axis=(-2, -1)) if x.ndim >= 2 else jnp.all(jnp.isfinite(x), axis=-1)
+        ok = f if ok is None else ok & f
+    return jnp.where(ok, 0, 1).astype(jnp.int32)
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+@register("linalg_cholesky_ex.default")
+def _cholesky_ex(self, *, upper=False, check_errors=False):
+    L = jnp.linalg.cholesky(self)
+    return (_mT(L).conj() if upper else L), _info(L)
+
+
+@register("linalg_inv_ex.default")
+def _inv_ex(A, *, check_errors=False):
+    inv = jnp.linalg.inv(A)
+    return inv, _info(inv)
+
+
+@register("_linalg_slogdet.default")
+def _slogdet(A):
+    lu, piv, _ = lax.linalg.lu(A)
+    sign, logabsdet = jnp.linalg.slogdet(A)
+    return sign, logabsdet, lu, piv.astype(jnp.int32) + 1
+
+
+@register("_linalg_eigh.default")
+def _eigh(A, UPLO="L", compute_v=True):
+    w, v = jnp.linalg.eigh(A, UPLO=UPLO, symmetrize_input=False)
+    return w, (v if compute_v else jnp.zeros((0,), A.dtype))
+
+
+@register("linalg_qr.default")
+def _qr(A, mode="reduced"):
+    if mode == "r":
+        return jnp.zeros((0,), A.dtype), jnp.linalg.qr(A, mode="r")
+    q, r = jnp.linalg.qr(A, mode="complete" if mode == "complete" else "reduced")
+    return q, r
+
+
+@register("_linalg_svd.default")
+def _svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+    if not compute_uv:
+        s = jnp.linalg.svd(A, compute_uv=False)
+        return jnp.zeros((0,), A.dtype), s, jnp.zeros((0,), A.dtype)
+    u, s, vh = jnp.linalg.svd(A, full_matrices=full_matrices)
+    return u, s, vh
+
+
+def _lu_factor(A, pivot=True):
+    lu, piv, perm = lax.linalg.lu(A)
+    return lu, piv.astype(jnp.int32) + 1, perm
+
+
+@register("linalg_lu_factor_ex.default")
+def _lu_factor_ex(A, *, pivot=True, check_errors=False):
+    lu, piv, _ = _lu_factor(A)
+    k = min(A.shape[-2], A.shape[-1])
+    return lu, piv[..., :k], _info(lu)
+
+
+def _unpack(lu, perm, m, n):
+    k = min(m, n)
+    L = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    U = jnp.triu(lu[..., :k, :])
+    # lax.linalg.lu gives A[perm] == L @ U, i.e. P^T A = L U with rows of P^T
+    # one-hot at perm; torch returns P with A = P L U.
+    P = _mT(jax.nn.one_hot(perm, m, dtype=lu.dtype))
+    return P, L, U
+
+
+@register("linalg_lu.default")
+def _lu(A, *, pivot=True):
+    lu, _, perm = _lu_factor(A)
+    m, n = A.shape[-2], A.shape[-1]
+    return _unpack(lu, perm, m, n)
+
+
+def _perm_from_pivots(piv, m):
+    """LAPACK 1-based sequential row swaps → the permutation they make."""
+    piv = piv.astype(jnp.int32) - 1
+    batch = piv.shape[:-1]
+    perm = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), batch + (m,))
+
+    def body(i, perm):
+        j = piv[..., i]
+        pi = jnp.take_along_axis(perm, jnp.full(batch + (1,), i, jnp.int32), -1)[..., 0]
+        pj = jnp.take_along_axis(perm, j[..., None], -1)[..., 0]
+        idx = jnp.arange(m, dtype=jnp.int32)
+        perm = jnp.where(idx == i, pj[..., None], perm)
+        return jnp.where(idx == j[..., None], pi[..., None], perm)
+
+    return lax.fori_loop(0, piv.shape[-1], body, perm)
+
+
+@register("lu_unpack.default")
+def _lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+    m, n = LU_data.shape[-2], LU_data.shape[-1]
+    perm = _perm_from_pivots(LU_pivots, m)
+    P, L, U = _unpack(LU_data, perm, m, n)
+    if not unpack_data:
+        L = jnp.zeros((0,), LU_data.dtype)
+        U = jnp.zeros((0,), LU_data.dtype)
+    if not unpack_pivots:
+        P = jnp.zeros((0,), LU_data.dtype)
+    return P, L, U
+
+
+@register("linalg_lu_solve.default")
+def _lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+    m = LU.shape[-1]
+    if LU.size == 0 or B.size == 0:
+        return jnp.zeros(jnp.broadcast_shapes(LU.shape[:-2], B.shape[:-2]) + B.shape[-2:], B.dtype)
+    perm = _perm_from_pivots(pivots, m)
+    P, L, U = _unpack(LU, perm, m, m)
+    A_fac = (P, L, U)
+    if not left:
+        # X A = B  <=>  A^H X^H = B^H
+        X = _lu_solve_left(A_fac, _mT(B).conj(), not adjoint)
+        return _mT(X).conj()
+    return _lu_solve_left(A_fac, B, adjoint)
+
+
+def _lu_solve_left(fac, B, adjoint):
+    P, L, U = fac
+    if not adjoint:  # A = P L U: X = U^-1 L^-1 P^T B
+        y = jnp.matmul(_mT(P), B)
+        y = lax.linalg.triangular_solve(L, y, left_side=True, lower=True, unit_diagonal=True)
+        return lax.linalg.triangular_solve(U, y, left_side=True, lower=False)
+    # A^H = U^H L^H P^T: X = P L^-H U^-H B
+    y = lax.linalg.triangular_solve(U, B, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    y = lax.linalg.triangular_solve(L, y, left_side=True, lower=True, unit_diagonal=True,
+                                    transpose_a=True, conjugate_a=True)
+    return jnp.matmul(P, y)
+
+
+@register("_linalg_solve_ex.default")
+def _solve_ex(A, B, *, left=True, check_errors=False):
+    lu, piv, perm = _lu_factor(A)
+    m = A.shape[-1]
+    P, L, U = _unpack(lu, perm, m, m)
+    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+    rhs = B[..., None] if vector else B
+    if left:
+        X = _lu_solve_left((P, L, U), rhs, False)
+    else:
+        X = _mT(_lu_solve_left((P, L, U), _mT(rhs).conj(), True)).conj()
+    if vector:
+        X = X[..., 0]
+    return X, lu, piv, _info(lu)
+
+
+@register("linalg_matrix_exp.default")
+def _matrix_exp(self):
+    return jax.scipy.linalg.expm(self)
+
+
+@register("cholesky_solve.default")
+def _cholesky_solve(self, input2, upper=False):
+    L = _mT(input2).conj() if upper else input2
+    y = lax.linalg.triangular_solve(L, self, left_side=True, lower=True)
+    return lax.linalg.triangular_solve(L, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
+
+
+@register("cholesky_inverse.default")
+def _cholesky_inverse(self, upper=False):
+    n = self.shape[-1]
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=self.dtype), self.shape)
+    return _cholesky_solve(eye, self, upper)
+
+
+@register("triangular_solve.default")
+def _triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
+    X = lax.linalg.triangular_solve(A, self, left_side=True, lower=not upper, transpose_a=transpose,
+                                    unit_diagonal=unitriangular)
+    return X, A
+
+
+@register("linalg_householder_product.default")
+def _householder_product(input, tau):
+    return lax.linalg.householder_product(input, tau)
+
+
+@register("linalg_pinv.atol_rtol_tensor", "linalg_pinv.atol_rtol_float")
+def _pinv(self, *, atol=None, rtol=None, hermitian=False):
+    m, n = self.shape[-2], self.shape[-1]
+    if self.size == 0:
+        return jnp.zeros(self.shape[:-2] + (n, m), self.dtype)
+    if hermitian:
+        w, v = jnp.linalg.eigh(self)
+        s = jnp.abs(w)
+        u, vh = v, _mT(v).conj() * jnp.sign(w)[..., :, None]
+    else:
+        u, s, vh = jnp.linalg.svd(self, full_matrices=False)
+    smax = jnp.max(s, axis=-1, keepdims=True)
+    # torch: rtol defaults to eps * max(m, n) unless a positive atol is given.
+    eps = jnp.finfo(s.dtype).eps * max(m, n)
+    a = jnp.zeros((), s.dtype) if atol is None else jnp.asarray(atol, s.dtype)
+    if rtol is None:
+        r = eps if atol is None else jnp.where(a > 0, 0.0, eps)
+    else:
+        r = jnp.asarray(rtol, s.dtype)
+    a = a[..., None] if jnp.ndim(a) else a
+    r = r[..., None] if jnp.ndim(r) else r
+    tol = jnp.maximum(a, r * smax)
+    s_inv = jnp.where(s > tol, 1 / jnp.where(s > tol, s, 1), 0).astype(self.dtype)
+    return jnp.matmul(_mT(vh).conj() * s_inv[..., None, :], _mT(u).conj())

@@ -202,10 +202,21 @@ def _expand(self, size, *, implicit=False):
 
 
 @register("alias.default", "alias_copy.default", "detach.default", "detach_copy.default",
-          "lift_fresh.default", "lift_fresh_copy.default", "lift.default", "_conj.default",
-          "_neg_view.default", "view_as.default")
+          "lift_fresh.default", "lift_fresh_copy.default", "lift.default", "view_as.default")
 def _alias(self, *args):
     return self
+
+
+# torch's conj/neg views set a bit that readers resolve; an XlaTensor carries
+# no such bit, so the view's value is the conjugated/negated data itself.
+@register("_conj.default")
+def _conj_view(self):
+    return jnp.conj(self) if jnp.iscomplexobj(self) else self
+
+
+@register("_neg_view.default")
+def _neg_view(self):
+    return -self
 
 
 @register("diagonal.default", "diagonal_copy.default")
@@ -304,10 +315,20 @@ def _inv_reshape(base, v, *args, **kwargs):
     return jnp.reshape(_cast(v, base), base.shape)
 
 
-@register_inverse("alias.default", "detach.default", "lift_fresh.default", "_conj.default",
-                  "_neg_view.default", "view_as.default")
+@register_inverse("alias.default", "detach.default", "lift_fresh.default", "view_as.default")
 def _inv_alias(base, v, *args, **kwargs):
     return jnp.broadcast_to(_cast(v, base), base.shape)
+
+
+@register_inverse("_conj.default")
+def _inv_conj(base, v, *args, **kwargs):
+    v = _cast(v, base)
+    return jnp.broadcast_to(jnp.conj(v) if jnp.iscomplexobj(v) else v, base.shape)
+
+
+@register_inverse("_neg_view.default")
+def _inv_neg_view(base, v, *args, **kwargs):
+    return jnp.broadcast_to(-_cast(v, base), base.shape)
 
 
 @register_inverse("permute.default")

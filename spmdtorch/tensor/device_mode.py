@@ -14,13 +14,15 @@ Two mechanisms, each used where it is cheapest:
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch.overrides import TorchFunctionMode
 
 from spmdtorch.ops import registry
 from spmdtorch.tensor import transfer
 from spmdtorch.tensor.autocast import autocast_inputs
-from spmdtorch.tensor.dispatch import factory_kernel
+from spmdtorch.tensor.dispatch import CAPTURE_FUNCS, MetaFactoryLeak, capture_meta_factories, factory_kernel
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
 __all__ = ["XlaDeviceMode", "install", "to_xla"]
@@ -87,6 +89,39 @@ def _from_data(func, args, kwargs):
 
 _autocast_on = torch.is_autocast_enabled
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
+_INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
+
+
+def _host_list(seq):
+    t = torch.tensor(seq)
+    return t if t.dtype == torch.bool else t.to(torch.long)
+
+
+def _host_index(index):
+    """``x[[0, 2]]``-style index lists → CPU index tensors (same meaning)."""
+    if isinstance(index, list):
+        # A list holding slices, None, ..., tensors or sequences is a tuple
+        # of indices (torch's legacy rule); a flat list of numbers is one index.
+        if any(isinstance(i, (list, tuple, slice, torch.Tensor)) or i is None or i is Ellipsis for i in index):
+            index = tuple(index)
+        else:
+            return _host_list(index)
+    if isinstance(index, tuple):
+        return tuple(_host_list(i) if isinstance(i, list) else i for i in index)
+    return index
+
+
+_BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_NO_RETRY = _BACKWARD
+
+
+def _any_xla(args, kwargs) -> bool:
+    for a in itertools.chain(args, kwargs.values()):
+        if isinstance(a, XlaTensor):
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(x, XlaTensor) for x in a):
+            return True
+    return False
 
 
 class XlaDeviceMode(TorchFunctionMode):
@@ -102,7 +137,39 @@ class XlaDeviceMode(TorchFunctionMode):
                 return out
         elif func in _FROM_DATA and _is_xla(kwargs.get("device")):
             return _from_data(func, args, kwargs)
-        return func(*args, **kwargs)
+        elif func in _INDEXING and isinstance(args[0], XlaTensor) and len(args) > 1:
+            # torch turns Python index lists into tensors on self's storage
+            # device (meta, where the values are lost) with the dispatcher's
+            # Python key masked; host tensors built here carry them instead.
+            args = (args[0], _host_index(args[1])) + tuple(args[2:])
+            return func(*args, **kwargs)
+        elif func in CAPTURE_FUNCS:
+            with capture_meta_factories():
+                return func(*args, **kwargs)
+        elif func in _BACKWARD and _any_xla(args, kwargs):
+            # Backward formulas (C++, in the autograd engine, which carries
+            # this thread's dispatch modes) build tensors from the gradient's
+            # options (device meta); unlike a forward op, a backward pass
+            # cannot be retried once it fails.
+            with capture_meta_factories():
+                return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except MetaFactoryLeak:
+            # A C++ composite (cov, cosine_similarity...) made a helper tensor
+            # on meta, the xla tensors' storage device. Run it again with such
+            # factories creating xla tensors; what the failed attempt recorded
+            # is unreferenced lazy nodes. Backward passes cannot run twice.
+            if func in _NO_RETRY:
+                raise
+        except NotImplementedError as e:
+            # The same, where the composite then ran an op on its meta helper
+            # alone (combinations: masked_select on a meta mask).
+            if func in _NO_RETRY or "with Meta tensors" not in str(e) or not _any_xla(args, kwargs):
+                raise
+        CAPTURE_FUNCS.add(func)
+        with capture_meta_factories():
+            return func(*args, **kwargs)
 
 
 _LIB = None

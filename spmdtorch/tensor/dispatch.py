@@ -15,9 +15,11 @@ The order of resolution for one ATen call:
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from spmdtorch import _dtypes
 from spmdtorch.lazy import metrics, rng
@@ -25,6 +27,7 @@ from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot
 from spmdtorch.ops import registry
 from spmdtorch.tensor.xla_tensor import (
     _PYTHON_KEY,
+    XLA_DEVICE,
     Storage,
     _MetaFlag,
     ViewStep,
@@ -33,7 +36,7 @@ from spmdtorch.tensor.xla_tensor import (
     new_base,
 )
 
-__all__ = ["dispatch", "read_value", "assign_value", "record"]
+__all__ = ["dispatch", "read_value", "assign_value", "record", "capture_meta_factories", "MetaFactoryLeak"]
 
 aten = torch.ops.aten
 
@@ -48,6 +51,18 @@ _INT32 = (-(2**31), 2**31 - 1)
 
 class DeviceMismatchError(RuntimeError):
     """An xla tensor met a non-scalar tensor on another device."""
+
+
+class MetaFactoryLeak(DeviceMismatchError):
+    """A plain ``meta`` tensor met xla tensors inside one op.
+
+    XlaTensor's storage device is ``meta``, so a C++ composite op (``cov``,
+    ``cosine_similarity``...) that builds a helper tensor with
+    ``at::empty(..., self.options())`` gets a real meta tensor, which has no
+    data. The device mode (``spmdtorch.tensor.device_mode``) catches this at
+    the top-level torch call and runs it again under ``capture_meta_factories``,
+    where such factories create xla tensors instead.
+    """
 
 
 # -- per-op static facts ---------------------------------------------------
@@ -222,6 +237,13 @@ class _Select:
 def _check_other_tensor(a: torch.Tensor, func, allow_cpu: bool):
     if a.device.type == "cpu" and (a.dim() == 0 or allow_cpu):
         return
+    if a.device.type == "meta":
+        raise MetaFactoryLeak(
+            f"Expected all tensors to be on the same device, but found at least two devices, xla:0 and meta! "
+            f"(when checking arguments for {func}). A meta tensor has no data; if it was made inside a torch "
+            "op on xla tensors, that op created it from the xla tensor's options (run the op under "
+            "spmdtorch.tensor.dispatch.capture_meta_factories())."
+        )
     raise DeviceMismatchError(
         f"Expected all tensors to be on the same device, but found at least two devices, "
         f"xla:0 and {a.device}! (when checking arguments for {func})"
@@ -574,6 +596,8 @@ def _copy_(func, args, kwargs):
         dst.copy_(transfer.to_cpu(src))
         return dst
     if not isinstance(src, XlaTensor):
+        if src.device.type == "meta":
+            raise MetaFactoryLeak(f"copy_ from a tensor on meta (it has no data) into an xla tensor {tuple(dst.shape)}")
         if src.device.type != "cpu":
             raise DeviceMismatchError(f"copy_ from a tensor on {src.device} into an xla tensor")
         from spmdtorch.tensor import transfer
@@ -615,14 +639,29 @@ def _local_scalar_dense(func, args, kwargs):
 def _metadata_inplace_view(func, args, kwargs):
     """``t_``, ``transpose_``, ``squeeze_``...: self becomes a view of itself."""
     self = args[0]
-    name = func._schema.name.split("::")[-1][:-1]
-    twin = getattr(getattr(aten, name), func._overloadname)
-    view = dispatch(twin, args, kwargs)
+    view = dispatch(_view_twin(func), args, kwargs)
     with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
         torch.ops.aten.as_strided_.default(self, list(view.shape), list(view.stride()), view.storage_offset())
     self._chain = view._chain
     self._vcache = None
     return self
+
+
+@functools.lru_cache(maxsize=None)
+def _view_twin(func):
+    """``transpose_.default`` → ``transpose.int``: the out-of-place view op with
+    the same arguments (overload names differ between the two packets)."""
+    name = func._schema.name.split("::")[-1][:-1]
+    packet = getattr(aten, name)
+    same = getattr(packet, func._overloadname, None)
+    if same is not None:
+        return same
+    want = [(a.name, str(a.type)) for a in func._schema.arguments]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
+            return cand
+    raise NotImplementedError(f"{func}: no view op {name} with the same arguments")
 
 
 def _set_(func, args, kwargs):
@@ -674,8 +713,33 @@ def _foreach(func, args, kwargs):
     return None if inplace else results
 
 
+def _equal(func, args, kwargs):
+    """``torch.equal``: a Python bool, so the comparison is computed now."""
+    a, b = args[0], args[1]
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    return bool(_local_scalar_dense(None, (dispatch(aten.all.default, (dispatch(aten.eq.Tensor, (a, b), {}),), {}),), {}))
+
+
+def _allclose(func, args, kwargs):
+    """``torch.allclose``: a Python bool, computed now through ``isclose``."""
+    close = dispatch(aten.isclose.default, args, kwargs)
+    return bool(_local_scalar_dense(None, (dispatch(aten.all.default, (close,), {}),), {}))
+
+
+def _linalg_check_errors(func, args, kwargs):
+    """torch.linalg's ``check_errors``: skipped, as PyTorch/XLA does, because
+    raising needs the ``info`` values on the host (a sync per call, and
+    impossible inside ``spmdtorch.compile``); a failed factorization shows as
+    inf/nan in its results instead."""
+    return None
+
+
 _SPECIAL: dict = {}
 for _name, _fn in [
+    ("_linalg_check_errors.default", _linalg_check_errors),
+    ("equal.default", _equal),
+    ("allclose.default", _allclose),
     ("copy_.default", _copy_),
     ("_to_copy.default", _to_copy),
     ("_local_scalar_dense.default", _local_scalar_dense),
@@ -759,6 +823,67 @@ def cpu_fallback(func, args, kwargs):
         return o
 
     return back(out)
+
+
+# -- factories inside C++ composite ops ----------------------------------------------
+
+# Top-level torch functions known to build helper tensors from an xla tensor's
+# options (so on meta); the device mode runs them under capture_meta_factories
+# straight away instead of failing first.
+CAPTURE_FUNCS: set = set()
+
+
+def _has_tensor(args, kwargs) -> bool:
+    for a in itertools.chain(args, kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+            return True
+    return False
+
+
+class _MetaFactoriesToXla(TorchDispatchMode):
+    """Factories asked for on ``meta`` (with no tensor arguments) create xla tensors."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None:
+            if torch.device(device).type == "meta":
+                if not _has_tensor(args, kwargs):
+                    kwargs = dict(kwargs, device=XLA_DEVICE)
+                elif func is aten._to_copy.default and args[0].device.type == "cpu":
+                    # Host data sent to "self's device" (index lists in x[[0, 2]]).
+                    from spmdtorch.tensor import transfer
+
+                    src = args[0] if kwargs.get("dtype") is None else args[0].to(kwargs["dtype"])
+                    return new_base(transfer.to_device_array(src), src.dtype)
+            return func(*args, **kwargs)
+        for a in args:
+            if isinstance(a, XlaTensor):
+                # What XlaTensor.__torch_dispatch__ would do, minus a second
+                # trip through the dispatcher (backward passes run here).
+                return dispatch(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def capture_meta_factories():
+    """Context manager: factory ops on ``meta`` create xla tensors instead.
+
+    Only for running one torch call on xla tensors whose C++ implementation
+    makes helper tensors from the inputs' options (whose device is meta):
+    every op in it pays one extra Python hop.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.tensor.dispatch import capture_meta_factories
+        >>> x = torch.ones(3, 2, device="xla")
+        >>> with capture_meta_factories():
+        ...     c = torch.cov(x)
+        >>> c.device.type
+        'xla'
+    """
+    return _MetaFactoriesToXla()
 
 
 # -- factories on the XLA dispatch key -------------------------------------------------
