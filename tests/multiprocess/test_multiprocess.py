@@ -3,9 +3,6 @@
 Each test launches a script of this folder with ``spmdtorch.launch.launch``
 under a hard ``timeout_s`` (the launcher then SIGKILLs every process), and
 reads what the processes report on ``RESULT`` lines.
-
-TODO(issue 6): a checkpoint saved by 2 processes restores in 1 process (8 and
-4 devices) and the reverse, once spmdtorch.checkpoint is ready.
 """
 
 from __future__ import annotations
@@ -30,11 +27,12 @@ LAUNCH_TIMEOUT_S = 110  # each test's hard limit; the launcher SIGKILLs everythi
 
 
 def run_job(script: str, *args: str, **kwargs):
-    """Launches ``script`` as 2 x 4; returns (LaunchResult, output, RESULT dict per rank)."""
+    """Launches ``script`` (2 x 4 unless told); returns (LaunchResult, output, RESULT dict per rank)."""
     out = io.StringIO()
     kwargs.setdefault("grace_period_s", 5.0)
-    result = launch([str(HERE / script), *args], nprocs=2, devices_per_proc=4, out=out,
-                    timeout_s=LAUNCH_TIMEOUT_S, **kwargs)
+    kwargs.setdefault("nprocs", 2)
+    kwargs.setdefault("devices_per_proc", 4)
+    result = launch([str(HERE / script), *args], out=out, timeout_s=LAUNCH_TIMEOUT_S, **kwargs)
     text = out.getvalue()
     reports = {}
     for line in text.splitlines():
@@ -111,3 +109,36 @@ def test_dead_peer_stops_the_survivor_within_the_heartbeat_timeout(devices8):
     assert "another task died" in text, _tail(text)
     # ... within a bounded time after its peer died.
     assert survivor.elapsed_s - dead.elapsed_s < heartbeat + 15, (survivor, dead)
+
+
+@pytest.mark.timeout(4 * LAUNCH_TIMEOUT_S + 30)
+def test_checkpoint_saved_by_two_processes_restores_in_one_and_back(devices8, tmp_path):
+    a, b = str(tmp_path / "A"), str(tmp_path / "B")
+    expected = a + ".expected.pt"  # the saved values as CPU tensors, written by the saver's process 0
+
+    def job(nprocs, devices_per_proc, *args):
+        result, text, reports = run_job("checkpoint_roundtrip.py", *args, nprocs=nprocs,
+                                        devices_per_proc=devices_per_proc)
+        assert result.returncode == 0, _tail(text)
+        assert sorted(reports) == list(range(nprocs)), _tail(text)
+        for rank, rep in reports.items():
+            assert (rep["process_index"], rep["process_count"], rep["devices"]) == (
+                rank, nprocs, nprocs * devices_per_proc)
+        return reports[0]
+
+    # (1) 2 processes x 4 devices save a sharded model + AdamW state (uneven dims: 10 rows over 8).
+    saved = job(2, 4, "save", a, "8")
+    # (2) 1 process x 8 devices, another mesh and sharding: restores bit for bit, then saves B.
+    one_by_eight = job(1, 8, "load", a, "2x4", expected, b)
+    # (3) 1 process x 4 devices (10 rows over 4).
+    one_by_four = job(1, 4, "load", a, "4", expected)
+    # (4) and back: 2 processes x 4 devices restore what 1 process saved.
+    two_by_four = job(2, 4, "load", b, "4x2", expected)
+
+    for rep in (one_by_eight, one_by_four, two_by_four):
+        assert rep["checked"] == 16  # 4 parameters + 3 AdamW tensors each (exp_avg, exp_avg_sq, step)
+    # Every restore was into shardings other than the ones saved from.
+    assert saved["specs"]["0.weight"] == "{devices=[8,1]0,1,2,3,4,5,6,7}"
+    for rep in (one_by_eight, one_by_four, two_by_four):
+        assert rep["specs"]["0.weight"] != saved["specs"]["0.weight"]
+        assert rep["specs"]["0.weight"] != "{replicated}"
