@@ -40,3 +40,4 @@ def test_readme_planning_snippet_runs(capsys):
     out = capsys.readouterr().out
     assert "('fsdp', 'tp')" in out
     assert "layers.0.attention.wo.weight" in out and "optimizer state (adamw)" in out
+    assert "memory plan per device (8 devices)" in out  # the mesh the parameters were placed on

@@ -425,6 +425,7 @@ def memory_plan(
             params = [n for n, kind, _ in entries if kind != "buffer"]
             matched = match_rules(params, rules)
     tensors = []
+    device_counts = []  # without a mesh: the devices the tensors' own shardings span
     for name, kind, t in entries:
         shape = tuple(t.shape)
         sharding = None
@@ -437,6 +438,8 @@ def memory_plan(
                 raise ShardingError(f"parameter {name!r} (rule {matched[name]!r}): {e}") from None
         else:
             sharding = _existing_sharding(t)
+        if sharding is not None:
+            device_counts.append(len(sharding.device_set))
         itemsize = jax.numpy.dtype(_dtypes.to_jax_dtype(t.dtype)).itemsize
         shard = _shard_shape(shape, sharding)
         tensors.append(TensorMemory(
@@ -449,7 +452,7 @@ def memory_plan(
     grad = sum(t.bytes_per_device for t in trainable)
     plan = MemoryPlan(
         tensors=tuple(tensors),
-        num_devices=1 if mesh is None else mesh.size(),
+        num_devices=mesh.size() if mesh is not None else max(device_counts, default=1),
         optimizer=opt_name,
         parameter_bytes=sum(t.bytes_per_device for t in tensors if t.kind != "buffer"),
         gradient_bytes=grad,
