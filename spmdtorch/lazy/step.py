@@ -27,7 +27,7 @@ def step():
         >>> import torch, spmdtorch
         >>> w = torch.ones(3, device="xla")
         >>> with spmdtorch.step():
-        ...     w.mul_(2)
+        ...     _ = w.mul_(2)
         >>> w.cpu()
         tensor([2., 2., 2.])
     """
