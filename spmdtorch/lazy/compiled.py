@@ -228,8 +228,7 @@ class CompiledFunction:
         if plan is not None:
             for leaf in plan.leaves:
                 if type(leaf) is Scalar:
-                    mesh = captured["prog"].mesh
-                    roles.append(("scalar", executor.scalar_array(leaf.value, mesh)))
+                    roles.append(("scalar", leaf))  # packed with the others at each call
                     scalars.append((type(leaf.value), leaf.value))
                     continue
                 if id(leaf) in arg_arrays:

@@ -20,6 +20,8 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax._src.lax.lax import _convert_element_type  # weak-typed scalars (no public spelling)
 
 from spmdtorch.lazy import contract, metrics, rng
 from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
@@ -157,17 +159,101 @@ def _leaf_sig(leaf):
     return (leaf.shape, leaf.dtype, leaf.sharding)
 
 
-def _make_fn(plan: _Plan):
+# Python-number inputs (Scalar leaves) are packed into one vector per kind:
+# an optimizer step has ~10 scalars per parameter (learning rate, betas, bias
+# corrections...), and passing each as its own replicated argument costs the
+# runtime one buffer per device per scalar on every call (a tiny decoder's
+# AdamW step passed ~7,600 buffers). Inside the program each element becomes
+# the scalar ``jnp.asarray(value)`` would have been (weak-typed float32/int32,
+# or bool), so type promotion is unchanged.
+_SCALAR_KINDS = (("b", np.bool_, np.dtype(np.bool_), False), ("i", np.int32, np.dtype(np.int32), True),
+                 ("f", np.float32, np.dtype(np.float32), True))
+
+
+def _scalar_kind(value):
+    t = type(value)
+    if t is bool:
+        return "b"
+    if t is int:
+        return "i"
+    if t is float:
+        return "f"
+    return None  # anything else stays its own argument
+
+
+class _Layout:
+    """Where each leaf of a plan goes in the program's argument list."""
+
+    __slots__ = ("n_leaves", "array_pos", "groups")
+
+    def __init__(self, plan):
+        kinds: dict = {}
+        array_pos = []
+        for i, leaf in enumerate(plan.leaves):
+            kind = _scalar_kind(leaf.value) if type(leaf) is Scalar else None
+            if kind is None:
+                array_pos.append(i)
+            else:
+                kinds.setdefault(kind, []).append(i)
+        self.n_leaves = len(plan.leaves)
+        self.array_pos = tuple(array_pos)
+        self.groups = tuple((k, tuple(kinds[k])) for k, *_ in _SCALAR_KINDS if k in kinds)
+
+    def unpack(self, args):
+        """Program side: the per-leaf values from ``(*arrays, *vectors)``."""
+        vals = [None] * self.n_leaves
+        n = len(self.array_pos)
+        for p, a in zip(self.array_pos, args[:n]):
+            vals[p] = a
+        for (kind, positions), vec in zip(self.groups, args[n:]):
+            _, _, dtype, weak = next(k for k in _SCALAR_KINDS if k[0] == kind)
+            for j, p in enumerate(positions):
+                vals[p] = _convert_element_type(vec[j], dtype, weak_type=weak)
+        return vals
+
+    def pack(self, leaf_args, mesh):
+        """Caller side: per-leaf arguments (Python numbers for scalars) to program arguments."""
+        out = [leaf_args[p] if type(leaf_args[p]) is not Scalar else scalar_array(leaf_args[p].value, mesh)
+               for p in self.array_pos]
+        for kind, positions in self.groups:
+            out.append(_packed_array(kind, tuple(leaf_args[p].value for p in positions), mesh))
+        return out
+
+
+_PACKED_CACHE: dict = {}
+
+
+def _packed_array(kind, values, mesh):
+    """A replicated device vector of ``values``; repeated value sets reuse one array."""
+    key = (kind, tuple(v.hex() for v in values) if kind == "f" else values, mesh)
+    arr = _PACKED_CACHE.get(key)
+    if arr is None:
+        if len(_PACKED_CACHE) >= _SCALAR_CACHE_MAX:
+            _PACKED_CACHE.clear()
+        np_dtype = next(k[1] for k in _SCALAR_KINDS if k[0] == kind)
+        if kind == "i":
+            for v in values:
+                if not -(2**31) <= v < 2**31:
+                    raise OverflowError(f"Python int {v} too large to convert to int32")
+        from spmdtorch.tensor.transfer import replicated_sharding
+
+        sharding = (replicated_sharding() if mesh is None
+                    else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        arr = _PACKED_CACHE[key] = jax.device_put(np.array(values, dtype=np_dtype), sharding)
+    return arr
+
+
+def _make_fn(plan: _Plan, layout: _Layout):
     nodes = [(n.fn, n.template, d, n.out_avals, n.name) for n, d in zip(plan.nodes, plan.draws)]
     codes = plan.codes
     outputs = plan.outputs
-    n_leaves = len(plan.leaves)
+    n_args = len(layout.array_pos) + len(layout.groups)
 
     def run(*args):
-        leaf_vals = args[:n_leaves]
+        leaf_vals = layout.unpack(args[:n_args])
         key = None
         if plan_has_random:
-            kd = args[n_leaves]
+            kd = args[n_args]
             key = jax.random.fold_in(jax.random.fold_in(jax.random.key(kd[0]), kd[1]), kd[2])
         env = []
         for (fn, template, draw, avals, name), code in zip(nodes, codes):
@@ -204,7 +290,12 @@ def _make_fn(plan: _Plan):
 
 
 class _Program:
-    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh")
+    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh", "layout")
+
+    def call_args(self, leaf_args) -> list:
+        """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
+        n = self.n_leaves
+        return self.layout.pack(leaf_args[:n], self.mesh) + list(leaf_args[n:])
 
 
 def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
@@ -220,20 +311,20 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
         _log_recompile(_last_key, key)
     _last_key = key
     start = time.perf_counter()
-    fn = _make_fn(plan)
-    donate_idx = tuple(i for i, d in enumerate(donate) if d)
+    layout = _Layout(plan)
+    fn = _make_fn(plan, layout)
+    donate_idx = tuple(j for j, i in enumerate(layout.array_pos) if donate[i])
     jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings))
-    # Lowering needs only the key's type: drawing here would consume a key
-    # that no execution uses (a first run would then differ from a cached one).
-    args = _call_args(plan, mesh, draw_key=False)
-    lowered = jitted.lower(*args)
-    compiled = lowered.compile()
     prog = _Program()
-    prog.compiled = compiled
-    prog.lowered = lowered
     prog.n_leaves = len(plan.leaves)
     prog.has_random = plan.has_random
     prog.mesh = mesh
+    prog.layout = layout
+    # Lowering needs only the key's type: drawing here would consume a key
+    # that no execution uses (a first run would then differ from a cached one).
+    lowered = jitted.lower(*prog.call_args(_call_args(plan, mesh, draw_key=False)))
+    prog.compiled = lowered.compile()
+    prog.lowered = lowered
     _CACHE[key] = prog
     metrics.add_time("CompileTime", time.perf_counter() - start)
     return prog, key
@@ -293,7 +384,8 @@ def scalar_array(value, mesh=None):
 
 
 def _call_args(plan: _Plan, mesh=None, draw_key=True) -> list:
-    args = [scalar_array(leaf.value, mesh) if type(leaf) is Scalar else leaf for leaf in plan.leaves]
+    """Per-leaf arguments: arrays, and the ``Scalar`` leaves themselves (packed by ``_Program.call_args``)."""
+    args = list(plan.leaves)
     if plan.has_random:
         args.append(rng.next_key_data() if draw_key else rng.placeholder_key_data())
     return args
@@ -337,7 +429,7 @@ def execute(prog: "_Program", args) -> list:
     """Run a compiled program asynchronously, bounding executions in flight."""
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
-    outs = prog.compiled(*args)
+    outs = prog.compiled(*prog.call_args(args))
     metrics.add_time("ExecuteTime", time.perf_counter() - start)
     if outs:
         _INFLIGHT.append(outs)
@@ -431,12 +523,15 @@ def evaluate(ref: LazyRef) -> jax.Array:
 def lower(refs):
     """``jax.stages.Lowered`` for the program computing ``refs`` (for debugging)."""
     plan = _Plan(refs)
-    fn = _make_fn(plan)
+    layout = _Layout(plan)
+    fn = _make_fn(plan, layout)
 
     mesh = _user_mesh(plan, ())
     if mesh is not None:
         _rehome(plan, mesh)
-    return jax.jit(fn).lower(*_call_args(plan, mesh))
+    leaf_args = _call_args(plan, mesh)
+    n = len(plan.leaves)
+    return jax.jit(fn).lower(*layout.pack(leaf_args[:n], mesh), *leaf_args[n:])
 
 
 def reset_cache() -> None:
