@@ -24,8 +24,9 @@ Columns (host wall-clock, ``time.perf_counter``):
   ready; ``warm-up s``: until the steady state (``spmdtorch.compile`` traces
   until two consecutive traces agree; lazy mode compiles again once AdamW's
   state exists);
-* ``host ms/step``: host time per steady-state step before the program is
-  launched (lazy: recording + graph key + launch; compiled and JAX: the call);
+* ``host ms/step``: host time of one steady-state step launched on an idle
+  device (median of 5), i.e. without back-pressure from the steps in flight
+  (lazy: recording + graph key + launch; compiled and JAX: the call);
 * ``param+opt/device``: bytes of parameters and AdamW state each device holds
   (measured on the arrays), and as a fraction of the unsharded total
   (the target is 1/8 on 8 devices);
@@ -64,6 +65,7 @@ CONFIGS = {"tiny": (8, 64), "small": (8, 128)}  # batch, sequence length
 MODES = ("jax", "lazy", "compiled")
 TARGETS = {"compiled": 1.05, "lazy": 1.25, "first": 1.3}
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
+HOST_STEPS = 5
 
 
 def now() -> float:
@@ -144,15 +146,18 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
         params, opt_state, loss = jitted(params, opt_state, tok)
         losses.append(float(loss))
     warm = now() - t0
-    host = []
     jax.block_until_ready(params)
     t0 = now()
     for _ in range(steps):
+        params, opt_state, loss = jitted(params, opt_state, tok)
+    jax.block_until_ready((params, opt_state, loss))
+    step_s = (now() - t0) / steps
+    host = []
+    for _ in range(HOST_STEPS):  # an idle device: the call's own host cost, no back-pressure
+        jax.block_until_ready((params, opt_state))
         h = now()
         params, opt_state, loss = jitted(params, opt_state, tok)
         host.append(now() - h)
-    jax.block_until_ready((params, opt_state, loss))
-    step_s = (now() - t0) / steps
     losses.append(float(loss))
     return {
         "first_s": first, "warmup_s": warm, "step_ms": step_s * 1e3, "host_ms": statistics.median(host) * 1e3,
@@ -200,15 +205,18 @@ def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
     for _ in range(warmup - 1):
         losses.append(run(tok).item())
     warm = now() - t0
-    host = []
     spmdtorch.wait_device_ops()
     t0 = now()
     for _ in range(steps):
+        loss = run(tok)
+    spmdtorch.wait_device_ops()
+    step_s = (now() - t0) / steps
+    host = []
+    for _ in range(HOST_STEPS):  # an idle device: tracing + launch, no back-pressure
+        spmdtorch.wait_device_ops()
         h = now()
         loss = run(tok)
         host.append(now() - h)
-    spmdtorch.wait_device_ops()
-    step_s = (now() - t0) / steps
     losses.append(loss.item())
 
     state = list(model.parameters()) + [

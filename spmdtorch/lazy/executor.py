@@ -60,7 +60,7 @@ def _fill(x, vals):
 class _Plan:
     """The graph behind a set of roots, in post-order, with its cache key."""
 
-    __slots__ = ("nodes", "codes", "leaves", "outputs", "key", "has_random", "draws")
+    __slots__ = ("nodes", "codes", "leaves", "outputs", "key", "has_random", "draws", "donatable")
 
     def __init__(self, refs):
         node_ids: dict = {}
@@ -108,7 +108,34 @@ class _Plan:
         self.leaves = leaves
         self.outputs = tuple((node_ids[id(r.node)], r.index) for r in refs)
         self.has_random = has_random
+        self.donatable = None  # leaf positions that may be donated (None: every unheld array)
         self.key = (tuple(entries), self.outputs)
+
+    def pair_outputs(self, storages: list) -> list:
+        """Order the outputs so that each donated input's buffer goes to its own storage's new value.
+
+        JAX pairs donated inputs with outputs greedily, in argument order, by
+        shape and dtype. A training step has many same-shaped arrays
+        (parameters, gradients, two Adam moments...); unless outputs come in
+        the order of the inputs they replace, a parameter's buffer is handed
+        to, say, its first moment, and XLA must copy every parameter (a tiny
+        decoder's step made 70 such copies). Outputs whose storage replaced
+        an input leaf come first, in leaf order; only those leaves are donated.
+        Returns ``storages`` in the new output order.
+        """
+        leaf_pos = {id(leaf): i for i, leaf in enumerate(self.leaves) if type(leaf) is not Scalar}
+        pairs = []
+        for k, st in enumerate(storages):
+            i = leaf_pos.get(st.prev) if st is not None and st.prev is not None else None
+            if i is not None and xla_tensor.holder_of(self.leaves[i]) is None:
+                pairs.append((i, k))
+        pairs.sort()
+        taken = {k for _, k in pairs}
+        order = [k for _, k in pairs] + [k for k in range(len(storages)) if k not in taken]
+        self.outputs = tuple(self.outputs[k] for k in order)
+        self.donatable = frozenset(i for i, _ in pairs)
+        self.key = (self.key[0], self.outputs)
+        return [storages[k] for k in order]
 
 
 def _user_mesh(plan, out_shardings):
@@ -419,7 +446,9 @@ def run_plan(plan: _Plan, storages):
         fallback = replicated_sharding() if mesh is None else home
         out_shardings = tuple(fallback if sh is None else sh for sh in out_shardings)
     donate = tuple(
-        type(leaf) is not Scalar and xla_tensor.holder_of(leaf) is None for leaf in plan.leaves
+        type(leaf) is not Scalar and xla_tensor.holder_of(leaf) is None
+        and (plan.donatable is None or i in plan.donatable)
+        for i, leaf in enumerate(plan.leaves)
     )
     prog, _ = _program_for(plan, donate, out_shardings, mesh)
     return execute(prog, _call_args(plan, mesh)), prog
@@ -496,6 +525,7 @@ def sync(wait: bool = False, _on_plan=None) -> None:
     xla_tensor._PENDING.clear()
     if storages:
         plan = _Plan([_padded_output(st) for st in storages])
+        storages = plan.pair_outputs(storages)
         try:
             outs, prog = run_plan(plan, storages)
         except Exception:

@@ -66,7 +66,7 @@ class Storage:
     """
 
     __slots__ = ("value", "version", "sharding", "annotated", "pseq", "logical_shape", "unpadded",
-                 "__weakref__")
+                 "prev", "__weakref__")
 
     def __init__(self, value, sharding=None):
         self.value = None
@@ -79,6 +79,9 @@ class Storage:
         # ``unpadded`` caches (version, LazyRef) of the slice that reads it.
         self.logical_shape = None
         self.unpadded = None
+        # id() of the concrete array a pending value replaced: the executor
+        # pairs that (donated) input with this storage's output buffer.
+        self.prev = None
         self.set(value)
 
     def set(self, value) -> None:
@@ -95,11 +98,14 @@ class Storage:
         self.value = value
         self.version += 1
         if isinstance(value, LazyRef):
+            if old is not None and not isinstance(old, LazyRef):
+                self.prev = id(old)
             # Program outputs are ordered by when their value was last set, so
             # the same step gives the same graph key every time.
             self.pseq = next(_SEQ)
             _PENDING.add(self)
         else:
+            self.prev = None
             _HOLDERS[id(value)] = self
 
     @property
