@@ -19,6 +19,7 @@ from spmdtorch.ops import (  # noqa: F401
     random,
     reductions,
     shape,
+    special,
     views,
 )
 from spmdtorch.ops.registry import LOWERINGS, get_lowering, register, resolve_ops  # noqa: F401

@@ -11,6 +11,8 @@ engine), so nothing here branches on a scalar's value in Python.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -555,12 +557,46 @@ def _complex(real, imag):
     return lax.complex(real, imag)
 
 
+def _trigamma(x):
+    """torch's trigamma: reflection below 0.5, six recurrence steps, asymptotic series."""
+    neg = x < 0.5
+    sin_pi_x = jnp.sin(jnp.pi * x)
+    result = jnp.where(neg, -(jnp.pi * jnp.pi) / (sin_pi_x * sin_pi_x), 0.0)
+    x = jnp.where(neg, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / x
+    return jnp.where(neg, -result, result)
+
+
+def _hurwitz_zeta_int(s, q):
+    """zeta(s, q) for an integer s >= 2 and any q (torch's Cephes zeta also sums
+    the terms (q + k)^-s for negative q): shift q up to >= 1 term by term."""
+    m = jnp.maximum(jnp.ceil(1 - q), 0).astype(jnp.int32)
+    mmax = jnp.max(m) if m.size else jnp.int32(0)
+
+    def body(c):
+        k, acc = c
+        return k + 1, acc + jnp.where(k < m, (q + k) ** (-s), 0.0)
+
+    _, head = lax.while_loop(lambda c: c[0] < mmax, body, (jnp.int32(0), jnp.zeros_like(q)))
+    tail = jax.scipy.special.zeta(jnp.asarray(s, q.dtype), q + m)
+    pole = (q <= 0) & (q == jnp.floor(q))
+    return jnp.where(pole, jnp.inf, head + tail)
+
+
 @register("polygamma.default")
 def _polygamma(n, self):
     x = upcast(self)
-    if n == 0:  # jax's polygamma(0, x) is fine too, but digamma is exact at the poles torch uses
+    if n == 0:
         return jax.scipy.special.digamma(x)
-    return jax.scipy.special.polygamma(jnp.asarray(n, jnp.int32), x)
+    if n == 1:
+        return _trigamma(x)
+    # torch: (-1)^(n+1) n! zeta(n + 1, x)
+    sign = 1.0 if n % 2 else -1.0
+    return sign * math.exp(math.lgamma(n + 1.0)) * _hurwitz_zeta_int(n + 1, x)
 
 
 @register("special_zeta.default", "special_zeta.self_scalar", "special_zeta.other_scalar")

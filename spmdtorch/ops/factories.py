@@ -36,7 +36,7 @@ def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=
     return jnp.full(tuple(size), fill_value, dtype=dt)
 
 
-@register("zeros.default", "zeros.names")
+@register("zeros.default", "zeros.names", "_efficientzerotensor.default")
 def _zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, names=None):
     return jnp.zeros(tuple(size), jdtype(dtype, jnp.float32))
 

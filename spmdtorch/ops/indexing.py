@@ -196,6 +196,10 @@ def _index_fill(self, dim, index, value):
 
 @register("index_reduce.default")
 def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    if self.ndim == 0:  # torch treats a 0-d self as 1-d of one element
+        out = _index_reduce(self.reshape(1), 0, jnp.reshape(index, (-1,)), jnp.reshape(source, (-1,)), reduce,
+                            include_self=include_self)
+        return out.reshape(())
     d = canon_dim(dim, self.ndim)
     # Express as scatter_reduce with index broadcast along the other dims.
     shape = [1] * self.ndim
@@ -315,4 +319,18 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
         if mode == 1:
             out = out / jnp.maximum(cnt, 1)[:, None]
         max_idx = jnp.zeros((0,), jnp.int32)
+    if cnt.shape[0] < offsets.shape[0]:
+        # Off-CPU (meta) shape rule: bag_size has one entry per offset.
+        cnt = jnp.pad(cnt, (0, offsets.shape[0] - cnt.shape[0]))
     return out.astype(weight.dtype), bag, cnt, max_idx
+
+
+@register("embedding_renorm.default")
+def _embedding_renorm(self, indices, max_norm, norm_type):
+    """``embedding(max_norm=)``: rows that ``indices`` uses are scaled to norm ``max_norm``."""
+    idx = jnp.reshape(indices, (-1,)).astype(jnp.int32)
+    rows = jnp.take(self, idx, axis=0).astype(jnp.float32)
+    norm = jnp.sum(jnp.abs(rows) ** norm_type, axis=1) ** (1.0 / norm_type)
+    # torch's kernel: scale = max_norm / (norm + 1e-7) where norm > max_norm
+    scale = jnp.where(norm > max_norm, max_norm / (norm + 1e-7), 1.0)
+    return self.at[idx].set((rows * scale[:, None]).astype(self.dtype))

@@ -404,3 +404,40 @@ def _pinv(self, *, atol=None, rtol=None, hermitian=False):
     tol = jnp.maximum(a, r * smax)
     s_inv = jnp.where(s > tol, 1 / jnp.where(s > tol, s, 1), 0).astype(self.dtype)
     return jnp.matmul(_mT(vh).conj() * s_inv[..., None, :], _mT(u).conj())
+
+
+@register("_trilinear.default")
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``bilinear``'s kernel: each input unsqueezed at its ``expand`` dims, the
+    product summed over ``sumdim`` (removed), accumulated in float32."""
+
+    def unsq(t, dims):
+        for d in sorted(dims):
+            t = jnp.expand_dims(t, d)
+        return t.astype(jnp.float32) if is_float(t) else t
+
+    prod = unsq(i1, expand1) * unsq(i2, expand2) * unsq(i3, expand3)
+    return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod
+
+
+@register("ormqr.default")
+def _ormqr(input, input2, input3, left=True, transpose=False):
+    """``op(Q) @ C`` (or ``C @ op(Q)``) with Q the full m×m product of the
+    Householder reflectors in ``input``/``input2`` (geqrf's output)."""
+    m, k = input.shape[-2], input2.shape[-1]
+    a = input[..., :, :k]
+    if k < m:  # pad to m reflectors (zero taus are identities) for the full Q
+        a = jnp.concatenate([a, jnp.zeros(a.shape[:-1] + (m - k,), a.dtype)], axis=-1)
+        tau = jnp.concatenate([input2, jnp.zeros(input2.shape[:-1] + (m - k,), input2.dtype)], axis=-1)
+    else:
+        tau = input2
+    q = lax.linalg.householder_product(a, tau)
+    if transpose:
+        q = _mT(q).conj()
+    return jnp.matmul(q, input3) if left else jnp.matmul(input3, q)
+
+
+@register("linalg_eig.default")
+def _eig(self):
+    w, v = jnp.linalg.eig(self)
+    return w, v

@@ -7,6 +7,8 @@ integer/bool sums in the int64 storage type, as torch does.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -420,3 +422,44 @@ def _mode(self, dim=-1, keepdim=False):
 @register("count_nonzero.default", "count_nonzero.dim_IntList")
 def _count_nonzero(self, dim=None):
     return jnp.sum(self != 0, axis=reduce_dims(dim, self.ndim), dtype=jnp.int32)
+
+
+@register("segment_reduce.default", lift_scalars=False)
+def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
+                    initial=None):
+    """Reduce consecutive runs of ``data`` along ``axis`` (1-d ``lengths`` or ``offsets``).
+
+    Empty segments give ``initial`` or the reduction's identity (mean: nan);
+    ``initial`` also takes part in non-empty reductions, as in torch.
+    """
+    bounds = lengths if lengths is not None else offsets
+    if bounds is None:
+        raise NotImplementedError("segment_reduce needs lengths or offsets (indices is unsupported in torch too)")
+    if bounds.ndim > 1:  # batched: one 1-d problem per leading index (lengths/offsets share data's leading dims)
+        a = canon_dim(axis, data.ndim)
+        one = functools.partial(_segment_reduce, reduce=reduce, axis=a - 1, unsafe=unsafe, initial=initial)
+        if lengths is not None:
+            return jax.vmap(lambda d, b: one(d, lengths=b))(data, lengths)
+        return jax.vmap(lambda d, b: one(d, offsets=b))(data, offsets)
+    if offsets is None:
+        offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths.astype(jnp.int32))])
+    offsets = offsets.astype(jnp.int32)
+    nseg = offsets.shape[0] - 1
+    a = canon_dim(axis, data.ndim)
+    x = jnp.moveaxis(upcast(data), a, 0)
+    pos = jnp.arange(x.shape[0], dtype=jnp.int32)
+    seg = jnp.sum(pos[:, None] >= offsets[None, 1:], axis=1).astype(jnp.int32)  # nseg past the end: dropped
+    count = jax.ops.segment_sum(jnp.ones_like(pos), seg, num_segments=nseg)
+    count = count.reshape((nseg,) + (1,) * (x.ndim - 1))
+    ops = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "max": jax.ops.segment_max,
+           "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}
+    out = ops[reduce](x, seg, num_segments=nseg)
+    identity = {"sum": 0.0, "mean": jnp.nan, "max": -jnp.inf, "min": jnp.inf, "prod": 1.0}[reduce]
+    if initial is not None:
+        combine = {"sum": jnp.add, "mean": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}
+        out = combine[reduce](out, initial)
+        identity = initial
+    if reduce == "mean":
+        out = out / jnp.where(count > 0, count, 1)  # torch: (sum + initial) / count
+    out = jnp.where(count > 0, out, identity)
+    return jnp.moveaxis(out, 0, a)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from spmdtorch.ops._util import canon_dim
@@ -88,8 +89,26 @@ def _constant_pad_nd(self, pad, value=0):
 
 
 def _np_pad(self, padding, mode):
-    widths = [(lo, hi) for lo, hi, _ in _pad_config(self.ndim, padding)]
-    return jnp.pad(self, widths, mode=mode)
+    """reflect / edge (replicate) / wrap (circular) padding as one gather per dim.
+
+    Output position ``j`` of a dim of size ``n`` padded by ``(lo, hi)`` reads
+    input ``j - lo`` mapped back into range; negative widths crop, as in torch.
+    """
+    out = self
+    for d, (lo, hi, _) in enumerate(_pad_config(self.ndim, padding)):
+        if lo == 0 and hi == 0:
+            continue
+        n = out.shape[d]
+        k = np.arange(n + lo + hi) - lo
+        if mode == "edge":
+            src = np.clip(k, 0, n - 1)
+        elif mode == "wrap":
+            src = np.mod(k, n)
+        else:  # reflect about the first and last element (no repeat)
+            src = np.abs(k)
+            src = np.where(src > n - 1, 2 * (n - 1) - src, src)
+        out = jnp.take(out, jnp.asarray(src, jnp.int32), axis=d)
+    return out
 
 
 for _n in (1, 2, 3):

@@ -154,7 +154,11 @@ class XlaDeviceMode(TorchFunctionMode):
             with capture_meta_factories():
                 return func(*args, **kwargs)
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            # A composite that returns its meta helper itself (linalg.norm of
+            # an empty matrix returns at::zeros(..., self.options())).
+            if type(out) is not torch.Tensor or not out.is_meta or not _any_xla(args, kwargs):
+                return out
         except MetaFactoryLeak:
             # A C++ composite (cov, cosine_similarity...) made a helper tensor
             # on meta, the xla tensors' storage device. Run it again with such
@@ -164,8 +168,11 @@ class XlaDeviceMode(TorchFunctionMode):
                 raise
         except NotImplementedError as e:
             # The same, where the composite then ran an op on its meta helper
-            # alone (combinations: masked_select on a meta mask).
-            if func in _NO_RETRY or "with Meta tensors" not in str(e) or not _any_xla(args, kwargs):
+            # alone (combinations: masked_select on a meta mask) or read it
+            # (linalg.norm of an empty matrix).
+            msg = str(e)
+            leaked = "with Meta tensors" in msg or "Cannot copy out of meta tensor" in msg
+            if func in _NO_RETRY or not leaked or not _any_xla(args, kwargs):
                 raise
         CAPTURE_FUNCS.add(func)
         with capture_meta_factories():

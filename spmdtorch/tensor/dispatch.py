@@ -112,7 +112,16 @@ def functional_twin(func):
         packet = getattr(aten, name[:-1], None)
         if packet is None:
             return None
-        return getattr(packet, func._overloadname, None)
+        # Same overload name is not always the same signature: pow_.Scalar
+        # (Tensor self, Scalar exponent) is pow.Tensor_Scalar, while
+        # pow.Scalar is (Scalar self, Tensor exponent).
+        want = [(a.name, str(a.type)) for a in schema.arguments]
+        same = getattr(packet, func._overloadname, None)
+        cands = ([same] if same is not None else []) + [getattr(packet, ov) for ov in packet.overloads()]
+        for cand in cands:
+            if [(a.name, str(a.type)) for a in cand._schema.arguments] == want and not op_facts(cand).mutable_pos:
+                return cand
+        return None
     if facts.is_out:
         packet = getattr(aten, name, None)
         if packet is None:
@@ -399,7 +408,7 @@ def _facts_with_route(func) -> OpFacts:
     elif func in _INDEX_OPS:
         facts.route = _dispatch_index
     elif func in _PREFER_DECOMPOSITION:
-        facts.route = _decompose
+        facts.route = _decompose_batch_norm
     else:
         facts.route = None
     _FACTS_BY_ID[id(func)] = facts
@@ -528,6 +537,22 @@ _PREFER_DECOMPOSITION = frozenset(
     for n in ("native_batch_norm.default", "_native_batch_norm_legit.default", "_batch_norm_with_update.default")
     for op in registry.resolve_ops(n)
 )
+
+def _decompose_batch_norm(func, args, kwargs):
+    """torch's decomposition, with eager CPU's eval-mode outputs: empty
+    ``save_mean``/``save_invstd`` (the decomposition returns per-channel ones
+    off CPU, as CUDA does; backward in eval mode reads the running stats)."""
+    out = _decompose(func, args, kwargs)
+    names = op_facts(func).arg_names
+    if "training" not in names:  # _batch_norm_with_update always trains
+        return out
+    i = names.index("training")
+    training = args[i] if i < len(args) else kwargs.get("training")
+    if training or not isinstance(out, (tuple, list)) or len(out) != 3:
+        return out
+    empty = [dispatch(aten.empty.memory_format, ([0],), {"dtype": o.dtype, "device": XLA_DEVICE}) for o in out[1:]]
+    return (out[0], *empty)
+
 
 _IDENTITY_VIEWS = frozenset(
     op for n in ("alias.default", "detach.default", "lift_fresh.default") for op in registry.resolve_ops(n)
@@ -765,6 +790,11 @@ _DATA_DEPENDENT = frozenset(
         "nonzero", "nonzero_numpy", "masked_select", "_unique", "_unique2", "unique_dim",
         "unique_consecutive", "unique_dim_consecutive", "repeat_interleave.Tensor",
         "bincount", "histc", "nonzero_static",
+        # histograms: bin edges and counts come from a data pass; the CPU
+        # kernels are what torch_xla falls back to as well
+        "histogram", "_histogramdd_bin_edges", "_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors",
+        # no meta kernel in torch, so no output shapes to record a node with
+        "geqrf", "linalg_lstsq",
     )
     for op in registry.resolve_ops(n)
 )

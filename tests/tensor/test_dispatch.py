@@ -103,3 +103,66 @@ def test_equal_and_allclose_return_python_bools():
     assert torch.allclose(a, a + 1e-9) is True
     assert torch.allclose(a, a + 1) is False
     assert spmdtorch.debug.counter_value("aten::_local_scalar_dense") > 0
+
+
+def test_inplace_ops_use_the_out_of_place_op_with_the_same_signature():
+    """``pow_.Scalar`` is ``pow.Tensor_Scalar``, not ``pow.Scalar`` (Scalar base)."""
+    src = torch.tensor([1.5, 2.0, 3.0])
+    x = src.to("xla")
+    x.pow_(3)
+    torch.testing.assert_close(x.cpu(), src.pow(3))
+    x.pow_(torch.tensor([1.0, 0.5, 2.0], device="xla"))
+    torch.testing.assert_close(x.cpu(), src.pow(3).pow(torch.tensor([1.0, 0.5, 2.0])))
+
+
+def test_backward_formulas_that_build_tensors_from_grad_options():
+    """Backward formulas make helpers from the gradient's options (device meta):
+    pow's where(exponent == 0, 0, ...), vector_norm's pow_, sgn's zero tensor."""
+    torch.manual_seed(0)
+    a = torch.randn(3, 4)
+    for fn in (lambda t: torch.pow(t.abs(), 2.5).sum(), lambda t: torch.linalg.vector_norm(t, 3),
+               lambda t: torch.nn.functional.margin_ranking_loss(t[0], t[1], torch.ones_like(t[2])),
+               lambda t: torch.sgn(t).sum() + t.sum()):
+        xa = a.to("xla").requires_grad_()
+        fn(xa).backward()
+        ca = a.clone().requires_grad_()
+        fn(ca).backward()
+        torch.testing.assert_close(xa.grad.cpu(), ca.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("index", [[0, 2], (Ellipsis, [1, 2]), ([0, 1], [2, 3]), (slice(None), [[0, 1], [2, 3]]),
+                                   [True, False, True, False, True]],
+                         ids=["list", "ellipsis_list", "two_lists", "nested_list", "bool_list"])
+def test_python_index_lists(index):
+    """torch turns index lists into tensors on self's storage device (meta) with
+    the Python key masked; the device mode hands them over as host tensors."""
+    src = torch.arange(125.0).reshape(5, 5, 5)
+    x = src.to("xla")
+    torch.testing.assert_close(x[index].cpu(), src[index])
+    y, ref = x.clone(), src.clone()
+    y[index] = -1.0
+    ref[index] = -1.0
+    torch.testing.assert_close(y.cpu(), ref)
+
+
+def test_conj_and_neg_views_carry_their_values():
+    """An XlaTensor has no conj/neg bit: the view's value is conjugated itself."""
+    src = torch.randn(4, dtype=torch.complex64)
+    x = src.to("xla")
+    torch.testing.assert_close(x.conj().cpu(), src.conj().resolve_conj())
+    torch.testing.assert_close(torch.fft.ifft(src.real.to("xla")).cpu(), torch.fft.ifft(src.real))
+
+
+def test_composite_returning_its_meta_helper_is_rerun_on_xla():
+    """linalg.norm of an empty matrix returns at::zeros(..., self.options()) itself."""
+    got = torch.linalg.norm(torch.zeros(0, 0, device="xla"), float("inf"), keepdim=True)
+    assert isinstance(got, XlaTensor)
+    torch.testing.assert_close(got.cpu(), torch.linalg.norm(torch.zeros(0, 0), float("inf"), keepdim=True))
+
+
+def test_batch_norm_in_eval_mode_returns_cpu_shaped_saved_stats():
+    x, rm, rv = torch.randn(3, 2, 4), torch.zeros(2), torch.ones(2)
+    want = torch.ops.aten.native_batch_norm(x, None, None, rm, rv, False, 0.1, 1e-5)
+    got = torch.ops.aten.native_batch_norm(x.to("xla"), None, None, rm.to("xla"), rv.to("xla"), False, 0.1, 1e-5)
+    assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want] == [(3, 2, 4), (0,), (0,)]
+    torch.testing.assert_close(got[0].cpu(), want[0])

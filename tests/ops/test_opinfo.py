@@ -1,0 +1,143 @@
+"""Every entry of PyTorch's OpInfo database through spmdtorch, against eager CPU torch.
+
+One test per ``op_db`` entry and mode (``float32`` forward, ``bfloat16``
+forward, ``float32-grad``: forward plus gradients), driven by the harness of
+``tools/opinfo_report.py`` (OpInfo's own tolerances). Each entry is held to
+``tests/ops/opinfo_expected_failures.py``:
+
+* not listed: it must not fail (``n/a`` is fine: eager torch does not support
+  the dtype, or the op has no autograd);
+* listed: it must still fail ("unexpectedly passed" otherwise, so the list
+  only ever shrinks). The listed first failing sample is run besides the first
+  ones, so the failure is re-checked, not assumed.
+
+To stay inside the CI budget (≤ 5 minutes on 2 cores) each entry runs only its
+first ``MAX_SAMPLES[mode]`` samples here; ``python tools/opinfo_report.py``
+runs every sample and writes docs/opinfo_coverage.md (the full report).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import warnings
+
+import pytest
+import torch
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+opinfo_report = _load("opinfo_report", _HERE.parents[1] / "tools" / "opinfo_report.py")
+EXPECTED_FAILURES = _load("opinfo_expected_failures", _HERE / "opinfo_expected_failures.py").EXPECTED_FAILURES
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+OPS = {opinfo_report.entry_name(op): op for op in op_db}
+MODES = opinfo_report.MODES  # mode -> (dtype name, grad)
+# Samples per entry in CI (the report runs them all). bfloat16 and gradients
+# cost a compile per entry like float32 does, so they get one sample each.
+MAX_SAMPLES = {"float32": 2, "bfloat16": 1, "float32-grad": 1}
+_FIX = ("regenerate the list with `python tools/opinfo_report.py --ops {name} --mode {mode}` and "
+        "`python tools/opinfo_report.py --write-expected tests/ops/opinfo_expected_failures.py`")
+
+
+def expected_failure(op, mode):
+    dtype, grad = MODES[mode]
+    return EXPECTED_FAILURES.get((op.name, op.variant_test_name or "", dtype, "grad" if grad else "forward"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_caches():
+    """~2000 entries each compile their own programs: drop them as we go."""
+    import jax
+
+    from spmdtorch.lazy import executor
+
+    yield
+    executor.reset_cache()
+    jax.clear_caches()
+
+
+_RUNS = [0]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("name", list(OPS))
+def test_opinfo(name, mode):
+    import spmdtorch  # noqa: F401
+    from spmdtorch.lazy import executor
+
+    op = OPS[name]
+    dtype, grad = MODES[mode]
+    xfail = expected_failure(op, mode)
+    also = (xfail[0],) if xfail is not None and xfail[0] is not None else ()
+    rec = opinfo_report.run_entry(op, getattr(torch, dtype), grad=grad, sample_timeout=60,
+                                  max_samples=MAX_SAMPLES[mode], also=also)
+    _RUNS[0] += 1
+    executor.reset_cache()  # entries share no programs; keep memory flat
+    if _RUNS[0] % 200 == 0:
+        import jax
+
+        jax.clear_caches()
+    if xfail is None or xfail[0] is None:
+        # (a None sample: the entry timed out or crashed in the full run;
+        # its first samples must still pass)
+        if rec["status"] == "fail":
+            first = rec["failures"][0] if rec.get("failures") else {}
+            pytest.fail(f"OpInfo {name} [{mode}] fails on sample {first.get('sample')}: {rec['reason']}\n"
+                        f"{first.get('detail', '')[:800]}\nFix it, or if it is a known gap, "
+                        + _FIX.format(name=name, mode=mode), pytrace=False)
+        return
+    if rec["status"] != "fail":
+        pytest.fail(f"OpInfo {name} [{mode}] unexpectedly {rec['status']} (listed as failing: {xfail[1]}); "
+                    "remove it from tests/ops/opinfo_expected_failures.py, i.e. " + _FIX.format(name=name, mode=mode),
+                    pytrace=False)
+
+
+def test_expected_failures_name_real_entries():
+    """A renamed or removed OpInfo entry must not leave a stale key behind."""
+    known = {(op.name, op.variant_test_name or "") for op in op_db}
+    stale = [k for k in EXPECTED_FAILURES if (k[0], k[1]) not in known]
+    assert not stale, f"expected-failure keys that name no op_db entry: {stale[:10]}"
+    bad = [k for k in EXPECTED_FAILURES if k[2] not in ("float32", "bfloat16") or k[3] not in ("forward", "grad")]
+    assert not bad, f"expected-failure keys with an unknown dtype/mode: {bad[:10]}"
+
+
+def test_listed_failure_is_rechecked_not_assumed():
+    """The harness reports a listed failing sample it is asked for, beyond the cap."""
+    import spmdtorch  # noqa: F401
+
+    op = OPS["add"]
+
+    class Broken:
+        """``add`` that fails on xla for its sample 5 only."""
+
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, k):
+            return getattr(op, k)
+
+        def __call__(self, x, *a, **k):
+            if x.device.type == "xla" and tuple(x.shape) == self.bad_shape:
+                raise NotImplementedError("no lowering for aten.fake.default")
+            return op(x, *a, **k)
+
+    broken = Broken()
+    samples = opinfo_report.select_samples(op, torch.float32, False)
+    broken.bad_shape = tuple(samples[5][1].input.shape)
+    rec = opinfo_report.run_entry(broken, torch.float32, max_samples=1, also=(5,))
+    assert rec["samples"] == 2
+    assert rec["status"] == "fail" and rec["failing_samples"][0] == 5, rec
+    assert rec["reason"] == "NotImplementedError: no lowering for aten.fake.default"
+    assert opinfo_report.run_entry(broken, torch.float32, max_samples=1)["status"] == "pass"
