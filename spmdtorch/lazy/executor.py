@@ -213,11 +213,11 @@ class _Layout:
 
     __slots__ = ("n_leaves", "array_pos", "groups")
 
-    def __init__(self, plan):
+    def __init__(self, plan, pack: bool = True):
         kinds: dict = {}
         array_pos = []
         for i, leaf in enumerate(plan.leaves):
-            kind = _scalar_kind(leaf.value) if type(leaf) is Scalar else None
+            kind = _scalar_kind(leaf.value) if pack and type(leaf) is Scalar else None
             if kind is None:
                 array_pos.append(i)
             else:
@@ -270,7 +270,11 @@ def _packed_array(kind, values, mesh):
     return arr
 
 
-def _make_fn(plan: _Plan, layout: _Layout):
+def _make_fn(plan: _Plan, layout: _Layout | None = None):
+    """The program as a function of its arguments (``layout``: how leaves are passed;
+    None passes one argument per leaf, as a nested body such as a shard_map region wants)."""
+    if layout is None:
+        layout = _Layout(plan, pack=False)
     nodes = [(n.fn, n.template, d, n.out_avals, n.name) for n, d in zip(plan.nodes, plan.draws)]
     codes = plan.codes
     outputs = plan.outputs

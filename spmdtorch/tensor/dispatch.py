@@ -398,6 +398,12 @@ _CLONE = aten.clone.default
 _FACTS_BY_ID: dict = {}
 
 
+def reset_op_facts() -> None:
+    """Forget every op's cached facts (after changing the lowering or decomposition tables)."""
+    op_facts.cache_clear()
+    _FACTS_BY_ID.clear()
+
+
 def _facts_with_route(func) -> OpFacts:
     facts = op_facts(func)
     special = _SPECIAL.get(func)
