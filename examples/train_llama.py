@@ -164,8 +164,8 @@ from spmdtorch.partition import (
     checkpoint_module,
     get_sharding_spec,
     mark_sharding,
+    memory_plan,
     plain_state_dict,
-    tensor_sharding,
     transformer_auto_wrap_policy,
 )
 
@@ -227,37 +227,28 @@ def make_mesh(shape: tuple[int, ...]) -> Mesh:
     return Mesh(np.arange(int(np.prod(shape))), shape, names)
 
 
-def _shard_shape(p: torch.Tensor) -> tuple[int, ...]:
-    """The block of ``p`` one device holds (uneven dims round up: they are padded)."""
-    sharding = tensor_sharding(p)
-    shape = tuple(p.shape)
-    if sharding is None:
-        return shape
-    per_dim = [1] * len(shape)
-    for dim, axes in enumerate(tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))):
-        for axis in (axes,) if isinstance(axes, str) else (axes or ()):
-            per_dim[dim] *= sharding.mesh.shape[axis]
-    return tuple(-(-n // k) for n, k in zip(shape, per_dim))
-
-
 def parameter_table(model: torch.nn.Module) -> tuple[Table, int]:
-    """Every parameter: shape, PyTorch/XLA sharding string, per-device block and bytes."""
-    table = Table(title="Parameter sharding", show_footer=True)
+    """Every parameter: shape, PyTorch/XLA sharding string, per-device block and bytes.
+
+    The per-device numbers come from ``spmdtorch.partition.memory_plan``,
+    which also totals AdamW's state.
+    """
     named = plain_state_dict(model, keep_vars=True)
-    params = [(n, p) for n, p in named.items() if isinstance(p, torch.nn.Parameter)]
-    total = sum(p.numel() for _, p in params)
-    per_device = sum(int(np.prod(_shard_shape(p))) * p.element_size() for _, p in params)
-    full = sum(p.numel() * p.element_size() for _, p in params)
-    table.add_column("parameter", footer="total", overflow="fold")
+    params = {n: p for n, p in named.items() if isinstance(p, torch.nn.Parameter)}
+    plan = memory_plan(params, optimizer="adamw", show=False)
+    total = sum(p.numel() for p in params.values())
+    full = sum(t.global_bytes for t in plan.tensors)
+    table = Table(title="Parameter sharding", show_footer=True)
+    table.add_column("parameter", footer="total (+ AdamW state)", overflow="fold")
     table.add_column("shape", footer=f"{total:,} elements")
     table.add_column("sharding (HLO)", overflow="fold")
     table.add_column("per-device block")
     table.add_column("bytes/device", justify="right",
-                     footer=f"{per_device / 2**20:.2f} MiB of {full / 2**20:.2f} MiB")
-    for name, p in params:
-        block = _shard_shape(p)
-        table.add_row(name, str(tuple(p.shape)), get_sharding_spec(p) or "replicated", str(block),
-                      f"{int(np.prod(block)) * p.element_size():,}")
+                     footer=f"{plan.parameter_bytes / 2**20:.2f} of {full / 2**20:.2f} MiB "
+                            f"(+ {plan.optimizer_bytes / 2**20:.2f} MiB)")
+    for t in plan.tensors:
+        table.add_row(t.name, str(t.shape), get_sharding_spec(params[t.name]) or "replicated",
+                      str(t.shard_shape), f"{t.bytes_per_device:,}")
     return table, total
 
 
