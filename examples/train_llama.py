@@ -239,13 +239,13 @@ def parameter_table(model: torch.nn.Module) -> tuple[Table, int]:
     total = sum(p.numel() for p in params.values())
     full = sum(t.global_bytes for t in plan.tensors)
     table = Table(title="Parameter sharding", show_footer=True)
-    table.add_column("parameter", footer="total (+ AdamW state)", overflow="fold")
+    table.add_column("parameter", footer="total; AdamW state", overflow="fold")
     table.add_column("shape", footer=f"{total:,} elements")
-    table.add_column("sharding (HLO)", overflow="fold")
+    table.add_column("sharding (HLO)", no_wrap=True)
     table.add_column("per-device block")
     table.add_column("bytes/device", justify="right",
-                     footer=f"{plan.parameter_bytes / 2**20:.2f} of {full / 2**20:.2f} MiB "
-                            f"(+ {plan.optimizer_bytes / 2**20:.2f} MiB)")
+                     footer=f"{plan.parameter_bytes / 2**20:.2f}/{full / 2**20:.2f} MiB; "
+                            f"{plan.optimizer_bytes / 2**20:.2f}")
     for t in plan.tensors:
         table.add_row(t.name, str(t.shape), get_sharding_spec(params[t.name]) or "replicated",
                       str(t.shard_shape), f"{t.bytes_per_device:,}")
