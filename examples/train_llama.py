@@ -41,7 +41,7 @@ Sharding:
 Checkpoint:
     At the end the model, the optimizer state, the step and the RNG states are
     saved with ``spmdtorch.checkpoint.CheckpointManager`` to
-    ``--checkpoint-dir`` (``checkpoints/train_llama``): a sharded Orbax
+    ``--checkpoint-dir`` (default: a new ``checkpoints/train_llama-<date>-<time>``): a sharded Orbax
     checkpoint that restores onto any mesh or device count.
 
 Multi-host:
@@ -81,8 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="bf16: compute in bfloat16, keep float32 master weights and optimizer state")
     p.add_argument("--checkpoint-layers", action="store_true",
                    help="activation checkpointing: recompute each decoder layer in backward")
-    p.add_argument("--checkpoint-dir", default="checkpoints/train_llama",
-                   help="where the final sharded checkpoint (model, optimizer, step, RNG) is saved")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="where the final sharded checkpoint (model, optimizer, step, RNG) is saved "
+                        "(default: a new checkpoints/train_llama-<date>-<time> per run)")
     p.add_argument("--no-save", action="store_true", help="do not save a checkpoint at the end")
     p.add_argument("--log-every", type=int, default=1,
                    help="read the loss back every k steps (each read waits for the device)")
@@ -95,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--cpu-devices must be >= 1")
     if args.log_every < 1:
         p.error("--log-every must be >= 1")
+    if args.checkpoint_dir is None:  # a fresh directory: a rerun never collides with an earlier save
+        args.checkpoint_dir = time.strftime("checkpoints/train_llama-%Y%m%d-%H%M%S")
     return args
 
 

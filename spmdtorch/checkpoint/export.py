@@ -21,11 +21,11 @@ import warnings
 import numpy as np
 import orbax.checkpoint as ocp
 import torch
-from etils import epath
 
 from spmdtorch.checkpoint import fingerprint, placement, tree
 from spmdtorch.checkpoint.errors import CheckpointCorruptionError
 from spmdtorch.checkpoint.io import ARRAYS, read_record
+from spmdtorch.checkpoint.paths import checkpoint_path
 
 __all__ = ["export", "read_arrays"]
 
@@ -47,7 +47,7 @@ def read_arrays(path, record: dict, indices, max_host_bytes: int):
     Reads in batches of at most ``max_host_bytes`` (one array when larger) and
     checks each array's fingerprint.
     """
-    path = epath.Path(path)
+    path = checkpoint_path(path)
     infos = record["arrays"]
     batch, size = [], 0
     for i in indices:

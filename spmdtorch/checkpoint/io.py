@@ -40,6 +40,7 @@ from spmdtorch.checkpoint.errors import (
     UnexpectedKeysError,
     ValueKindMismatchError,
 )
+from spmdtorch.checkpoint.paths import checkpoint_path
 from spmdtorch.lazy import executor
 
 __all__ = ["ARRAYS", "FORMAT", "META", "load", "read_record", "save"]
@@ -175,7 +176,7 @@ def save(path, state, *, overwrite: bool = False) -> None:
         >>> w.cpu()
         tensor([0., 1., 2., 3.])
     """
-    path = epath.Path(path)
+    path = checkpoint_path(path)
     if path.exists() and not overwrite:
         raise CheckpointExistsError(
             f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
@@ -203,7 +204,7 @@ def read_record(path) -> dict:
         NotACheckpointError: ``path`` is missing or holds no spmdtorch checkpoint.
         CheckpointCorruptionError: ``path`` is a checkpoint whose record is missing or damaged.
     """
-    path = epath.Path(path)
+    path = checkpoint_path(path)
     if not path.exists():
         tmp = [p.name for p in path.parent.glob(path.name + _TMP_MARK + "*")] if path.parent.exists() else []
         hint = (f" (found the unfinished save {tmp[0]!r}: that save was interrupted)" if tmp else "")
@@ -396,7 +397,7 @@ def load(path, state, *, strict: bool = True, cast: bool = False):
         DtypeMismatchError, ValueKindMismatchError: nothing was changed.
         CheckpointCorruptionError: the files are damaged; nothing was changed.
     """
-    path = epath.Path(path)
+    path = checkpoint_path(path)
     record = read_record(path)
     saved = tree.decode(record["tree"])
     executor.sync()

@@ -25,6 +25,7 @@ from spmdtorch.checkpoint.errors import (
     CheckpointExistsError,
     StepNotFoundError,
 )
+from spmdtorch.checkpoint.paths import checkpoint_path
 
 __all__ = ["CheckpointManager"]
 
@@ -73,7 +74,7 @@ class CheckpointManager:
 
     def __init__(self, directory, save_interval_steps: int = 1, max_to_keep: int | None = None,
                  async_save: bool = True, save_on_preemption: bool = True):
-        self._directory = epath.Path(directory)
+        self._directory = checkpoint_path(directory)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=_positive_int(save_interval_steps, "save_interval_steps"),
             max_to_keep=_positive_int(max_to_keep, "max_to_keep", allow_none=True),
