@@ -157,25 +157,33 @@ def test_same_seed_same_values_on_1_4_8_devices_and_any_sharding(devices8, tmp_p
         for k in ref:
             assert torch.equal(got[k], ref[k]), f"{label}: {k} differs from the replicated init"
 
-    # A 1-device runtime (a fresh process: the device count is fixed at startup).
-    script = textwrap.dedent(f"""
-        import torch, spmdtorch
-        from torch import nn
-        import jax
-        assert jax.device_count() == 1
-        with torch.device("meta"):
-            model = nn.Sequential(nn.Linear(64, 172), nn.Tanh(), nn.Linear(172, 64), nn.Embedding(40, 16))
-        torch.manual_seed({SEED})
-        spmdtorch.materialize(model)
-        torch.save({{k: v.cpu() for k, v in model.state_dict().items()}}, {str(tmp_path / "one.pt")!r})
-    """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
-               PJRT_DEVICE="CPU")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one = torch.load(tmp_path / "one.pt")
-    for k in ref:
-        assert torch.equal(one[k], ref[k]), f"1-device runtime: {k} differs"
+    # 1- and 4-device runtimes (fresh processes: the device count is fixed at
+    # startup), the 4-device one FSDP-sharded over all its devices.
+    for n in (1, 4):
+        script = textwrap.dedent(f"""
+            import numpy as np, torch, spmdtorch
+            from torch import nn
+            import jax
+            from spmdtorch.mesh import Mesh
+            assert jax.device_count() == {n}
+            with torch.device("meta"):
+                model = nn.Sequential(nn.Linear(64, 172), nn.Tanh(), nn.Linear(172, 64), nn.Embedding(40, 16))
+            torch.manual_seed({SEED})
+            if {n} > 1:
+                spmdtorch.materialize(model, Mesh(np.arange({n}), ({n},), ("fsdp",)), "fsdp")
+                assert "devices=[{n}" in spmdtorch.partition.get_sharding_spec(model[0].weight)
+            else:
+                spmdtorch.materialize(model)
+            torch.save({{k: v.cpu() for k, v in model.state_dict().items()}}, {str(tmp_path / "run.pt")!r})
+        """)
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu",
+                   PJRT_DEVICE="CPU")
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = torch.load(tmp_path / "run.pt")
+        for k in ref:
+            assert torch.equal(got[k], ref[k]), f"{n}-device runtime: {k} differs"
 
 
 def test_tied_weights_stay_tied_and_buffers_are_reinitialised(devices8):
