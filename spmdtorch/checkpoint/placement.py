@@ -25,7 +25,7 @@ from spmdtorch.checkpoint.tree import keystr
 from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import transfer
-from spmdtorch.tensor.dispatch import read_value
+from spmdtorch.tensor.dispatch import concrete_value
 
 __all__ = ["Layout", "even_sharding", "host_array", "install", "layout_of", "save_value", "to_torch"]
 
@@ -122,12 +122,7 @@ def save_value(t):
     the fingerprint reads the storage itself (padding excluded).
     """
     if t._chain:
-        value = read_value(t)
-        if isinstance(value, LazyRef):
-            executor.sync()
-            value = read_value(t)
-            if isinstance(value, LazyRef):
-                value = executor.evaluate(value)
+        value = concrete_value(t)
         return value, value, None
     value = _concrete_storage_value(t)
     logical = tuple(t.shape)
@@ -156,12 +151,7 @@ def cast(array, dtype, sharding):
 
 def host_array(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's data as a numpy array of its own (full-width) dtype."""
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    t = t.contiguous()
+    t = transfer.plain_cpu(t).contiguous()
     if t.dtype == torch.bfloat16:
         import ml_dtypes
 

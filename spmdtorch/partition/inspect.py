@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.partition.hlo_sharding import hlo_sharding_string
 from spmdtorch.partition.marking import _check_tensor
 from spmdtorch.partition.sharding_enum import ShardingType, sharding_type_of
 from spmdtorch.partition.visualize import visualize_sharding
-from spmdtorch.tensor.dispatch import read_value
+from spmdtorch.tensor.dispatch import concrete_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["get_sharding_spec", "sharding_type", "visualize_tensor_sharding"]
@@ -23,14 +22,7 @@ def _effective_sharding(t):
     if isinstance(t, XlaTensor) and t._chain:
         # A view (gradients often are: mm's backward returns .t() of a result):
         # report the placement its computed value gets.
-        from spmdtorch.lazy import executor
-
-        value = read_value(t)
-        if isinstance(value, LazyRef):
-            executor.sync()
-            value = read_value(t)
-            if isinstance(value, LazyRef):
-                value = executor.evaluate(value)
+        value = concrete_value(t)
         if value.is_fully_replicated:
             return None
         return value.sharding

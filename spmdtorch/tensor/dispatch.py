@@ -155,6 +155,20 @@ def base_value(st: Storage):
     return ref
 
 
+def concrete_value(t: XlaTensor) -> jax.Array:
+    """The computed array of ``t``: pending work is run (a sync), and a view's
+    slice that no storage holds is evaluated on its own."""
+    from spmdtorch.lazy import executor
+
+    value = read_value(t)
+    if isinstance(value, LazyRef):
+        executor.sync()
+        value = read_value(t)
+        if isinstance(value, LazyRef):
+            value = executor.evaluate(value)
+    return value
+
+
 def read_value(t: XlaTensor):
     """The current value of ``t``: concrete array or LazyRef (views replayed)."""
     st = t._st

@@ -28,13 +28,19 @@ def replicated_sharding() -> jax.sharding.NamedSharding:
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
-def _host_numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy view (no copy) of a CPU tensor, narrowed to the storage dtype."""
+def plain_cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, with lazy conjugate/negative bits applied (numpy cannot see them)."""
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
+    return t
+
+
+def _host_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (no copy) of a CPU tensor, narrowed to the storage dtype."""
+    t = plain_cpu(t)
     storage = _dtypes.to_torch_dtype(_dtypes.to_jax_dtype(t.dtype))
     if storage != t.dtype:
         if t.dtype == torch.int64 and t.numel():
