@@ -134,21 +134,20 @@ def mark_sharding(t, mesh, partition_spec):
     return t
 
 
-def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any]]):
-    """Apply glob ``rules`` to ``module.named_parameters()`` (see ``mark_sharding``)."""
-    if not isinstance(rules, Mapping):
-        raise ShardingError(
-            f"marking a module needs a dict of parameter-name patterns to partition specs, "
-            f"got {type(rules).__name__}"
-        )
-    params = dict(module.named_parameters())
+def match_rules(names, rules: Mapping[str, Any], owner: str = "") -> dict[str, str]:
+    """``name -> pattern`` for the names the glob ``rules`` match.
+
+    Raises:
+        ShardingError: a pattern matches no name, or a name matches two patterns.
+    """
+    names = list(names)
     matched: dict[str, str] = {}
     for pattern in rules:
-        hits = [name for name in params if fnmatch.fnmatchcase(name, pattern)]
+        hits = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
         if not hits:
             raise ShardingError(
-                f"sharding rule {pattern!r} matches no parameter of {type(module).__name__}; "
-                f"parameter names look like {list(params)[:5]}"
+                f"sharding rule {pattern!r} matches no parameter{owner}; "
+                f"parameter names look like {names[:5]}"
             )
         for name in hits:
             if name in matched:
@@ -157,6 +156,18 @@ def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any
                     "make the patterns disjoint"
                 )
             matched[name] = pattern
+    return matched
+
+
+def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any]]):
+    """Apply glob ``rules`` to ``module.named_parameters()`` (see ``mark_sharding``)."""
+    if not isinstance(rules, Mapping):
+        raise ShardingError(
+            f"marking a module needs a dict of parameter-name patterns to partition specs, "
+            f"got {type(rules).__name__}"
+        )
+    params = dict(module.named_parameters())
+    matched = match_rules(params, rules, owner=f" of {type(module).__name__}")
     for name, pattern in matched.items():
         p = params[name]
         try:

@@ -32,7 +32,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -44,7 +43,7 @@ from torch import nn
 from spmdtorch import _dtypes
 from spmdtorch.lazy import padding
 from spmdtorch.partition.fsdp import FSDP_AXIS, _param_spec
-from spmdtorch.partition.marking import ShardingError
+from spmdtorch.partition.marking import ShardingError, match_rules
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -240,30 +239,6 @@ def _fmt(n: int) -> str:
 
 
 # -- sharding of each tensor ---------------------------------------------------
-
-
-def match_rules(names, rules: Mapping[str, Any]) -> dict[str, str]:
-    """``name -> pattern`` for the names the glob ``rules`` match (as ``mark_sharding`` does).
-
-    Raises:
-        ShardingError: a pattern matches no name, or a name matches two patterns.
-    """
-    names = list(names)
-    matched: dict[str, str] = {}
-    for pattern in rules:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-        if not hits:
-            raise ShardingError(
-                f"sharding rule {pattern!r} matches no parameter; parameter names look like {names[:5]}"
-            )
-        for n in hits:
-            if n in matched:
-                raise ShardingError(
-                    f"parameter {n!r} is matched by two rules, {matched[n]!r} and {pattern!r}; "
-                    "make the patterns disjoint"
-                )
-            matched[n] = pattern
-    return matched
 
 
 def _existing_sharding(t) -> jax.sharding.Sharding | None:
