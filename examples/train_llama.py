@@ -121,8 +121,16 @@ def configure_cpu_devices(requested) -> None:
         n = int(existing.group(1))
     else:
         n = DEFAULT_CPU_DEVICES if requested is None else requested
-        flags = re.sub(rf"{flag}=\S*", "", flags).split()
-        os.environ["XLA_FLAGS"] = " ".join(flags + [f"{flag}={n}"])
+        flags = " ".join(re.sub(rf"{flag}=\S*", "", flags).split() + [f"{flag}={n}"])
+    # Keep XLA:CPU's optimisation barriers so --checkpoint-layers really
+    # recomputes (spmdtorch.partition.CPU_REMAT_XLA_FLAG; GPU/TPU keep them).
+    if "cse_barrier_expander" not in flags:
+        disabled = re.search(r"--xla_disable_hlo_passes=(\S+)", flags)
+        if disabled:
+            flags = flags.replace(disabled.group(0), f"{disabled.group(0)},cse_barrier_expander")
+        else:
+            flags = f"{flags} --xla_disable_hlo_passes=cse_barrier_expander".strip()
+    os.environ["XLA_FLAGS"] = flags
     # XLA's CPU client sizes its thread pool from NPROC; too few threads for the
     # simulated devices can deadlock queued executions (see DESIGN.md).
     try:

@@ -10,7 +10,12 @@ Example:
     '{devices=[4,2]0,1,2,3,4,5,6,7}'
 """
 
-from spmdtorch.partition.activation_checkpoint import checkpoint_module, optimization_barrier
+from spmdtorch.partition.activation_checkpoint import (
+    CPU_REMAT_XLA_FLAG,
+    checkpoint_module,
+    cpu_keeps_barriers,
+    optimization_barrier,
+)
 from spmdtorch.partition.fsdp import (
     FSDPv2,
     FSDPv2Error,
@@ -71,7 +76,8 @@ __all__ = [
     "size_based_auto_wrap_policy", "transformer_auto_wrap_policy",
     "ManualRegionError", "all_gather", "all_reduce", "axis_index", "disable_manual_sharding",
     "enable_manual_sharding", "ppermute", "reduce_scatter", "shard_map",
-    "checkpoint_module", "optimization_barrier", "MixedPrecision", "MixedPrecisionError",
+    "checkpoint_module", "optimization_barrier", "CPU_REMAT_XLA_FLAG", "cpu_keeps_barriers",
+    "MixedPrecision", "MixedPrecisionError",
     "ShardingError", "ShardingSpec", "ShardingType", "XLAShard", "clear_sharding",
     "get_sharding_spec", "hlo_sharding_string", "load_local_shards_", "local_shards",
     "mark_sharding", "mark_sharding_with_gradients", "parse_hlo_sharding_string",

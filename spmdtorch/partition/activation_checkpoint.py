@@ -8,16 +8,24 @@ go through ``jax.lax.optimization_barrier`` together with the incoming
 gradients: the recomputed values then depend on the backward pass, must be
 computed there, and the forward activations can be freed.
 
-Backend note: XLA's CPU pipeline expands optimisation barriers before CSE, so
-on the CPU backend neither this nor ``jax.checkpoint`` lowers peak memory; on
-GPU and TPU both do (``tests/partition/test_activation_checkpoint.py`` holds
-spmdtorch to ``jax.checkpoint`` on whatever backend runs it).
+Backend note: by default XLA's CPU pipeline removes optimisation barriers
+(its ``cse_barrier_expander`` pass) before a later CSE pass, so on the CPU
+backend neither this nor ``jax.checkpoint`` lowers peak memory unless
+``XLA_FLAGS`` holds ``--xla_disable_hlo_passes=cse_barrier_expander``
+(:data:`CPU_REMAT_XLA_FLAG`, set before JAX starts; the test suite and
+``examples/train_llama.py`` set it). With it, the barriers survive and the
+compiled step's temporary memory drops as with ``jax.checkpoint`` (measured
+in ``tests/partition/test_activation_checkpoint.py``). ``checkpoint_module``
+warns once when it runs on CPU without the flag. GPU and TPU keep barriers.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import re
 import threading
+import warnings
 
 import jax
 import torch
@@ -28,7 +36,45 @@ from spmdtorch.lazy.graph import Slot
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
-__all__ = ["checkpoint_module", "optimization_barrier"]
+__all__ = ["CPU_REMAT_XLA_FLAG", "checkpoint_module", "cpu_keeps_barriers", "optimization_barrier"]
+
+#: The ``XLA_FLAGS`` entry that keeps optimisation barriers on XLA:CPU, so
+#: rematerialisation lowers memory there too (see the module docstring).
+CPU_REMAT_XLA_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
+
+
+def cpu_keeps_barriers(xla_flags: str | None = None) -> bool:
+    """Whether ``XLA_FLAGS`` disables XLA:CPU's ``cse_barrier_expander`` pass.
+
+    Args:
+        xla_flags: the flags to inspect (default: ``os.environ["XLA_FLAGS"]``).
+
+    Example:
+        >>> cpu_keeps_barriers("--xla_disable_hlo_passes=foo,cse_barrier_expander")
+        True
+        >>> cpu_keeps_barriers("--xla_force_host_platform_device_count=8")
+        False
+    """
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    passes = ",".join(re.findall(r"--xla_disable_hlo_passes=(\S*)", flags)).split(",")
+    return "cse_barrier_expander" in passes
+
+
+_warned_cpu = False
+
+
+def _warn_if_cpu_drops_barriers() -> None:
+    global _warned_cpu
+    if _warned_cpu or jax.default_backend() != "cpu" or cpu_keeps_barriers():
+        return
+    _warned_cpu = True
+    warnings.warn(
+        "checkpoint_module on the CPU backend: XLA:CPU removes optimisation barriers by default, so the "
+        "recomputation is merged back into the forward and activation memory is NOT reduced. Add "
+        f"{CPU_REMAT_XLA_FLAG!r} to XLA_FLAGS before JAX starts to keep them (GPU/TPU need nothing).",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _barrier(*xs):
@@ -187,6 +233,7 @@ def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
         )
     if getattr(module, "_spmdtorch_checkpointed", False):
         return module
+    _warn_if_cpu_drops_barriers()
     forward = module.forward
 
     @functools.wraps(forward)
