@@ -22,6 +22,7 @@ counters live on the device), and a change in an optimizer's hyper-parameters
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 
 import torch
@@ -248,7 +249,7 @@ class CompiledFunction:
             if id(st) in returned and id(st) in created:
                 targets.append(("fresh", returned[id(st)]))
             else:
-                targets.append(("storage", weakref.ref(st)))
+                targets.append(("storage", weakref.ref(st), id(st) in created))
         # Returned values: rebuilt per call.
         res_leaves = []
         out_pos = {id(st): k for k, st in enumerate(storages)}
@@ -285,6 +286,20 @@ class CompiledFunction:
         return rec
 
     # -- replaying -----------------------------------------------------------
+    def _warn_dropped_state(self):
+        if getattr(self, "_warned_dropped", False):
+            return
+        self._warned_dropped = True
+        warnings.warn(
+            f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): a tensor the function created "
+            "and kept outside its result (e.g. a gradient in p.grad) was dropped between calls, typically by "
+            "optimizer.zero_grad() outside the function; it is traced again on such calls instead of being "
+            "replayed (correct, but lazy-mode speed). Call zero_grad() inside the compiled function, or "
+            "zero_grad(set_to_none=False), so that it replays.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     def _replay(self, rec: _Record, flat_in):
         for ref, hp in rec.optimizers.values():
             opt = ref()
@@ -309,7 +324,14 @@ class CompiledFunction:
             for t in rec.out_targets:
                 if t[0] == "storage":
                     st = t[1]()
-                    targets.append(st)  # a dead storage just drops its output
+                    if st is None and t[2]:
+                        # fn made this tensor and stored it outside its result (a
+                        # gradient in p.grad, new optimizer state); the holder has
+                        # since dropped it (zero_grad() outside fn): replaying would
+                        # write the value nowhere, so fn must run again.
+                        self._warn_dropped_state()
+                        return _RETRACE
+                    targets.append(st)  # a dead pre-existing storage just drops its output
                 else:
                     targets.append(None)
             from spmdtorch.lazy import rng

@@ -31,10 +31,17 @@ a per-op generator would have to be an input of every replayed program.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import numpy as np
 import torch
 
-__all__ = ["RandomGeneratorError", "check_generator", "manual_seed", "next_key_data", "placeholder_key_data"]
+__all__ = ["RandomGeneratorError", "active_region", "check_generator", "keyed_region", "manual_seed",
+           "next_key_data", "placeholder_key_data"]
+
+# The keyed region random ops are recorded in (see keyed_region), per thread.
+_REGION = threading.local()
 
 
 class RandomGeneratorError(ValueError):
@@ -101,3 +108,28 @@ def check_generator(op, generator) -> None:
         "torch.random.fork_rng()) and drop generator=, or draw on CPU with the generator and move the "
         "result with .to('xla')."
     )
+
+
+def active_region():
+    """The region that keys the random ops recorded now (None: the program key)."""
+    return getattr(_REGION, "region", None)
+
+
+@contextlib.contextmanager
+def keyed_region(region):
+    """Record random ops under ``region``'s keys instead of the program's.
+
+    By default a random node's key is folded from the key of the program it
+    runs in, so the same recorded op draws anew in each program. A region
+    (used by ``checkpoint_module``) hands out keys of its own, derived from
+    a key tensor it keeps, so recording the same ops again under the same
+    region replays the same numbers, in the same program or a later one.
+    ``region`` must have ``keyed(fn, name, template, inputs)`` returning the
+    node's new ``(fn, name, template, inputs)``; None suspends any region.
+    """
+    prev = active_region()
+    _REGION.region = region
+    try:
+        yield region
+    finally:
+        _REGION.region = prev

@@ -232,6 +232,11 @@ def record(fn, name, template, inputs, out_avals, *, random=False, out_index=Non
     With ``out_index``, ``fn`` returns several values of which the node keeps
     only that one (a single output of a multi-output view like ``split``).
     """
+    if random:
+        region = rng.active_region()
+        if region is not None:  # checkpoint_module: a replayable key (lazy/rng.keyed_region)
+            fn, name, template, inputs = region.keyed(fn, name, template, inputs)
+            random = False
     node = Node(fn, name, template, inputs, template, out_avals, random)
     if out_index is not None:
         node.fn = _Select(fn, out_index)

@@ -111,3 +111,27 @@ def test_random_ops_draw_fresh_numbers_each_replay():
     vals = [tuple(f(torch.zeros(4, device="xla")).cpu().tolist()) for _ in range(6)]
     assert len(set(vals)) == 6
     assert debug.counter_value("CompiledReplay") > 0
+
+
+def test_gradients_zeroed_outside_fn_are_never_lost():
+    """zero_grad() (set_to_none) between calls drops the grad fn created: trace again, never write it nowhere."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    ref = torch.nn.Linear(4, 3)
+    ref.load_state_dict(lin.state_dict())
+    lin = lin.to("xla")
+
+    @spmdtorch.compile
+    def step(x):
+        lin(x).square().sum().backward()
+
+    with pytest.warns(RuntimeWarning, match="zero_grad"):
+        for i in range(4):
+            x = torch.randn(2, 4) + i
+            lin.zero_grad()  # outside fn: p.grad = None before every call
+            step(x.to("xla"))
+            ref.zero_grad()
+            ref(x).square().sum().backward()
+            assert lin.weight.grad is not None, f"call {i}: the gradient was lost"
+            torch.testing.assert_close(lin.weight.grad.cpu(), ref.weight.grad, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(lin.bias.grad.cpu(), ref.bias.grad, rtol=1e-5, atol=1e-6)

@@ -211,3 +211,40 @@ def test_doctests(devices8):
 
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+class _DropScale(torch.nn.Module):
+    """y = dropout(x * w): the mask is readable from y, so d sum(y) / dw = sum(y / w)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        return F.dropout(x * self.w, 0.5, training=True)
+
+
+@pytest.mark.parametrize("mode", ["lazy", "lazy, sync between forward and backward", "compiled"])
+def test_dropout_draws_the_same_mask_in_the_recomputation(devices8, mode):
+    """As torch.utils.checkpoint preserves the RNG state: the gradient uses the forward's mask."""
+    torch.manual_seed(0)
+    m = checkpoint_module(_DropScale().to("xla"))
+    x = (torch.rand(64, 8) + 0.5).to("xla")
+
+    def step(x):
+        m.zero_grad()
+        y = m(x)
+        if mode.startswith("lazy, sync"):
+            y.sum().item()  # the forward runs in its own program
+        y.sum().backward()
+        return y
+
+    fn = spmdtorch.compile(step) if mode == "compiled" else step
+    masks = []
+    for _ in range(3):  # the compiled step replays from the third call
+        y = fn(x).cpu()
+        want = (y / m.w.detach().cpu()).sum(0)
+        torch.testing.assert_close(m.w.grad.cpu(), want, rtol=1e-5, atol=1e-5)
+        masks.append(y != 0)
+        assert 0.3 < masks[-1].float().mean() < 0.7
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])  # fresh each step
