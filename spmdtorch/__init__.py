@@ -15,8 +15,10 @@ runtime._apply_pjrt_device_env()
 
 from spmdtorch import ops as _ops  # noqa: E402,F401  (fills the lowering table)
 from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402
+from spmdtorch.tensor import random_state as _random_state  # noqa: E402
 
 _device_mode.install()
+_random_state.register()  # torch.xla: RNG state for torch.utils.checkpoint / fork_rng
 
 from spmdtorch import debug, mesh, partition  # noqa: E402
 from spmdtorch import checkpoint  # noqa: E402

@@ -525,6 +525,7 @@ def sync(wait: bool = False, _on_plan=None) -> None:
     if _on_plan is None:
         contract.check_not_tracing("calls spmdtorch.sync()/mark_step()")
     metrics.inc("MarkStep")
+    rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
     storages = pending_storages()
     xla_tensor._PENDING.clear()
     if storages:

@@ -32,16 +32,16 @@ a per-op generator would have to be an input of every replayed program.
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import numpy as np
 import torch
 
 __all__ = ["RandomGeneratorError", "active_region", "check_generator", "keyed_region", "manual_seed",
-           "next_key_data", "placeholder_key_data"]
+           "next_key_data", "placeholder_key_data", "program_boundary", "set_region"]
 
-# The keyed region random ops are recorded in (see keyed_region), per thread.
-_REGION = threading.local()
+# The region that keys random ops as they are recorded (see keyed_region):
+# None uses the program's key. One per process, like torch's generators.
+_REGION: list = [None]
 
 
 class RandomGeneratorError(ValueError):
@@ -112,24 +112,33 @@ def check_generator(op, generator) -> None:
 
 def active_region():
     """The region that keys the random ops recorded now (None: the program key)."""
-    return getattr(_REGION, "region", None)
+    return _REGION[0]
+
+
+def set_region(region) -> None:
+    """Key the random ops recorded from now on with ``region`` (None: the program key).
+
+    ``region`` must have ``keyed(fn, name, template, inputs)`` returning the
+    node's new ``(fn, name, template, inputs)``. By default a random node's key
+    is folded from the key of the program it runs in, so the same recorded op
+    draws anew in each program; a region (``spmdtorch.tensor.random_state``'s
+    explicit stream) hands out keys of its own, so that recording the same
+    ops again under a restored region replays the same numbers.
+    """
+    _REGION[0] = region
+
+
+def program_boundary() -> None:
+    """A program was cut (``sync()``): back to program keys, so every step records the same graph."""
+    _REGION[0] = None
 
 
 @contextlib.contextmanager
 def keyed_region(region):
-    """Record random ops under ``region``'s keys instead of the program's.
-
-    By default a random node's key is folded from the key of the program it
-    runs in, so the same recorded op draws anew in each program. A region
-    (used by ``checkpoint_module``) hands out keys of its own, derived from
-    a key tensor it keeps, so recording the same ops again under the same
-    region replays the same numbers, in the same program or a later one.
-    ``region`` must have ``keyed(fn, name, template, inputs)`` returning the
-    node's new ``(fn, name, template, inputs)``; None suspends any region.
-    """
-    prev = active_region()
-    _REGION.region = region
+    """``set_region(region)`` for the duration of the block, then the previous region."""
+    prev = _REGION[0]
+    _REGION[0] = region
     try:
         yield region
     finally:
-        _REGION.region = prev
+        _REGION[0] = prev

@@ -28,13 +28,13 @@ import threading
 import warnings
 
 import jax
-import jax.numpy as jnp
 import torch
 import torch.utils._pytree as pytree
 
 from spmdtorch import _dtypes
 from spmdtorch.lazy import rng
 from spmdtorch.lazy.graph import Slot
+from spmdtorch.tensor import random_state
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -121,63 +121,6 @@ def optimization_barrier(*tensors: torch.Tensor) -> tuple:
     return tuple(new_base(r, t.dtype) for r, t in zip(refs, tensors))
 
 
-def _key_words(*, key):
-    # A key's raw words, as int32 so that they live in an ordinary tensor.
-    return jax.lax.bitcast_convert_type(jax.random.key_data(key), jnp.int32)
-
-
-class _Keyed:
-    """A random lowering fed from a region's key tensor: ``fold_in(key, index)``."""
-
-    __slots__ = ("fn", "index")
-
-    def __init__(self, fn, index: int):
-        self.fn = fn
-        self.index = index
-
-    def __call__(self, *args, _region_key, **kwargs):
-        words = jax.lax.bitcast_convert_type(_region_key, jnp.uint32)
-        key = jax.random.fold_in(jax.random.wrap_key_data(words), self.index)
-        return self.fn(*args, key=key, **kwargs)
-
-
-class _RandomRegion:
-    """The random draws of one checkpointed call, replayable in its recomputation.
-
-    The first random op of the forward draws one key (an ordinary random
-    node, so it is fresh each step) into a small int32 tensor kept with the
-    call; every random op of the call is keyed by that tensor and its index
-    in recording order. The recomputation in backward records the same ops in
-    the same order under the same region, so dropout masks and other draws
-    are identical, whether backward runs in the forward's program or, after a
-    ``sync()``/``.item()`` in between, in a later one (the tensor is then a
-    concrete input), as ``torch.utils.checkpoint`` preserves the RNG state.
-    """
-
-    def __init__(self):
-        self.key = None
-        self.count = 0
-
-    def keyed(self, fn, name, template, inputs):
-        if self.key is None:
-            shape = jax.eval_shape(_key_words, key=jax.random.key(0)).shape
-            with rng.keyed_region(None):
-                ref = record(_key_words, "spmdtorch.checkpoint_key", ((), ()), [], ((shape, jnp.int32),),
-                             random=True)
-            self.key = new_base(ref, torch.int32)
-        index = self.count
-        self.count += 1
-        args_t, kw_t = template
-        inputs = [*inputs, read_value(self.key)]
-        template = (args_t, (*kw_t, ("_region_key", Slot(len(inputs) - 1))))
-        return _Keyed(fn, index), (name, "keyed", index), template, inputs
-
-    def replay(self):
-        """The region for the recomputation: the same key, indices from 0 again."""
-        self.count = 0
-        return rng.keyed_region(self)
-
-
 # Set while a checkpointed module re-runs its forward inside backward: the
 # module's (wrapped) forward then runs plainly instead of checkpointing again.
 _RECOMPUTING = threading.local()
@@ -194,7 +137,7 @@ class _Call:
         self.out_leaves = None
         self.out_spec = None
         self.out_pos = None
-        self.region = None  # the call's _RandomRegion, set by the forward
+        self.rng_state = None  # the RNG state the forward started from
 
     def run(self, tensors):
         leaves = list(self.arg_leaves)
@@ -212,8 +155,10 @@ class _Checkpoint(torch.autograd.Function):
         ctx.call = call
         ctx.n_params = n_params
         ctx.save_for_backward(*inputs)
-        call.region = _RandomRegion()
-        with torch.no_grad(), rng.keyed_region(call.region):
+        # Random ops (dropout) must draw the same numbers when backward
+        # recomputes this forward: record them on a saved RNG state.
+        call.rng_state = random_state.get_rng_state()
+        with torch.no_grad():
             out = call.run(inputs[n_params:])
         leaves, spec = pytree.tree_flatten(out)
         call.out_spec = spec
@@ -239,11 +184,14 @@ class _Checkpoint(torch.autograd.Function):
                 tied[i] = t
         tied = [t.detach().requires_grad_(a.requires_grad) for t, a in zip(tied, args)]
         _RECOMPUTING.active = True
+        current = rng.active_region()
+        random_state.set_rng_state(ctx.call.rng_state)
         try:
-            with torch.enable_grad(), ctx.call.region.replay():
+            with torch.enable_grad():
                 out = ctx.call.run(tied)
         finally:
             _RECOMPUTING.active = False
+            rng.set_region(current)
         leaves = pytree.tree_leaves(out)
         outs, out_grads = [], []
         for i, g in zip(ctx.call.out_pos, grads):

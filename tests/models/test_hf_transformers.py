@@ -159,3 +159,17 @@ def test_llama_fsdpv2_on_8_devices_trains_like_eager():
     w = model.model.embed_tokens.weight
     assert get_sharding_spec(w) == "{devices=[8,1]0,1,2,3,4,5,6,7}"
     assert [type(layer).__name__ for layer in model.model.layers] == ["FSDPv2", "FSDPv2"]
+
+
+def test_llama_with_hf_gradient_checkpointing_trains_like_eager():
+    """HF's gradient_checkpointing_enable() runs torch.utils.checkpoint on xla tensors."""
+
+    def make():
+        model = make_llama("eager")
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+        model.train()
+        return model
+
+    ref, model = check_training_parity(make, adamw, token_batches(), causal_lm_loss, "lazy")
+    assert model.model.gradient_checkpointing and model.model.layers[0].gradient_checkpointing
