@@ -120,9 +120,10 @@ def jax_mlp_loss(p, x, y):
     return jax_cross_entropy(jax_linear(p, "fc3", h), y)
 
 
-def make_jax_llama_loss(cfg: LlamaConfig, act_sharding=None):
+def make_jax_llama_loss(cfg: LlamaConfig, act_sharding=None, remat=False):
     """The decoder's loss in jax.numpy. ``act_sharding``: a sharding each layer's
-    output (and the logits) is constrained to, as FSDPv2 shards its wrappers' outputs."""
+    output (and the logits) is constrained to, as FSDPv2 shards its wrappers' outputs.
+    ``remat``: each decoder layer under ``jax.checkpoint`` (as ``checkpoint_module``)."""
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
 
     def constrain(x):
@@ -147,22 +148,28 @@ def make_jax_llama_loss(cfg: LlamaConfig, act_sharding=None):
         h = p["tok_embeddings.weight"][tokens]
         for i in range(cfg.n_layers):
             pre = f"layers.{i}."
-            x = rms(h, p[pre + "attention_norm.weight"])
-            q = jax_linear(p, pre + "attention.wq", x).reshape(b, s, nh, hd).transpose(0, 2, 1, 3)
-            k = jax_linear(p, pre + "attention.wk", x).reshape(b, s, nkv, hd).transpose(0, 2, 1, 3)
-            v = jax_linear(p, pre + "attention.wv", x).reshape(b, s, nkv, hd).transpose(0, 2, 1, 3)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
-            k = jnp.repeat(k, nh // nkv, axis=1)  # GQA, as repeat_interleave
-            v = jnp.repeat(v, nh // nkv, axis=1)
-            scores = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(hd)
-            scores = jnp.where(mask, scores, -jnp.inf)
-            att = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype) @ v
-            h = h + jax_linear(p, pre + "attention.wo", att.transpose(0, 2, 1, 3).reshape(b, s, -1))
-            x = rms(h, p[pre + "ffn_norm.weight"])
-            ff = jax.nn.silu(jax_linear(p, pre + "feed_forward.w1", x)) * jax_linear(p, pre + "feed_forward.w3", x)
-            h = constrain(h + jax_linear(p, pre + "feed_forward.w2", ff))
+            layer_p = {k: v for k, v in p.items() if k.startswith(pre)}
+            h = (jax.checkpoint(layer, static_argnums=(2,)) if remat else layer)(layer_p, h, pre, cos, sin, mask)
         logits = constrain(jax_linear(p, "output", rms(h, p["norm.weight"])))
         return jax_cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1))
+
+    def layer(p, h, pre, cos, sin, mask):
+        b, s = h.shape[:2]
+        x = rms(h, p[pre + "attention_norm.weight"])
+        q = jax_linear(p, pre + "attention.wq", x).reshape(b, s, nh, hd).transpose(0, 2, 1, 3)
+        k = jax_linear(p, pre + "attention.wk", x).reshape(b, s, nkv, hd).transpose(0, 2, 1, 3)
+        v = jax_linear(p, pre + "attention.wv", x).reshape(b, s, nkv, hd).transpose(0, 2, 1, 3)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        k = jnp.repeat(k, nh // nkv, axis=1)  # GQA, as repeat_interleave
+        v = jnp.repeat(v, nh // nkv, axis=1)
+        scores = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(hd)
+        scores = jnp.where(mask, scores, -jnp.inf)
+        att = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype) @ v
+        h = h + jax_linear(p, pre + "attention.wo", att.transpose(0, 2, 1, 3).reshape(b, s, -1))
+        x = rms(h, p[pre + "ffn_norm.weight"])
+        ff = jax.nn.silu(jax_linear(p, pre + "feed_forward.w1", x)) * jax_linear(p, pre + "feed_forward.w3", x)
+        h = constrain(h + jax_linear(p, pre + "feed_forward.w2", ff))
+        return h
 
     return loss_fn
 

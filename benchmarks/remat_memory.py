@@ -1,0 +1,149 @@
+"""Activation checkpointing: temporary memory of the FSDPv2 training step, with and without.
+
+Run:
+
+    python benchmarks/remat_memory.py                 # small config, sequence 128 and 256
+    python benchmarks/remat_memory.py --seqs 64       # faster
+
+For the decoder of ``benchmarks/train_step.py`` (``LlamaConfig.small()``,
+batch 8, FSDPv2 per decoder layer on 8 simulated CPU devices, AdamW), it
+compiles the whole training step four ways and prints XLA's per-device
+memory analysis (temporaries: activations kept for backward and scratch):
+
+* spmdtorch, plain and with every decoder layer under ``checkpoint_module``
+  (``auto_wrapper_callable=lambda m, **kw: FSDPv2(checkpoint_module(m), **kw)``);
+* the pure-JAX twin (same decoder, same shardings, ``optax.adamw``), plain and
+  with every layer under ``jax.checkpoint``.
+
+Memory analysis needs no timing, so one process is enough. XLA:CPU drops
+optimisation barriers unless ``--xla_disable_hlo_passes=cse_barrier_expander``
+is in ``XLA_FLAGS`` (``spmdtorch.partition.CPU_REMAT_XLA_FLAG``); this script
+sets it, as a CPU user must (GPU/TPU keep barriers anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+_NUM_DEVICES = 8
+_flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
+os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}",
+                                             "--xla_disable_hlo_passes=cse_barrier_expander"])
+os.environ["NPROC"] = str(max(int(os.environ.get("NPROC", "0") or 0), 2 * _NUM_DEVICES))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from step_time import make_jax_llama_loss  # noqa: E402  (checks that jax has not started)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import spmdtorch  # noqa: E402
+from spmdtorch import debug  # noqa: E402
+from spmdtorch.mesh import Mesh  # noqa: E402
+from spmdtorch.models.llama import DecoderLayer, LlamaConfig, LlamaForCausalLM, causal_lm_loss  # noqa: E402
+from spmdtorch.partition import FSDPv2, checkpoint_module, mark_sharding, transformer_auto_wrap_policy  # noqa: E402
+
+LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2
+MIB = 2**20
+
+
+def _model(seq: int):
+    cfg = LlamaConfig.small()
+    cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq))
+    torch.manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (8, seq), generator=torch.Generator().manual_seed(1))
+    return cfg, LlamaForCausalLM(cfg), tokens
+
+
+def spmdtorch_temp(seq: int, remat: bool) -> tuple[int, float]:
+    """Temporaries per device of the lazily recorded training step (and its first loss)."""
+    _, model, tokens = _model(seq)
+    mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
+    wrapper = (lambda m, **kw: FSDPv2(checkpoint_module(m), **kw)) if remat else None
+    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy, auto_wrapper_callable=wrapper)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
+    losses = []
+    for _ in range(2):  # the second step is the steady one (AdamW's state exists)
+        with spmdtorch.step():
+            opt.zero_grad()
+            loss = causal_lm_loss(model(tok), tok)
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    return debug.last_executable().memory_analysis().temp_size_in_bytes, losses[0]
+
+
+def jax_temp(seq: int, remat: bool) -> tuple[int, float]:
+    """Temporaries per device of the pure-JAX twin's training step (and its loss)."""
+    import optax
+    from jax.sharding import Mesh as JaxMesh
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    cfg, model, tokens = _model(seq)
+    mesh = JaxMesh(np.array(jax.devices()), ("fsdp",))
+
+    def fsdp(shape):  # FSDPv2's rule: the largest dim (first on a tie) over "fsdp"
+        dim = max(range(len(shape)), key=lambda d: (shape[d], -d))
+        return NamedSharding(mesh, P(*[("fsdp" if d == dim else None) for d in range(len(shape))]))
+
+    params = {k: jax.device_put(v.detach().numpy(), fsdp(v.shape)) for k, v in model.state_dict().items()}
+    tok = jax.device_put(tokens.numpy().astype(np.int32), NamedSharding(mesh, P("fsdp", None)))
+    loss_fn = make_jax_llama_loss(cfg, act_sharding=NamedSharding(mesh, P("fsdp", None, None)), remat=remat)
+    tx = optax.adamw(LR, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WD)
+    replicated = NamedSharding(mesh, P())
+    state_sh = jax.tree.map(lambda a: fsdp(a.shape) if a.ndim else replicated, jax.eval_shape(tx.init, params))
+    opt_state = jax.jit(tx.init, out_shardings=state_sh)(params)
+
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    jitted = jax.jit(step, donate_argnums=(0, 1))
+    compiled = jitted.lower(params, opt_state, tok).compile()
+    loss = float(jax.value_and_grad(loss_fn)(params, tok)[0])
+    return compiled.memory_analysis().temp_size_in_bytes, loss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seqs", type=int, nargs="+", default=[128, 256])
+    args = parser.parse_args()
+    console = Console()
+    console.print(f"[bold]Training-step temporaries per device[/bold]: LlamaConfig.small (4 layers, dim 256), "
+                  f"batch 8, FSDPv2 per layer on {_NUM_DEVICES} CPU devices, AdamW; jax {jax.__version__}, "
+                  f"torch {torch.__version__}; XLA_FLAGS={os.environ['XLA_FLAGS']!r}")
+    table = Table("seq", "ours", "ours + ckpt", "saved", "JAX", "JAX + remat", "saved", "ckpt/remat")
+    for seq in args.seqs:
+        ours_plain, loss_a = spmdtorch_temp(seq, False)
+        ours_remat, loss_b = spmdtorch_temp(seq, True)
+        jax_plain, loss_c = jax_temp(seq, False)
+        jax_remat, _ = jax_temp(seq, True)
+        if not (abs(loss_a - loss_b) < 1e-4 * abs(loss_a) and abs(loss_a - loss_c) < 1e-4 * abs(loss_a)):
+            raise SystemExit(f"the four steps do not compute the same loss: {loss_a}, {loss_b}, {loss_c}")
+        table.add_row(
+            str(seq), f"{ours_plain / MIB:.2f}", f"{ours_remat / MIB:.2f}",
+            f"{1 - ours_remat / ours_plain:.0%}", f"{jax_plain / MIB:.2f}", f"{jax_remat / MIB:.2f}",
+            f"{1 - jax_remat / jax_plain:.0%}", f"{ours_remat / jax_remat:.2f}×",
+        )
+    console.print(table)
+    console.print("ours: spmdtorch; ckpt: every layer under checkpoint_module; JAX: the pure-JAX twin; remat: every "
+                  "layer under jax.checkpoint. MiB per device (XLA's temp_size_in_bytes).")
+
+
+if __name__ == "__main__":
+    main()
