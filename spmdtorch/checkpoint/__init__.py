@@ -22,6 +22,7 @@ from spmdtorch.checkpoint.errors import (
     CheckpointCorruptionError,
     CheckpointError,
     CheckpointExistsError,
+    CheckpointSaveError,
     DtypeMismatchError,
     KeyMismatchError,
     MissingKeysError,
@@ -39,7 +40,7 @@ from spmdtorch.checkpoint.manager import CheckpointManager
 from spmdtorch.checkpoint.optim import init_optimizer_state
 
 __all__ = [
-    "CheckpointCorruptionError", "CheckpointError", "CheckpointExistsError", "CheckpointManager",
+    "CheckpointCorruptionError", "CheckpointError", "CheckpointExistsError", "CheckpointManager", "CheckpointSaveError",
     "DtypeMismatchError", "KeyMismatchError", "MissingKeysError", "NotACheckpointError", "ShapeMismatchError",
     "StepNotFoundError", "UnexpectedKeysError", "UnsupportedValueError", "ValueKindMismatchError", "export",
     "import_state_dict", "init_optimizer_state", "load", "save",

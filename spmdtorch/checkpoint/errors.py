@@ -13,6 +13,7 @@ __all__ = [
     "CheckpointCorruptionError",
     "CheckpointError",
     "CheckpointExistsError",
+    "CheckpointSaveError",
     "DtypeMismatchError",
     "KeyMismatchError",
     "MissingKeysError",
@@ -94,3 +95,7 @@ class CheckpointCorruptionError(CheckpointError, RuntimeError):
     def __init__(self, message: str, keys=()):
         super().__init__(message)
         self.keys = tuple(keys)
+
+
+class CheckpointSaveError(CheckpointError, RuntimeError):
+    """A save that could not complete; nothing of it was finalised (the previous checkpoints stand)."""

@@ -18,8 +18,10 @@ the target tensors, so a failed load leaves the state untouched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import threading
 from typing import Any
 
 import jax
@@ -33,6 +35,7 @@ from spmdtorch.checkpoint import fingerprint, placement, tree
 from spmdtorch.checkpoint.errors import (
     CheckpointCorruptionError,
     CheckpointExistsError,
+    CheckpointSaveError,
     DtypeMismatchError,
     MissingKeysError,
     NotACheckpointError,
@@ -43,7 +46,7 @@ from spmdtorch.checkpoint.errors import (
 from spmdtorch.checkpoint.paths import checkpoint_path
 from spmdtorch.lazy import executor
 
-__all__ = ["ARRAYS", "FORMAT", "META", "load", "read_record", "save"]
+__all__ = ["ARRAYS", "FORMAT", "META", "SaveFingerprints", "load", "read_record", "save", "save_args", "saving"]
 
 ARRAYS = "arrays"
 META = "meta"
@@ -55,20 +58,96 @@ _TMP_MARK = ".orbax-checkpoint-tmp"
 
 # -- the meta item: JSON whose fingerprints are resolved in the background ------
 
+# How long the record's write waits for the fingerprints to be *dispatched*
+# (which happens right after Orbax's blocking phase, on the saving thread). It
+# only bounds a wait that a bug would make endless; computing them is not bounded.
+DISPATCH_TIMEOUT_S = 600.0
+
+
+class SaveFingerprints:
+    """The device fingerprints of one save: dispatched after Orbax's copy, awaited by the record's write.
+
+    An async save must block the training loop only for Orbax's device→host
+    copy. The fingerprint programs are therefore dispatched only after Orbax's
+    blocking phase returns (:meth:`dispatch`, on the saving thread), and the
+    record that holds them is written by the commit future that Orbax awaits
+    on its background thread (:meth:`results`). A save that fails before
+    dispatching calls :meth:`fail`, so that write raises instead of waiting;
+    either way no step is finalised without every fingerprint in its record.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> p = SaveFingerprints([jnp.arange(3.0)], [None], [0])
+        >>> p.dispatch()
+        >>> p.results(timeout=1.0)[0][0]
+        0
+    """
+
+    def __init__(self, sources: list, logical_shapes: list, indices: list):
+        self._sources = list(sources)
+        self._logical = list(logical_shapes)
+        self._indices = list(indices)
+        self._dispatched = threading.Event()
+        self._fps: list = []
+        self._error: BaseException | None = None
+
+    def dispatch(self) -> None:
+        """Start the fingerprint programs (not waited for); a failure is also handed to :meth:`results`."""
+        if self._dispatched.is_set():
+            return
+        try:
+            fps = fingerprint.device_fingerprints(self._sources, self._logical)
+        except BaseException as e:
+            self.fail(e)
+            raise
+        self._fps = fps
+        self._sources = self._logical = []  # the arrays may be freed once the programs hold them
+        self._dispatched.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Make :meth:`results` raise ``error`` (no effect once dispatched)."""
+        if not self._dispatched.is_set():
+            self._error = error
+            self._dispatched.set()
+
+    def results(self, timeout: float = DISPATCH_TIMEOUT_S) -> list:
+        """``(array index, [lane1, lane2])`` pairs, waiting for the dispatch and then the devices.
+
+        Raises:
+            CheckpointSaveError: the save failed before dispatching, or nothing
+                dispatched them within ``timeout`` seconds.
+            Exception: whatever computing them on the devices raised.
+        """
+        if not self._dispatched.wait(timeout):
+            raise CheckpointSaveError(
+                f"the fingerprints of {len(self._indices)} array(s) were not dispatched within {timeout:.0f} s "
+                "of Orbax's save; the checkpoint is not finalised: save again"
+            )
+        if self._error is not None:
+            raise CheckpointSaveError(
+                f"the save failed before the fingerprints of its {len(self._indices)} array(s) were computed "
+                f"({type(self._error).__name__}: {self._error}); the checkpoint is not finalised"
+            ) from self._error
+        return [(i, [int(v) for v in np.asarray(fp)]) for i, fp in zip(self._indices, self._fps)]
+
 
 class MetaHandler(ocp.JsonCheckpointHandler):
     """Orbax's JSON handler, but device fingerprints are awaited off the training thread.
 
-    The record is written by the save's commit future (the background thread
-    of an async save), so the training loop never waits for the fingerprint
-    programs. On disk it is exactly what ``JsonCheckpointHandler`` writes.
+    The record is written by the save's commit future, which runs on a thread
+    of its own and is awaited by Orbax's background thread (an async save) or
+    at the end of a blocking one, never inside Orbax's blocking phase: that
+    phase must be able to return before the fingerprints are even dispatched.
+    On disk it is exactly what ``JsonCheckpointHandler`` writes.
     """
 
     async def async_save(self, directory, item=None, args=None):
         record = args.record
+        pending = args.pending
 
         async def write():
-            args.resolve()
+            for i, fp in pending.results():
+                record["arrays"][i]["fingerprint"] = fp
             if jax.process_index() == 0:
                 (directory / META_FILE).write_text(json.dumps(record, allow_nan=False))
 
@@ -78,15 +157,10 @@ class MetaHandler(ocp.JsonCheckpointHandler):
 @ocp.args.register_with_handler(MetaHandler, for_save=True)
 @dataclasses.dataclass
 class MetaSave(ocp.args.CheckpointArgs):
-    """The record, plus ``(array index, pending device fingerprint)`` pairs to fill in."""
+    """The record, and the device fingerprints that its write fills in."""
 
     record: dict
-    pending: list
-
-    def resolve(self) -> None:
-        for i, fp in self.pending:
-            self.record["arrays"][i]["fingerprint"] = [int(v) for v in np.asarray(fp)]
-        self.pending = []
+    pending: SaveFingerprints
 
 
 @ocp.args.register_with_handler(MetaHandler, for_restore=True)
@@ -107,8 +181,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def save_args(state) -> ocp.args.Composite:
-    """The Orbax arguments that save ``state`` (fingerprints dispatched, not awaited).
+def save_args(state) -> tuple[ocp.args.Composite, SaveFingerprints]:
+    """The Orbax arguments that save ``state``, and its fingerprints (not yet dispatched).
+
+    Call ``ocp.AsyncCheckpointer.save`` or an async ``ocp.CheckpointManager.save``
+    with the arguments inside :func:`saving`, which dispatches the fingerprints
+    once Orbax's blocking phase (its device→host copy) is over.
 
     Raises:
         UnsupportedValueError: an entry that cannot be checkpointed.
@@ -142,12 +220,28 @@ def save_args(state) -> ocp.args.Composite:
             "shape": list(e.value.shape),
             "fingerprint": fp,
         })
-    pending = list(zip(device_idx, fingerprint.device_fingerprints(device_src, device_logical)))
+    pending = SaveFingerprints(device_src, device_logical, device_idx)
     record = {"format": FORMAT, "version": VERSION, "tree": tree.encode(state, index), "arrays": infos}
     items: dict[str, Any] = {META: MetaSave(record, pending)}
     if to_save:
         items[ARRAYS] = ocp.args.PyTreeSave(tree.orbax_tree(to_save))
-    return ocp.args.Composite(**items)
+    return ocp.args.Composite(**items), pending
+
+
+@contextlib.contextmanager
+def saving(pending: SaveFingerprints):
+    """Around Orbax's (async) save call: dispatch the fingerprints after it returns, or fail them.
+
+    Dispatching after the call keeps the fingerprint programs from delaying
+    Orbax's device→host copy; failing them when the call raises keeps the
+    record's write (already started by Orbax) from waiting for them.
+    """
+    try:
+        yield
+    except BaseException as e:
+        pending.fail(e)
+        raise
+    pending.dispatch()
 
 
 def save(path, state, *, overwrite: bool = False) -> None:
@@ -181,9 +275,21 @@ def save(path, state, *, overwrite: bool = False) -> None:
         raise CheckpointExistsError(
             f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
         )
-    args = save_args(state)
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers())) as ckptr:
-        ckptr.save(path, args=args, force=overwrite)
+    args, pending = save_args(state)
+    # Orbax's async checkpointer, waited for here: the fingerprints run while
+    # Orbax writes (a blocking Checkpointer would wait for the record, hence
+    # for the fingerprints, before they could be dispatched).
+    with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(**handlers())) as ckptr:
+        try:
+            with saving(pending):
+                ckptr.save(path, args=args, force=overwrite)
+        except BaseException:
+            # The background write then fails on the missing fingerprints:
+            # let it end (nothing is finalised) and raise the cause, not that.
+            with contextlib.suppress(Exception):
+                ckptr.wait_until_finished()
+            raise
+        ckptr.wait_until_finished()
 
 
 # -- load ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ the newest intact step, and SIGTERM-driven preemption saves on one host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -50,8 +51,10 @@ class CheckpointManager:
             (Orbax's rule: a run always has a checkpoint early).
         max_to_keep: keep only this many newest steps (None keeps all).
         async_save: write in the background; ``save`` returns after the
-            device→host copy. Call ``wait_until_finished()`` before reading
-            the files yourself.
+            device→host copy (and dispatching the fingerprint programs, which
+            the background write awaits). Call ``wait_until_finished()``
+            before reading the files yourself. False: ``save`` waits for the
+            write.
         save_on_preemption: install a SIGTERM handler (main thread only; the
             previous handler is restored by ``close()``): after a SIGTERM the
             next ``save`` saves whatever the interval, waits for the write,
@@ -75,10 +78,14 @@ class CheckpointManager:
     def __init__(self, directory, save_interval_steps: int = 1, max_to_keep: int | None = None,
                  async_save: bool = True, save_on_preemption: bool = True):
         self._directory = checkpoint_path(directory)
+        self._async = bool(async_save)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=_positive_int(save_interval_steps, "save_interval_steps"),
             max_to_keep=_positive_int(max_to_keep, "max_to_keep", allow_none=True),
-            enable_async_checkpointing=bool(async_save),
+            # Always Orbax's async path; a blocking save waits for it in save().
+            # Orbax's blocking path would wait for the record (hence for the
+            # fingerprints) inside its own save call, before they are dispatched.
+            enable_async_checkpointing=True,
             create=True,
         )
         self._mgr = ocp.CheckpointManager(self._directory, options=options, item_handlers=io.handlers())
@@ -139,6 +146,9 @@ class CheckpointManager:
         Raises:
             CheckpointExistsError: ``step`` is already saved.
             UnsupportedValueError: an entry of ``state`` cannot be checkpointed.
+            Exception: the save failed (nothing of it is finalised); with
+                ``async_save`` a failure in the background is raised by the
+                next ``save`` or ``wait_until_finished``.
         """
         preempted = self._preempted or bool(self._mgr.reached_preemption(step))
         if not (force or preempted or self._mgr.should_save(step)):
@@ -150,10 +160,23 @@ class CheckpointManager:
                 f"step {step} is already saved in {self._directory}; save a later step "
                 f"(latest is {self.latest_step()})"
             )
-        saved = bool(self._mgr.save(step, args=io.save_args(state), force=True))
-        if preempted:
-            # The process is about to be killed: the write must finish first.
+        args, pending = io.save_args(state)
+        try:
+            # Orbax's call returns after its device→host copy; only then are
+            # the fingerprints dispatched, and its background thread writes
+            # the record holding them before it finalises the step.
+            with io.saving(pending):
+                saved = bool(self._mgr.save(step, args=args, force=True))
+        except BaseException:
+            # The background write of this step (if Orbax started one) now
+            # fails on the missing fingerprints: let it end, raise the cause.
+            with contextlib.suppress(Exception):
+                self._mgr.wait_until_finished()
+            raise
+        if preempted or not self._async:
+            # Preempted: the process is about to be killed, the write must finish first.
             self._mgr.wait_until_finished()
+        if preempted:
             self._preemption_step = step
             log.warning("preemption: saved step %d to %s", step, self._directory)
         return saved

@@ -13,9 +13,13 @@ from jax.sharding import PartitionSpec as P
 from spmdtorch.checkpoint.fingerprint import device_fingerprints, fingerprint_numpy
 
 
+def _ints(fps):
+    return [tuple(int(v) for v in np.asarray(fp)) for fp in fps]
+
+
 def _dev(x, sharding=None):
     arr = jnp.asarray(x) if sharding is None else jax.device_put(x, sharding)
-    return tuple(int(v) for v in np.asarray(device_fingerprints([arr])[0]))
+    return _ints(device_fingerprints([arr]))[0]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16, np.int8, np.uint8, np.int32,
@@ -28,28 +32,34 @@ def test_device_matches_host(dtype):
         if dtype == np.complex64:
             x = x + 1j * rng.standard_normal(shape)
         xs.append(x.astype(dtype))
-    got = [tuple(int(v) for v in np.asarray(fp)) for fp in device_fingerprints([jnp.asarray(x) for x in xs])]
-    assert got == [fingerprint_numpy(x) for x in xs]
+    want = [fingerprint_numpy(x) for x in xs]
+    assert _ints(device_fingerprints([jnp.asarray(x) for x in xs])) == want
 
 
-def test_independent_of_sharding(devices8):
-    x = np.random.default_rng(1).standard_normal((16, 24)).astype(np.float32)
+@pytest.mark.parametrize("shape", [(16, 24), (8, 512), (8, 8, 320), (8192,)])  # short rows, long rows, 3-D, 1-D rows
+def test_independent_of_sharding(devices8, shape):
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     mesh = jax.sharding.Mesh(np.array(devices8).reshape(4, 2), ("a", "b"))
     mesh4 = jax.sharding.Mesh(np.array(devices8[:4]), ("x",))
     want = fingerprint_numpy(x)
-    for sharding in [NamedSharding(mesh, P("a", "b")), NamedSharding(mesh, P("b", "a")),
-                     NamedSharding(mesh, P(None, ("a", "b"))), NamedSharding(mesh, P()),
-                     NamedSharding(mesh4, P("x")), NamedSharding(mesh4, P(None, "x"))]:
+    specs = [P("a", "b"), P("b", "a"), P(None, ("a", "b")), P(), P(("a", "b"))] if len(shape) > 1 else [
+        P(("a", "b")), P("a"), P()]
+    shardings = [NamedSharding(mesh, spec) for spec in specs] + [NamedSharding(mesh4, P("x"))]
+    for sharding in shardings:
         assert _dev(x, sharding) == want, sharding
 
 
 def test_padded_storage_hashes_the_logical_block(devices8):
     x = np.random.default_rng(2).standard_normal((10, 6)).astype(np.float32)
     mesh = jax.sharding.Mesh(np.array(devices8), ("x",))
-    padded = np.pad(x, [(0, 6), (0, 0)]) + np.pad(np.zeros_like(x), [(0, 6), (0, 0)], constant_values=9.0)
-    arr = jax.device_put(padded, NamedSharding(mesh, P("x")))
-    got = tuple(int(v) for v in np.asarray(device_fingerprints([arr], [(10, 6)])[0]))
-    assert got == fingerprint_numpy(x)
+    mesh2 = jax.sharding.Mesh(np.array(devices8).reshape(4, 2), ("a", "b"))
+    # Padding of 9.0 (not zeros, so that hashing it would show): rows 10..15 over 8 devices, and
+    # both dims, (12, 8), over a (4, 2) mesh.
+    padded = np.pad(x, [(0, 6), (0, 0)], constant_values=9.0)
+    padded2 = np.pad(x, [(0, 2), (0, 2)], constant_values=9.0)
+    arrs = [jax.device_put(padded, NamedSharding(mesh, P("x"))),
+            jax.device_put(padded2, NamedSharding(mesh2, P("a", "b")))]
+    assert _ints(device_fingerprints(arrs, [(10, 6), (10, 6)])) == [fingerprint_numpy(x)] * 2
 
 
 def test_host_handles_64_bit_words():
@@ -84,4 +94,4 @@ def test_one_program_per_device_set(devices8):
     a = np.ones((8, 2), np.float32)
     b = np.arange(6, dtype=np.int32)
     out = device_fingerprints([jax.device_put(a, NamedSharding(mesh4, P("x"))), jnp.asarray(b)])
-    assert [tuple(int(v) for v in np.asarray(o)) for o in out] == [fingerprint_numpy(a), fingerprint_numpy(b)]
+    assert _ints(out) == [fingerprint_numpy(a), fingerprint_numpy(b)]

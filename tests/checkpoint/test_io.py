@@ -298,3 +298,46 @@ def test_device_count_changes_8_4_1_8(tmp_path):
     w = mark_sharding(torch.zeros(10, 6).to("xla"), mesh, ("b", "a"))
     out = checkpoint.load(tmp_path / "on1", {"w": w, "v": torch.zeros(13), "step": -1})
     assert torch.equal(w.cpu(), want["w"]) and torch.equal(out["v"], want["v"]) and out["step"] == 2
+
+
+def test_save_hashes_after_orbax_copy_and_a_failed_hash_saves_nothing(tmp_path, monkeypatch):
+    from spmdtorch.checkpoint import fingerprint
+
+    log = []
+    real_save, real_fp = ocp.AsyncCheckpointer.save, fingerprint.device_fingerprints
+
+    def orbax_save(self, *args, **kwargs):
+        real_save(self, *args, **kwargs)
+        log.append("orbax blocking phase done")
+
+    def hashed(arrays, logical_shapes=None):
+        log.append("fingerprints dispatched")
+        return real_fp(arrays, logical_shapes)
+
+    monkeypatch.setattr(ocp.AsyncCheckpointer, "save", orbax_save)
+    monkeypatch.setattr(fingerprint, "device_fingerprints", hashed)
+    path = _saved(tmp_path)
+    # Hashed while Orbax writes, not before its copy; the record holds the hashes.
+    assert log == ["orbax blocking phase done", "fingerprints dispatched"]
+    assert checkpoint.load(path, _target())["step"] == 5
+
+    def broken(arrays, logical_shapes=None):
+        raise RuntimeError("fingerprint program failed to launch")
+
+    monkeypatch.setattr(fingerprint, "device_fingerprints", broken)
+    with pytest.raises(RuntimeError, match="failed to launch"):
+        checkpoint.save(tmp_path / "c2", _target())
+    with pytest.raises(NotACheckpointError, match="unfinished save"):
+        checkpoint.load(tmp_path / "c2", _target())
+
+
+def test_undispatched_fingerprints_time_out_with_a_message():
+    from spmdtorch.checkpoint.io import SaveFingerprints
+
+    pending = SaveFingerprints([], [], [])
+    with pytest.raises(checkpoint.CheckpointSaveError, match=r"not dispatched within 0 s.*not finalised"):
+        pending.results(timeout=0.01)
+    pending.fail(OSError("disk full"))
+    with pytest.raises(checkpoint.CheckpointSaveError, match=r"save failed before.*OSError: disk full") as e:
+        pending.results(timeout=0.01)
+    assert isinstance(e.value.__cause__, OSError)

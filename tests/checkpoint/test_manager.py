@@ -1,4 +1,4 @@
-"""CheckpointManager: intervals, max_to_keep, preemption, fallback, kill -9, bit-exact resume."""
+"""CheckpointManager: intervals, max_to_keep, preemption, fallback, kill -9, bit-exact resume, async fingerprints."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from spmdtorch.checkpoint import (
     CheckpointExistsError,
     CheckpointManager,
     StepNotFoundError,
+    fingerprint,
 )
 from spmdtorch.mesh import Mesh
 from spmdtorch.partition import mark_sharding
@@ -200,3 +203,94 @@ def test_resumed_training_matches_uninterrupted_bit_for_bit(tmp_path):
     assert state["step"] == 2
     rest = _train(model, opt, batches, start=3)
     assert first + rest == straight
+
+
+class _GatedFingerprint:
+    """A device fingerprint whose value can only be read once ``gate`` is set (a slow device)."""
+
+    def __init__(self, real, gate, log):
+        self._real, self._gate, self._log = real, gate, log
+
+    def __array__(self, dtype=None, copy=None):
+        if not self._gate.wait(60):
+            raise TimeoutError("the test never opened the gate")
+        self._log.append("fingerprint read")
+        return np.asarray(self._real, dtype=dtype)
+
+
+def test_async_save_returns_before_the_fingerprints_and_finalises_after_them(tmp_path, monkeypatch):
+    gate, log = threading.Event(), []
+    real = fingerprint.device_fingerprints
+
+    def gated(arrays, logical_shapes=None):
+        log.append("fingerprints dispatched")
+        return [_GatedFingerprint(fp, gate, log) for fp in real(arrays, logical_shapes)]
+
+    monkeypatch.setattr(fingerprint, "device_fingerprints", gated)
+    w = mark_sharding(torch.arange(48.0).reshape(8, 6).to("xla"), Mesh(np.arange(8), (4, 2), ("a", "b")), ("a", "b"))
+    with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
+        orbax_save = mgr._mgr.save
+
+        def recorded(*args, **kwargs):
+            out = orbax_save(*args, **kwargs)
+            log.append("orbax blocking phase done")  # its device→host copy included
+            return out
+
+        monkeypatch.setattr(mgr._mgr, "save", recorded)
+        assert mgr.save(0, {"w": w, "step": 0})
+        # save() returned although no fingerprint can be read yet, and the
+        # programs were dispatched only after Orbax's copy; the step is not
+        # finalised without them.
+        assert log == ["orbax blocking phase done", "fingerprints dispatched"]
+        assert not (tmp_path / "0").exists()
+        gate.set()
+        mgr.wait_until_finished()
+        assert log[-1] == "fingerprint read" and mgr.all_steps() == [0]
+    target = torch.zeros(8, 6, device="xla")
+    assert checkpoint.load(tmp_path / "0", {"w": target, "step": -1})["step"] == 0  # the fingerprint verifies
+    assert torch.equal(target.cpu(), torch.arange(48.0).reshape(8, 6))
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_failed_fingerprints_surface_and_finalise_nothing(tmp_path, monkeypatch, async_save):
+    w = torch.ones(4, 4, device="xla")
+
+    def broken_dispatch(arrays, logical_shapes=None):
+        raise RuntimeError("fingerprint program failed to launch")
+
+    class Poisoned:  # dispatched, then the device computation fails
+        def __array__(self, dtype=None, copy=None):
+            raise RuntimeError("fingerprint computation failed on device")
+
+    with CheckpointManager(tmp_path, async_save=async_save, save_on_preemption=False) as mgr:
+        monkeypatch.setattr(fingerprint, "device_fingerprints", broken_dispatch)
+        with pytest.raises(RuntimeError, match="failed to launch"):
+            mgr.save(0, {"w": w})
+        mgr.wait_until_finished()  # raised once, by save()
+        monkeypatch.setattr(fingerprint, "device_fingerprints", lambda arrays, logical_shapes=None: [Poisoned()])
+        with pytest.raises(RuntimeError, match="failed on device"):
+            mgr.save(1, {"w": w})
+            mgr.wait_until_finished()  # async: the background write fails
+        assert mgr.all_steps() == [] and not any(p.name.isdigit() for p in tmp_path.iterdir())
+        monkeypatch.undo()
+        assert mgr.save(1, {"w": w}, force=True)
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == [1]
+
+
+def test_a_save_failing_in_orbax_leaves_no_thread_waiting_for_fingerprints(tmp_path, monkeypatch):
+    async def fail(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ocp.PyTreeCheckpointHandler, "async_save", fail)
+    with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
+        with pytest.raises(OSError, match="disk full"):
+            mgr.save(0, {"w": torch.ones(3, device="xla")})
+        # The record's write had started (Orbax starts the item saves together);
+        # told that the save failed, it ends instead of waiting for fingerprints.
+        writers = [t for t in threading.enumerate() if t.name == "spmdtorch_meta_save"]
+        assert writers
+        for t in writers:
+            threading.Thread.join(t, timeout=30)  # (Orbax's own join re-raises the thread's error)
+            assert not t.is_alive()
+        assert mgr.all_steps() == [] and not (tmp_path / "0").exists()
