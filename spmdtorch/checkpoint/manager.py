@@ -79,6 +79,7 @@ class CheckpointManager:
                  async_save: bool = True, save_on_preemption: bool = True):
         self._directory = checkpoint_path(directory)
         self._async = bool(async_save)
+        self._writing = None  # the step of the latest async save (maybe still being written)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=_positive_int(save_interval_steps, "save_interval_steps"),
             max_to_keep=_positive_int(max_to_keep, "max_to_keep", allow_none=True),
@@ -153,7 +154,7 @@ class CheckpointManager:
         preempted = self._preempted or bool(self._mgr.reached_preemption(step))
         if not (force or preempted or self._mgr.should_save(step)):
             return False
-        if step in self.all_steps():
+        if step in self._mgr.all_steps():  # written, or still being written
             if preempted and self._preemption_step == step:
                 return True
             raise CheckpointExistsError(
@@ -167,6 +168,8 @@ class CheckpointManager:
             # the record holding them before it finalises the step.
             with io.saving(pending):
                 saved = bool(self._mgr.save(step, args=args, force=True))
+            if saved:
+                self._writing = step
         except BaseException:
             # The background write of this step (if Orbax started one) now
             # fails on the missing fingerprints: let it end, raise the cause.
@@ -188,8 +191,13 @@ class CheckpointManager:
     # -- listing and restoring ---------------------------------------------------
 
     def all_steps(self) -> list[int]:
-        """The completely written steps, oldest first."""
-        return sorted(self._mgr.all_steps())
+        """The completely written steps, oldest first (not a step still being written)."""
+        steps = set(self._mgr.all_steps())
+        # Orbax lists a step as soon as its async save starts; it is not on
+        # disk (finalised) until the background write ends.
+        if self._writing is not None and self._mgr.is_saving_in_progress():
+            steps.discard(self._writing)
+        return sorted(steps)
 
     def latest_step(self) -> int | None:
         """The highest completely written step (None if there is none); what ``restore`` loads first."""

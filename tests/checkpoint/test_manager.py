@@ -243,6 +243,8 @@ def test_async_save_returns_before_the_fingerprints_and_finalises_after_them(tmp
         # finalised without them.
         assert log == ["orbax blocking phase done", "fingerprints dispatched"]
         assert not (tmp_path / "0").exists()
+        # Listed only once completely written (Orbax itself lists it already).
+        assert 0 in mgr._mgr.all_steps() and mgr.all_steps() == [] and mgr.latest_step() is None
         gate.set()
         mgr.wait_until_finished()
         assert log[-1] == "fingerprint read" and mgr.all_steps() == [0]
