@@ -17,6 +17,7 @@ import signal
 import threading
 import warnings
 
+import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -58,7 +59,12 @@ class CheckpointManager:
         save_on_preemption: install a SIGTERM handler (main thread only; the
             previous handler is restored by ``close()``): after a SIGTERM the
             next ``save`` saves whatever the interval, waits for the write,
-            and ``reached_preemption`` returns True.
+            and ``reached_preemption`` returns True. In a multi-process job
+            no handler is installed: JAX's preemption service (started by
+            ``jax.distributed.initialize``) catches the SIGTERM of any
+            process and every process agrees on one later step, which
+            ``save`` then saves everywhere (call ``save`` or
+            ``reached_preemption`` every step on every process).
 
     Example:
         >>> import tempfile, torch, spmdtorch
@@ -102,6 +108,13 @@ class CheckpointManager:
     # -- preemption ------------------------------------------------------------
 
     def _install_handler(self) -> None:
+        if jax.process_count() > 1:
+            # Several processes must save the same step: JAX's preemption
+            # service (its own SIGTERM notifier, started by
+            # jax.distributed.initialize) agrees on it and Orbax reports it;
+            # a Python handler here would replace JAX's and let one host
+            # save alone, waiting forever for the others.
+            return
         if threading.current_thread() is not threading.main_thread():
             warnings.warn("CheckpointManager built outside the main thread cannot catch SIGTERM; "
                           "preemption saves are off", RuntimeWarning, stacklevel=3)

@@ -142,3 +142,15 @@ def test_checkpoint_saved_by_two_processes_restores_in_one_and_back(devices8, tm
     for rep in (one_by_eight, one_by_four, two_by_four):
         assert rep["specs"]["0.weight"] != saved["specs"]["0.weight"]
         assert rep["specs"]["0.weight"] != "{replicated}"
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_sigterm_to_one_process_saves_the_same_step_everywhere(devices8, tmp_path):
+    result, text, reports = run_job("preemption.py", str(tmp_path / "ckpt"))
+    assert result.returncode == 0, _tail(text)
+    assert sorted(reports) == [0, 1], _tail(text)
+    stopped = reports[0]["stopped_at"]
+    assert stopped is not None and stopped >= 3, _tail(text)  # the SIGTERM came at step 3
+    assert reports[1]["stopped_at"] == stopped, reports
+    # Step 0 (Orbax saves the first step of an empty directory) and the preemption step.
+    assert reports[0]["steps"] == reports[1]["steps"] == [0, stopped]
