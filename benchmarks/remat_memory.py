@@ -35,87 +35,43 @@ os.environ["NPROC"] = str(max(int(os.environ.get("NPROC", "0") or 0), 2 * _NUM_D
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import functools  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_time import make_jax_llama_loss  # noqa: E402  (checks that jax has not started)
+import step_time  # noqa: E402,F401  (first: it checks that jax has not started)
+import train_step  # noqa: E402
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import spmdtorch  # noqa: E402
 from spmdtorch import debug  # noqa: E402
-from spmdtorch.mesh import Mesh  # noqa: E402
-from spmdtorch.models.llama import DecoderLayer, LlamaConfig, LlamaForCausalLM, causal_lm_loss  # noqa: E402
-from spmdtorch.partition import FSDPv2, checkpoint_module, mark_sharding, transformer_auto_wrap_policy  # noqa: E402
+from spmdtorch.partition import FSDPv2, checkpoint_module  # noqa: E402
 
-LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2
 MIB = 2**20
-
-
-def _model(seq: int):
-    cfg = LlamaConfig.small()
-    cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq))
-    torch.manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (8, seq), generator=torch.Generator().manual_seed(1))
-    return cfg, LlamaForCausalLM(cfg), tokens
 
 
 def spmdtorch_temp(seq: int, remat: bool) -> tuple[int, float]:
     """Temporaries per device of the lazily recorded training step (and its first loss)."""
-    _, model, tokens = _model(seq)
-    mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
+    _, model, tokens = train_step._setup("small", seq)
     wrapper = (lambda m, **kw: FSDPv2(checkpoint_module(m), **kw)) if remat else None
-    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy, auto_wrapper_callable=wrapper)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
+    _, _, tok, step = train_step.spmdtorch_step(model, tokens, auto_wrapper_callable=wrapper)
     losses = []
     for _ in range(2):  # the second step is the steady one (AdamW's state exists)
         with spmdtorch.step():
-            opt.zero_grad()
-            loss = causal_lm_loss(model(tok), tok)
-            loss.backward()
-            opt.step()
+            loss = step(tok)
         losses.append(loss.item())
     return debug.last_executable().memory_analysis().temp_size_in_bytes, losses[0]
 
 
 def jax_temp(seq: int, remat: bool) -> tuple[int, float]:
     """Temporaries per device of the pure-JAX twin's training step (and its loss)."""
-    import optax
-    from jax.sharding import Mesh as JaxMesh
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    cfg, model, tokens = _model(seq)
-    mesh = JaxMesh(np.array(jax.devices()), ("fsdp",))
-
-    def fsdp(shape):  # FSDPv2's rule: the largest dim (first on a tie) over "fsdp"
-        dim = max(range(len(shape)), key=lambda d: (shape[d], -d))
-        return NamedSharding(mesh, P(*[("fsdp" if d == dim else None) for d in range(len(shape))]))
-
-    params = {k: jax.device_put(v.detach().numpy(), fsdp(v.shape)) for k, v in model.state_dict().items()}
-    tok = jax.device_put(tokens.numpy().astype(np.int32), NamedSharding(mesh, P("fsdp", None)))
-    loss_fn = make_jax_llama_loss(cfg, act_sharding=NamedSharding(mesh, P("fsdp", None, None)), remat=remat)
-    tx = optax.adamw(LR, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WD)
-    replicated = NamedSharding(mesh, P())
-    state_sh = jax.tree.map(lambda a: fsdp(a.shape) if a.ndim else replicated, jax.eval_shape(tx.init, params))
-    opt_state = jax.jit(tx.init, out_shardings=state_sh)(params)
-
-    def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    jitted = jax.jit(step, donate_argnums=(0, 1))
-    compiled = jitted.lower(params, opt_state, tok).compile()
-    loss = float(jax.value_and_grad(loss_fn)(params, tok)[0])
+    cfg, model, tokens = train_step._setup("small", seq)
+    twin = train_step.jax_twin(cfg, model, tokens, remat=remat)
+    compiled = twin.jitted.lower(twin.params, twin.opt_state, twin.tokens).compile()
+    loss = float(jax.value_and_grad(twin.loss_fn)(twin.params, twin.tokens)[0])
     return compiled.memory_analysis().temp_size_in_bytes, loss
 
 

@@ -82,7 +82,8 @@ def _shard_bytes(arr) -> int:
     return int(arr.addressable_shards[0].data.nbytes)
 
 
-def _setup(cfg_name: str):
+def _setup(cfg_name: str, seq: int | None = None):
+    """The config, the torch model (seed 0) and a token batch; ``seq`` overrides the sequence length."""
     import torch
 
     from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM
@@ -91,14 +92,38 @@ def _setup(cfg_name: str):
     # JAX cannot shard a dim 8 ways unless 8 divides it (spmdtorch pads it):
     # tiny's ffn_dim 172 becomes 176 so that both sides shard identically.
     cfg = dataclasses.replace(cfg, ffn_dim=-(-cfg.ffn_dim // _NUM_DEVICES) * _NUM_DEVICES)
-    batch, seq = CONFIGS[cfg_name]
+    batch, seq_len = CONFIGS[cfg_name]
+    seq_len = seq or seq_len
+    cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq_len))
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(1))
     return cfg, model, tokens
 
 
-def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
+def adamw_tx():
+    """``optax.adamw`` with torch.optim.AdamW's defaults."""
+    import optax
+
+    return optax.adamw(LR, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WD)
+
+
+@dataclasses.dataclass
+class JaxTwin:
+    """The pure-JAX twin's training step: ``jitted(params, opt_state, tokens) -> (params, opt_state, loss)``."""
+
+    jitted: object
+    params: dict
+    opt_state: object
+    tokens: object
+    loss_fn: object
+
+
+def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
+    """The decoder in jax.numpy with FSDPv2's shardings and constraints, ``tx`` (default AdamW), donated state.
+
+    ``remat``: every decoder layer under ``jax.checkpoint``.
+    """
     sys.path.insert(0, str(Path(__file__).parent))
     from step_time import make_jax_llama_loss  # first: it checks that jax has not started
 
@@ -107,7 +132,6 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    cfg, model, tokens = _setup(cfg_name)
     mesh = Mesh(np.array(jax.devices()), ("fsdp",))
 
     def fsdp_spec(shape):  # FSDPv2's rule: the largest dim (first on a tie) over "fsdp"
@@ -115,11 +139,9 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
         return NamedSharding(mesh, P(*[("fsdp" if d == dim else None) for d in range(len(shape))]))
 
     params = {k: jax.device_put(v.detach().numpy(), fsdp_spec(v.shape)) for k, v in model.state_dict().items()}
-    batch_sharding = NamedSharding(mesh, P("fsdp", None))
-    act = NamedSharding(mesh, P("fsdp", None, None))
-    tok = jax.device_put(tokens.numpy().astype(np.int32), batch_sharding)
-    loss_fn = make_jax_llama_loss(cfg, act_sharding=act)
-    tx = optax.adamw(LR, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WD)
+    tok = jax.device_put(tokens.numpy().astype(np.int32), NamedSharding(mesh, P("fsdp", None)))
+    loss_fn = make_jax_llama_loss(cfg, act_sharding=NamedSharding(mesh, P("fsdp", None, None)), remat=remat)
+    tx = tx or adamw_tx()
     replicated = NamedSharding(mesh, P())
     # Moments sharded like their params (the same rule), the step counter replicated.
     state_sh = jax.tree.map(lambda a: fsdp_spec(a.shape) if a.ndim else replicated, jax.eval_shape(tx.init, params))
@@ -133,6 +155,40 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
     param_sh = jax.tree.map(lambda a: a.sharding, params)
     opt_sh = jax.tree.map(lambda a: a.sharding, opt_state)
     jitted = jax.jit(step, donate_argnums=(0, 1), out_shardings=(param_sh, opt_sh, replicated))
+    return JaxTwin(jitted, params, opt_state, tok, loss_fn)
+
+
+def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None):
+    """The model under FSDPv2 per decoder layer, its AdamW, the sharded tokens and the (uncompiled) step."""
+    import numpy as np
+    import torch
+
+    from spmdtorch.mesh import Mesh
+    from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
+    from spmdtorch.partition import FSDPv2, mark_sharding, transformer_auto_wrap_policy
+
+    mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
+    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy, auto_wrapper_callable=auto_wrapper_callable)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
+
+    def train_step(tokens):
+        opt.zero_grad()
+        loss = causal_lm_loss(model(tokens), tokens)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, opt, tok, train_step
+
+
+def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
+    import jax
+
+    cfg, model, tokens = _setup(cfg_name)
+    twin = jax_twin(cfg, model, tokens)
+    jitted, params, opt_state, tok = twin.jitted, twin.params, twin.opt_state, twin.tokens
     state_arrays = jax.tree.leaves((params, opt_state))
     per_device = sum(_shard_bytes(a) for a in state_arrays)
     total = sum(int(a.nbytes) for a in state_arrays)
@@ -167,29 +223,12 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
 
 
 def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
-    import numpy as np
-    import torch
-
     import spmdtorch
     from spmdtorch import debug
-    from spmdtorch.mesh import Mesh
-    from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
-    from spmdtorch.partition import FSDPv2, mark_sharding, transformer_auto_wrap_policy
     from spmdtorch.tensor.xla_tensor import XlaTensor
 
     _, model, tokens = _setup(cfg_name)
-    mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
-    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
-
-    def train_step(tokens):
-        opt.zero_grad()
-        loss = causal_lm_loss(model(tokens), tokens)
-        loss.backward()
-        opt.step()
-        return loss
+    model, opt, tok, train_step = spmdtorch_step(model, tokens)
 
     if mode == "compiled":
         run = spmdtorch.compile(train_step)

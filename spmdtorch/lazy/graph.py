@@ -11,22 +11,38 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-__all__ = ["Node", "LazyRef", "Scalar", "Slot"]
+__all__ = ["LazyRef", "Node", "Scalar", "Slot", "interned_scalar"]
+
+
+_SLOTS: list = []
 
 
 class Slot:
-    """Placeholder for input ``i`` inside a node's argument template."""
+    """Placeholder for input ``i`` inside a node's argument template.
+
+    Interned: ``Slot(i)`` is always the same object, so a template hashes and
+    compares by identity, in C (graph and shape-cache keys hold thousands of
+    slots per step; a Python ``__hash__``/``__eq__`` per slot was a visible
+    part of tracing). Two slots are equal exactly when their indices are, and a
+    slot never equals a number, so ``(Slot(1),)`` and ``(1,)`` stay distinct keys.
+    The table holds one object per index up to the widest node recorded.
+    """
 
     __slots__ = ("i",)
 
-    def __init__(self, i: int):
-        self.i = i
+    def __new__(cls, i: int):
+        if type(i) is int and 0 <= i < len(_SLOTS):
+            return _SLOTS[i]
+        if type(i) is not int or i < 0:
+            raise TypeError(f"Slot index must be a non-negative int, got {i!r}")
+        while len(_SLOTS) <= i:
+            slot = object.__new__(cls)
+            slot.i = len(_SLOTS)
+            _SLOTS.append(slot)
+        return _SLOTS[i]
 
-    def __eq__(self, other):
-        return type(other) is Slot and other.i == self.i
-
-    def __hash__(self):
-        return hash(("slot", self.i))
+    def __reduce__(self):  # copies and pickles come back as the interned object
+        return (Slot, (self.i,))
 
     def __repr__(self):
         return f"${self.i}"
@@ -48,6 +64,43 @@ class Scalar:
         return f"Scalar({self.value!r})"
 
 
+# (context, type, value) -> Scalar. Bounded: lazy-mode values that change every
+# step (Adam's bias corrections) would otherwise accumulate.
+_INTERNED: dict = {}
+_INTERNED_MAX = 4096
+
+
+def interned_scalar(value, context) -> Scalar:
+    """One shared ``Scalar`` for equal Python numbers passed in the same ``context``.
+
+    Why: a program takes one input per distinct ``Scalar`` object (packed into
+    a vector that each use slices). An optimizer passes the same
+    hyper-parameters (``1 - beta1``, ``-lr / bias_correction``...) once per
+    parameter; as distinct inputs each parameter's update fusion slices its
+    own offset, so XLA compiles a separate kernel per parameter where one
+    would do, and cannot share the scalar arithmetic. Sharing the object
+    makes equal numbers one input. Since the graph key records which inputs
+    a node reads, a program that relies on two numbers being equal is only
+    reused while they are. ``context`` (the ATen op) keeps numbers that are
+    equal by coincidence in unrelated ops apart, so that such a coincidence
+    at one step does not change the key at the next.
+
+    Example:
+        >>> interned_scalar(0.5, "op") is interned_scalar(0.5, "op")
+        True
+        >>> interned_scalar(0.5, "op") is interned_scalar(0.5, "other op")
+        False
+    """
+    t = type(value)
+    key = (context, t, value.hex() if t is float else value)  # hex: 0.0 and -0.0 stay apart
+    s = _INTERNED.get(key)
+    if s is None:
+        if len(_INTERNED) >= _INTERNED_MAX:
+            _INTERNED.clear()
+        s = _INTERNED[key] = Scalar(value)
+    return s
+
+
 _DRAWS = itertools.count()
 
 
@@ -64,10 +117,12 @@ class Node:
         out_avals: ``((shape, jax dtype), ...)`` of each output.
         random: the node draws random numbers (it gets ``key=``).
         draw: for a random node, its place in recording order (else -1).
+        sig: an int that stands for ``(name, static_key)`` in graph keys
+            (``lazy.keys.node_sig``), or None until one is assigned.
     """
 
     __slots__ = ("fn", "name", "template", "inputs", "static_key", "out_avals", "random", "draw",
-                 "__weakref__")
+                 "sig", "__weakref__")
 
     def __init__(self, fn, name, template, inputs, static_key, out_avals, random=False):
         self.fn = fn
@@ -83,6 +138,9 @@ class Node:
         # or on the order of the program's outputs: the same seed gives the
         # same values whatever the mesh and the annotations.
         self.draw = next(_DRAWS) if random else -1
+        # An int standing for (name, static_key) in graph keys (the executor's
+        # interning; the recorder sets it when it already knows it). None: not yet.
+        self.sig = None
 
     def __repr__(self):
         return f"Node({self.name}, inputs={len(self.inputs)})"

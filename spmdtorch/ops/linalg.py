@@ -30,6 +30,43 @@ def matmul(a, b):
     return jnp.matmul(a, b, precision=MATMUL_PRECISION, preferred_element_type=pet)
 
 
+def matmul_transposed(a, b, *, ta: bool = False, tb: bool = False):
+    """``matmul(a.T if ta else a, b.T if tb else b)`` for 2-D ``a``, ``b``, with no transpose op.
+
+    The graph rewrite (``spmdtorch.lazy.rewrite``) records ``mm(t(y), x)`` as
+    ``matmul_transposed(y, x, ta=True)`` for a computed ``y``: a linear
+    layer's backward ``g @ t(t(W))`` then reads the forward's ``t(W)`` itself,
+    so the partitioner gathers a sharded weight once for both products, as
+    for ``jax.grad`` of ``x @ W.T``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> a, b = jnp.ones((3, 2)), jnp.ones((3, 4))
+        >>> matmul_transposed(a, b, ta=True).shape
+        (2, 4)
+    """
+    pet = None
+    if is_float(a) and not jnp.iscomplexobj(a) and not jnp.iscomplexobj(b):
+        pet = jnp.float32
+    elif a.dtype == jnp.bool_ or b.dtype == jnp.bool_:
+        a, b = a.astype(jnp.int32), b.astype(jnp.int32)
+    if a.dtype != b.dtype:  # what jnp.matmul's promotion does
+        dt = jnp.promote_types(a.dtype, b.dtype)
+        a, b = a.astype(dt), b.astype(dt)
+    dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=MATMUL_PRECISION, preferred_element_type=pet)
+
+
+def mm_transposed(self, mat2, *, ta=False, tb=False):
+    """``mm`` whose operands are read through a transpose (see ``matmul_transposed``)."""
+    return matmul_transposed(self, mat2, ta=ta, tb=tb)
+
+
+def addmm_transposed(self, mat1, mat2, *, beta=1, alpha=1, ta=False, tb=False):
+    """``addmm`` whose matrix operands are read through a transpose (see ``matmul_transposed``)."""
+    return _scaled_sum(self, matmul_transposed(mat1, mat2, ta=ta, tb=tb), beta, alpha)
+
+
 def _scaled_sum(self, prod, beta, alpha):
     """``beta * self + alpha * prod`` where ``beta == 0`` ignores ``self``.
 
@@ -165,7 +202,7 @@ def _cross(self, other, *, dim=-1):
 @register("_linalg_det.default")
 def _linalg_det(A):
 
-    lu, piv, perm = lax.linalg.lu(A)
+    lu, piv, _perm = lax.linalg.lu(A)
     det = jnp.linalg.det(A)
     return det, lu, piv.astype(jnp.int32) + 1
 

@@ -67,9 +67,13 @@ def register(*names: str, random: bool = False, lift_scalars: bool = True):
 
     Example:
         >>> import jax.numpy as jnp
+        >>> library_relu = get_lowering(torch.ops.aten.relu.default)
         >>> @register("relu.default")
         ... def _relu(x):
         ...     return jnp.maximum(x, 0)
+        >>> get_lowering(torch.ops.aten.relu.default).fn is _relu
+        True
+        >>> LOWERINGS[torch.ops.aten.relu.default] = library_relu  # put the library's back
     """
 
     def deco(fn):

@@ -113,6 +113,8 @@ def _host_index(index):
 
 _BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _NO_RETRY = _BACKWARD
+# Functions with a branch of their own in XlaDeviceMode (CAPTURE_FUNCS grows at run time).
+_SPECIAL_FUNCS = frozenset({torch.Tensor.to} | _FROM_DATA | _INDEXING | _BACKWARD)
 
 
 def _any_xla(args, kwargs) -> bool:
@@ -131,7 +133,11 @@ class XlaDeviceMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if _autocast_on("xla"):  # torch's AutocastXLA key never sees xla tensors (autocast.py)
             args, kwargs = autocast_inputs(func, args, kwargs)
-        if func is torch.Tensor.to:
+        # Every torch call of the program passes here: the common case (no
+        # special handling) is one set lookup, then the call.
+        if func not in _SPECIAL_FUNCS and func not in CAPTURE_FUNCS:
+            pass
+        elif func is torch.Tensor.to:
             out = _tensor_to(args, kwargs)
             if out is not None:
                 return out

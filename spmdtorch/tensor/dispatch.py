@@ -22,9 +22,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from spmdtorch import _dtypes
-from spmdtorch.lazy import metrics, rng
-from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot
+from spmdtorch.lazy import keys, metrics, rng
+from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot, interned_scalar
+from spmdtorch.lazy.rewrite import RULES as _REWRITES
 from spmdtorch.ops import registry
+from spmdtorch.tensor import xla_tensor
 from spmdtorch.tensor.xla_tensor import (
     _PYTHON_KEY,
     XLA_DEVICE,
@@ -71,7 +73,7 @@ class MetaFactoryLeak(DeviceMismatchError):
 class OpFacts:
     __slots__ = (
         "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
-        "is_out", "lowering", "has_device", "arg_names", "implicit", "route",
+        "is_out", "lowering", "has_device", "arg_names", "implicit", "route", "allow_cpu", "identity_view",
     )
 
 
@@ -99,6 +101,9 @@ def op_facts(func) -> OpFacts:
     f.implicit = f.lowering is None and torch._C._dispatch_has_kernel_for_dispatch_key(
         func.name(), "CompositeImplicitAutograd"
     )
+    # Set membership hashes an OpOverload in Python: looked up once here, not per call.
+    f.allow_cpu = func in _CPU_OK_OPS
+    f.identity_view = func in _IDENTITY_VIEWS
     return f
 
 
@@ -170,17 +175,30 @@ def concrete_value(t: XlaTensor) -> jax.Array:
 
 
 def read_value(t: XlaTensor):
-    """The current value of ``t``: concrete array or LazyRef (views replayed)."""
+    """The current value of ``t``: concrete array or LazyRef (views replayed).
+
+    A view's value is cached in its storage, keyed by the view chain, until the
+    storage's next write (``Storage.set`` empties the cache). Keeping it in the
+    storage rather than the tensor means a write drops the cached nodes at
+    once: a tensor's stale cache used to pin the previous step's whole graph
+    until the view was read again. Equal chains (their ViewSteps are shared)
+    give the same value, so views re-made from the same base share it too.
+    """
     st = t._st
-    if not t._chain:
+    chain = t._chain
+    if not chain:
         return base_value(st)
-    cache = t._vcache
-    if cache is not None and cache[0] == st.version and cache[1] is st:
-        return cache[2]
+    cache = st.vcache
+    if cache is not None:
+        value = cache.get(chain)
+        if value is not None:
+            return value
     value = base_value(st)
-    for step in t._chain:
+    for step in chain:
         value = _record_view_step(step, value)
-    t._vcache = (st.version, st, value)
+    if st.vcache is None:
+        st.vcache = {}
+    st.vcache[chain] = value
     return value
 
 
@@ -189,7 +207,11 @@ def _record_view_step(step: ViewStep, value):
     if low is None:
         raise NotImplementedError(f"spmdtorch has no lowering for view op {step.op}")
     template = ((Slot(0),) + step.args, step.kwargs)
-    return record(low.fn, step.op, template, [value], (step.aval,), out_index=step.out_index)
+    sig = step.sig
+    if sig is None:
+        name = step.op if step.out_index is None else (step.op, "select", step.out_index)
+        sig = step.sig = keys.node_sig(name, template)
+    return record(low.fn, step.op, template, [value], (step.aval,), out_index=step.out_index, sig=sig)
 
 
 def assign_value(t: XlaTensor, value) -> None:
@@ -219,25 +241,37 @@ def assign_value(t: XlaTensor, value) -> None:
         new = record(inv, ("inverse", step.op), ((Slot(0), Slot(1)) + step.args, tuple(sorted(kwargs.items()))),
                      [base, new], (aval,))
     st.set(new)
-    t._vcache = (st.version, st, value)
+    st.vcache = {t._chain: value}
 
 
 # -- recording -----------------------------------------------------------------
 
 
-def record(fn, name, template, inputs, out_avals, *, random=False, out_index=None):
+def record(fn, name, template, inputs, out_avals, *, random=False, out_index=None, sig=None):
     """Record one node; return its LazyRef (or LazyRefs for several outputs).
 
     ``template`` is ``(args, kwargs_items)`` with ``Slot(i)`` for ``inputs[i]``.
     With ``out_index``, ``fn`` returns several values of which the node keeps
     only that one (a single output of a multi-output view like ``split``).
+    ``sig``: the node's ``keys.node_sig`` when the caller has it cached (for
+    the name the node ends up with: ``(name, "select", out_index)`` with
+    ``out_index``); dropped when a rewrite or a keyed region changes the node.
     """
     if random:
         region = rng.active_region()
         if region is not None:  # checkpoint_module: a replayable key (lazy/rng.keyed_region)
             fn, name, template, inputs = region.keyed(fn, name, template, inputs)
             random = False
+            sig = None
+    if out_index is None and not random:
+        # Peephole rewrites (spmdtorch.lazy.rewrite): one t(W) per parameter, products read through transposes.
+        rule = _REWRITES.get(id(name))
+        if rule is not None:
+            folded = rule(name, template, inputs, out_avals)
+            if folded is not None:
+                return folded
     node = Node(fn, name, template, inputs, template, out_avals, random)
+    node.sig = sig
     if out_index is not None:
         node.fn = _Select(fn, out_index)
         node.name = (name, "select", out_index)
@@ -279,21 +313,50 @@ def _check_other_tensor(a: torch.Tensor, func, allow_cpu: bool):
 
 
 class _Args:
-    """One walk over (args, kwargs): template with Slots, dynamic inputs, meta key."""
+    """One walk over (args, kwargs): template with Slots, dynamic inputs, meta key.
+
+    The hot path of tracing (every recorded op): xla tensors, the common
+    argument, are handled inline; everything else goes through ``_leaf``.
+    """
 
     __slots__ = ("template", "inputs", "key", "metas")
 
     def __init__(self, func, facts, args, kwargs):
-        self.inputs = []
+        inputs = self.inputs = []
         key = [facts]
-        allow_cpu = func in _CPU_OK_OPS
+        allow_cpu = facts.allow_cpu
+        lift_pos = facts.lift_pos
         t_args = []
         for i, a in enumerate(args):
-            t_args.append(self._leaf(a, i in facts.lift_pos, key, func, allow_cpu))
-        t_kwargs = []
-        for k, a in kwargs.items():
-            t_kwargs.append((k, self._leaf(a, k in facts.lift_names, key, func, allow_cpu)))
-        self.template = (tuple(t_args), tuple(t_kwargs))
+            if isinstance(a, XlaTensor):
+                # torch.Size hashes and compares like the tuple it is.
+                key.append((a.shape, a.stride(), a.dtype))
+                st = a._st
+                inputs.append(st.value if not a._chain and st.logical_shape is None else read_value(a))
+                n = len(inputs) - 1
+                t_args.append(_SLOTS[n] if n < _N_SLOTS else Slot(n))
+                continue
+            t = type(a)
+            if t is int or t is float:  # _leaf's rule for numbers, inline (optimizers pass hundreds)
+                if i in lift_pos and _INT32[0] <= a <= _INT32[1]:
+                    key.append(t)
+                    inputs.append(interned_scalar(a, id(func)))
+                    n = len(inputs) - 1
+                    t_args.append(_SLOTS[n] if n < _N_SLOTS else Slot(n))
+                else:
+                    t_args.append(a)
+            elif t is bool or a is None:
+                t_args.append(a)
+            else:
+                t_args.append(self._leaf(a, i in lift_pos, key, func, allow_cpu))
+        if kwargs:
+            lift_names = facts.lift_names
+            t_kwargs = tuple(
+                (k, self._leaf(a, k in lift_names, key, func, allow_cpu)) for k, a in kwargs.items()
+            )
+        else:
+            t_kwargs = ()
+        self.template = (tuple(t_args), t_kwargs)
         key.append(self.template)
         self.key = tuple(key)
 
@@ -317,9 +380,15 @@ class _Args:
             return tuple(self._leaf(x, False, key, func, allow_cpu) for x in a)
         if liftable and type(a) in (float, int) and _INT32[0] <= a <= _INT32[1]:
             key.append(type(a))
-            self.inputs.append(Scalar(a))
+            self.inputs.append(interned_scalar(a, id(func)))  # equal numbers: one program input
             return Slot(len(self.inputs) - 1)
         return a
+
+
+# Interned slots for the inline path of _Args (Slot(i) is always the same object).
+_N_SLOTS = 64
+Slot(_N_SLOTS - 1)
+_SLOTS = [Slot(i) for i in range(_N_SLOTS)]
 
 
 # Ops that, like on CUDA, accept CPU index tensors next to device tensors.
@@ -332,7 +401,10 @@ _CPU_OK_OPS = frozenset(
 
 # -- meta (shape inference) ------------------------------------------------------
 
-_META_CACHE: dict = {}
+# Output specs by argument signature. Bounded: a program whose static
+# arguments never repeat (a loop over slice offsets) must not grow it forever.
+META_CACHE_MAX = 1 << 14
+_META_CACHE = keys.BoundedCache(META_CACHE_MAX)
 
 
 def _run_meta(func, args, kwargs, facts):
@@ -369,12 +441,17 @@ class MetaSpec:
         avals: ``((shape, jax dtype), ...)`` of the tensor outputs.
     """
 
-    __slots__ = ("specs", "multi", "avals")
+    __slots__ = ("specs", "multi", "avals", "sig", "steps")
 
     def __init__(self, specs, multi):
         self.specs = specs
         self.multi = multi
         self.avals = tuple((sp[0], _dtypes.to_jax_dtype(sp[3])) for sp in specs if sp is not None)
+        # Filled by the first caller, valid for every hit (the cache key holds
+        # the op and its template): the node signature of a lowered op, the
+        # ViewSteps of a view op.
+        self.sig = None
+        self.steps = None
 
 
 def _tensor_spec(o):
@@ -393,14 +470,14 @@ def _meta_spec(out) -> MetaSpec | None:
 def meta_outputs(func, args, kwargs, facts, key):
     hit = _META_CACHE.get(key)
     if hit is not None:
-        metrics.inc("MetaCacheHit")
+        _COUNTERS["MetaCacheHit"] += 1
         return hit
     out = _run_meta(func, args, kwargs, facts)
     spec = _meta_spec(out)
     if spec is None:
         raise NotImplementedError(f"{func} returned a non-tensor on meta; spmdtorch cannot record it")
     try:
-        _META_CACHE[key] = spec
+        _META_CACHE.put(key, spec)
     except TypeError:  # an unhashable static argument: just don't cache
         pass
     return spec
@@ -410,6 +487,7 @@ def meta_outputs(func, args, kwargs, facts, key):
 
 
 _CLONE = aten.clone.default
+_AS_STRIDED = aten.as_strided.default
 
 # id(OpOverload) -> OpFacts. OpOverload.__hash__ is Python-level, and the hot
 # path looks an op up once per call: an int key keeps that lookup cheap (ops
@@ -440,8 +518,11 @@ def _facts_with_route(func) -> OpFacts:
     return facts
 
 
+_COUNTERS = metrics.counters  # one object for the process (metrics.reset clears it in place)
+
+
 def dispatch(func, args, kwargs):
-    metrics.counters["DispatchedOps"] += 1
+    _COUNTERS["DispatchedOps"] += 1
     facts = _FACTS_BY_ID.get(id(func)) or _facts_with_route(func)
     if facts.route is not None:
         return facts.route(func, args, kwargs)
@@ -503,7 +584,10 @@ def _dispatch_lowering(func, args, kwargs, facts):
         for t, r in zip(targets, refs):
             assign_value(t, r)
         return targets[0] if len(targets) == 1 else tuple(targets)
-    refs = record(low.fn, func, parsed.template, parsed.inputs, meta.avals, random=low.random)
+    sig = meta.sig
+    if sig is None:
+        sig = meta.sig = keys.node_sig(func, parsed.template)
+    refs = record(low.fn, func, parsed.template, parsed.inputs, meta.avals, random=low.random, sig=sig)
     if not meta.multi:
         sp = meta.specs[0]
         out = XlaTensor(Storage(refs), (), sp[0], sp[4], 0, sp[3])
@@ -526,22 +610,27 @@ def _dispatch_view(func, args, kwargs, facts):
     self = args[0]
     if not isinstance(self, XlaTensor):
         raise DeviceMismatchError(f"view op {func} got a {type(self).__name__} on {self.device} as self")
-    if func in _IDENTITY_VIEWS:
+    if facts.identity_view:
         return XlaTensor(self._st, self._chain, tuple(self.shape), self.stride(), self.storage_offset(), self.dtype)
     statics = tuple(_static(a) for a in args[1:])
     kw = tuple(sorted((k, _static(v)) for k, v in kwargs.items()))
     key = (facts, (tuple(self.shape), self.stride(), self.storage_offset(), self.dtype), statics, kw)
     meta = meta_outputs(func, args, kwargs, facts, key)
     specs, multi = meta.specs, meta.multi
-    if func is aten.as_strided.default:
+    # ViewSteps are immutable and the key fixes every field: one set per key
+    # (which also keeps each step's node signature across calls).
+    steps = meta.steps
+    if steps is None:
+        steps = meta.steps = tuple(
+            ViewStep(func, statics, kw, i if multi else None, (s[0], _dtypes.to_jax_dtype(s[3])))
+            for i, s in enumerate(specs)
+        )
+    if func is _AS_STRIDED:
         # as_strided addresses the *storage*, not the input view.
         chain_base = ()
     else:
         chain_base = self._chain
-    outs = []
-    for i, s in enumerate(specs):
-        step = ViewStep(func, statics, kw, i if multi else None, (s[0], _dtypes.to_jax_dtype(s[3])))
-        outs.append(XlaTensor(self._st, chain_base + (step,), s[0], s[1], s[2], s[3]))
+    outs = [XlaTensor(self._st, chain_base + (step,), s[0], s[1], s[2], s[3]) for step, s in zip(steps, specs)]
     return outs if multi else outs[0]
 
 
@@ -693,7 +782,6 @@ def _metadata_inplace_view(func, args, kwargs):
     with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
         torch.ops.aten.as_strided_.default(self, list(view.shape), list(view.stride()), view.storage_offset())
     self._chain = view._chain
-    self._vcache = None
     return self
 
 
@@ -723,7 +811,6 @@ def _set_(func, args, kwargs):
         torch.ops.aten.as_strided_.default(self, list(src.shape), list(src.stride()), src.storage_offset())
     self._st = src._st
     self._chain = src._chain
-    self._vcache = None
     return self
 
 
@@ -737,7 +824,6 @@ def _resize_(func, args, kwargs):
         torch.ops.aten.resize_.default(self, size)
     fresh = dispatch(aten.empty.memory_format, (size,), {"dtype": self.dtype, "device": torch.device("xla")})
     self._st = fresh._st
-    self._vcache = None
     return self
 
 
@@ -962,3 +1048,7 @@ def wrap_jax_array(arr: jax.Array, dtype: torch.dtype | None = None, requires_gr
         dtype = _dtypes.to_torch_dtype(arr.dtype)
     return new_base(arr, dtype, requires_grad=requires_grad)
 
+
+
+# XlaTensor.__torch_dispatch__ calls this module's dispatch without an import per call.
+xla_tensor._DISPATCH[0] = dispatch

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any
 
 import jax
 import torch
@@ -44,11 +43,75 @@ _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 # owned by exactly one storage, which is what makes buffer donation safe: an
 # array no storage holds any more can be donated to the step that replaces it.
 _HOLDERS: "weakref.WeakValueDictionary[int, Storage]" = weakref.WeakValueDictionary()
+
+
+class _PendingSet:
+    """The storages whose value is pending: a weak set, in insertion order.
+
+    The recording path adds a storage on every write (hundreds per step).
+    ``weakref.WeakSet.add`` is Python code and every dying member runs a
+    Python callback; here an add is a flag test plus a plain weakref, and dead
+    members are simply skipped. A storage's ``queued`` field holds the
+    generation it was added in, so ``clear()`` is O(1) and an add is a no-op
+    while the storage is already a member.
+    """
+
+    __slots__ = ("_compact_at", "_gen", "_refs")
+    _COMPACT_MIN = 4096  # references kept before dead ones are dropped
+
+    def __init__(self):
+        self._refs: list = []
+        self._gen = 1
+        self._compact_at = self._COMPACT_MIN
+
+    def add(self, st: Storage) -> None:
+        if st.queued != self._gen:
+            st.queued = self._gen
+            self._refs.append(weakref.ref(st))
+            if len(self._refs) >= self._compact_at:
+                self._compact()
+
+    def discard(self, st: Storage) -> None:
+        if st.queued == self._gen:
+            st.queued = 0
+
+    def clear(self) -> None:
+        self._refs = []
+        self._gen += 1
+
+    def _compact(self) -> None:
+        # Storages recorded and dropped without a barrier (a long loop that
+        # never syncs) leave dead references: drop them, keep the order.
+        self._refs = [ref for ref in self._refs if (st := ref()) is not None and st.queued == self._gen]
+        self._compact_at = max(self._COMPACT_MIN, 2 * len(self._refs))
+
+    def __iter__(self):
+        gen = self._gen
+        seen = set()
+        for ref in list(self._refs):
+            st = ref()
+            if st is not None and st.queued == gen and id(st) not in seen:
+                seen.add(id(st))
+                yield st
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 # Storages whose value is pending; the next barrier computes all of them.
-_PENDING: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+_PENDING = _PendingSet()
 # spmdtorch.compile installs a callback here while it traces: it sees every
 # storage created or overwritten, which is how it learns what a step mutates.
 _TRACE_HOOK: list = [None]
+
+
+def _import_dispatch(func, args, kwargs):
+    from spmdtorch.tensor.dispatch import dispatch  # installs itself in _DISPATCH
+
+    return dispatch(func, args, kwargs)
+
+
+_DISPATCH: list = [_import_dispatch]
 _SEQ = itertools.count()
 
 
@@ -66,10 +129,13 @@ class Storage:
     """
 
     __slots__ = ("value", "version", "sharding", "annotated", "pseq", "logical_shape", "unpadded",
-                 "prev", "__weakref__")
+                 "prev", "queued", "vcache", "__weakref__")
 
     def __init__(self, value, sharding=None):
         self.value = None
+        self.queued = 0  # the _PENDING generation this storage was added in (0: not a member)
+        # {view chain: value} of the views read since the last write (dispatch.read_value).
+        self.vcache = None
         self.version = 0
         self.pseq = 0
         self.sharding = sharding
@@ -97,6 +163,10 @@ class Storage:
                 self.sharding = old.sharding
         self.value = value
         self.version += 1
+        # Cached reads of the old value (views, the unpadded slice) are stale:
+        # drop them now rather than when next read, so they pin no old graph.
+        self.vcache = None
+        self.unpadded = None
         if isinstance(value, LazyRef):
             if old is not None and not isinstance(old, LazyRef):
                 self.prev = id(old)
@@ -128,7 +198,7 @@ class ViewStep:
     ``aval`` is the (shape, jax dtype) of the result.
     """
 
-    __slots__ = ("op", "args", "kwargs", "out_index", "aval")
+    __slots__ = ("op", "args", "kwargs", "out_index", "aval", "sig")
 
     def __init__(self, op, args, kwargs, out_index, aval):
         self.op = op
@@ -136,6 +206,7 @@ class ViewStep:
         self.kwargs = kwargs
         self.out_index = out_index
         self.aval = aval
+        self.sig = None  # the node signature of its replay (set on first replay)
 
     def __repr__(self):
         return f"ViewStep({self.op}, {self.args}, {self.kwargs}, {self.out_index})"
@@ -161,7 +232,6 @@ class XlaTensor(torch.Tensor):
 
     _st: Storage
     _chain: tuple
-    _vcache: Any
 
     @staticmethod
     def __new__(cls, storage: Storage, chain: tuple, shape, stride, offset, dtype, requires_grad=False):
@@ -171,16 +241,15 @@ class XlaTensor(torch.Tensor):
             strides=stride,
             storage_offset=offset,
             dtype=dtype,
-            device="meta",
+            device=_META_DEVICE,  # a device object: no string parsing per tensor
             requires_grad=requires_grad,
         )
         r._st = storage
         r._chain = chain
-        r._vcache = None
         return r
 
-    def __init__(self, *args, **kwargs):
-        pass
+    # No __init__: object.__init__ accepts __new__'s arguments, and a Python
+    # __init__ would be one more call per recorded op.
 
     # -- what users see ---------------------------------------------------
     @property
@@ -211,7 +280,6 @@ class XlaTensor(torch.Tensor):
         torch.Tensor.data.__set__(self, new)
         self._st = new._st
         self._chain = new._chain
-        self._vcache = new._vcache
 
     def numpy(self, *, force: bool = False):  # type: ignore[override]
         if not force:
@@ -293,9 +361,9 @@ class XlaTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from spmdtorch.tensor.dispatch import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        # dispatch.py installs itself here on import (an import statement per
+        # ATen call cost about a microsecond).
+        return _DISPATCH[0](func, args, kwargs or {})
 
 
 def is_xla_tensor(t) -> bool:

@@ -166,3 +166,14 @@ def test_batch_norm_in_eval_mode_returns_cpu_shaped_saved_stats():
     got = torch.ops.aten.native_batch_norm(x.to("xla"), None, None, rm.to("xla"), rv.to("xla"), False, 0.1, 1e-5)
     assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want] == [(3, 2, 4), (0,), (0,)]
     torch.testing.assert_close(got[0].cpu(), want[0])
+
+
+def test_equal_views_share_view_steps_and_see_each_others_writes():
+    x = torch.arange(12.0).reshape(3, 4)
+    xx = x.to("xla")
+    a, b = xx[:, 1:3], xx[:, 1:3]
+    assert a._chain == b._chain  # one ViewStep per (op, arguments, input metadata)
+    a.add_(10)
+    x[:, 1:3].add_(10)
+    torch.testing.assert_close(b.cpu(), x[:, 1:3])
+    torch.testing.assert_close(xx.t()[1:3].cpu(), x.t()[1:3])

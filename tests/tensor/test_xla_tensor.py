@@ -175,3 +175,75 @@ def test_data_dependent_ops_materialise_and_continue():
     if x.sum() > 4:  # .item() in control flow
         z = x * 2
     torch.testing.assert_close(z.cpu(), src * 2)
+
+
+# -- the pending set and cached view values (spmdtorch.tensor.xla_tensor) ----------
+
+
+def _program_outputs(monkeypatch):
+    """Run a sync and return how many outputs its program had."""
+    from spmdtorch.lazy import executor
+
+    seen = []
+    orig = executor.run_plan
+
+    def spy(plan, storages):
+        seen.append(len(storages))
+        return orig(plan, storages)
+
+    monkeypatch.setattr(executor, "run_plan", spy)
+    spmdtorch.sync()
+    return seen
+
+
+def test_a_storage_written_many_times_is_one_output_and_dropped_ones_none(monkeypatch):
+    spmdtorch.sync()
+    w = torch.zeros(4, device="xla")
+    spmdtorch.sync()
+    for _ in range(5):
+        w.add_(1)  # five writes to one storage
+    tmp = w * 2
+    del tmp  # dropped before the barrier: computed by nobody
+    assert _program_outputs(monkeypatch) == [1]
+    assert w.cpu().tolist() == [5.0] * 4
+
+
+def test_pending_set_discard_and_compaction_keep_live_members(monkeypatch):
+    from spmdtorch.tensor import xla_tensor
+
+    spmdtorch.sync()
+    pending = xla_tensor._PENDING
+    # Compact often: dead references pile up in a loop that never syncs.
+    monkeypatch.setattr(xla_tensor._PendingSet, "_COMPACT_MIN", 8)
+    monkeypatch.setattr(pending, "_compact_at", 8)
+    keep = [torch.ones(2, device="xla") * i for i in range(3)]
+    for _ in range(40):
+        _ = torch.ones(2, device="xla") + 1  # recorded and dropped at once
+    assert len(pending._refs) < 40
+    members = list(pending)
+    assert all(t._st in members for t in keep)
+    pending.discard(keep[0]._st)
+    assert keep[0]._st not in list(pending) and keep[1]._st in list(pending)
+    pending.add(keep[0]._st)
+    assert [id(st) for st in pending].count(id(keep[0]._st)) == 1  # re-added once
+    spmdtorch.sync()
+    assert [t.cpu().tolist() for t in keep] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_a_write_drops_cached_view_values_so_no_old_graph_stays_alive():
+    import weakref
+
+    from spmdtorch.tensor.dispatch import read_value
+
+    base = torch.zeros(4, 4, device="xla")
+    spmdtorch.sync()
+    base.add_(1)  # pending
+    view = base[1:3]
+    node = weakref.ref(read_value(view).node)  # the view's value, cached
+    assert read_value(view).node is node()  # a second read hits the cache
+    spmdtorch.sync()  # the storage's new value: the cached view value is stale
+    assert node() is None  # ... and no longer pinned by the view tensor
+    view.mul_(3)  # a write through the view: every alias of the storage sees it
+    other = base[1:3]  # an equal view made afresh reads the same storage
+    torch.testing.assert_close(other.cpu(), torch.full((2, 4), 3.0))
+    torch.testing.assert_close(base.cpu()[0], torch.ones(4))

@@ -1,0 +1,92 @@
+"""Cheap, collision-free graph keys: node signatures and bounded caches.
+
+A graph key must compare a whole step's structure (op names, static
+arguments, wiring) on every ``sync()``. Hashing and comparing ~1,000 nested
+templates, with Python-level ``OpOverload.__hash__`` inside, cost
+milliseconds per step. Instead each distinct ``(name, static_key)`` is
+*interned* once into a small int, its signature; a graph key is then a tuple
+of ints, hashed and compared in C.
+
+Why this cannot return a wrong program: a signature is handed out once, from
+a counter that never goes back, for one exact ``(name, static_key)`` (found by
+full equality, never by hash alone). Equal signatures therefore mean equal
+content. When the intern table is full it is emptied; content seen again then
+gets a *new* signature, which can only cause a cache miss (a recompile),
+never a hit on another program.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+__all__ = ["SIG_TABLE_MAX", "BoundedCache", "fresh_sig", "node_sig"]
+
+# Distinct (name, static_key) pairs kept interned. A training step has a few
+# thousand; the bound only matters for programs whose static arguments never
+# repeat (each such program compiles anyway).
+SIG_TABLE_MAX = 1 << 16
+
+_SIGS: dict = {}
+_NEXT = itertools.count()
+
+
+def node_sig(name, static_key) -> int:
+    """The signature of a node with this name and static key.
+
+    Unhashable static keys get a fresh signature each time (the node then
+    never matches a cached program, which is correct, only slow).
+
+    Example:
+        >>> from spmdtorch.lazy.keys import node_sig
+        >>> node_sig("add", (1, 2)) == node_sig("add", (1, 2))
+        True
+        >>> node_sig("add", (1, 2)) == node_sig("add", (1, 3))
+        False
+    """
+    key = (name, static_key)
+    try:
+        sig = _SIGS.get(key)
+    except TypeError:
+        return next(_NEXT)
+    if sig is None:
+        if len(_SIGS) >= SIG_TABLE_MAX:
+            _SIGS.clear()
+        sig = _SIGS[key] = next(_NEXT)
+    return sig
+
+
+def fresh_sig() -> int:
+    """A signature equal to no other (for nodes that must never share a program)."""
+    return next(_NEXT)
+
+
+class BoundedCache(dict):
+    """A dict that forgets its oldest entries beyond ``maxsize`` (insertion order).
+
+    Lookups are plain ``dict.get`` (no LRU bookkeeping on the hot path); ``put``
+    evicts the oldest quarter when full, so a workload whose keys never repeat
+    cannot grow it without bound, and a steady one is never evicted.
+
+    Example:
+        >>> from spmdtorch.lazy.keys import BoundedCache
+        >>> c = BoundedCache(4)
+        >>> for i in range(6):
+        ...     c.put(i, str(i))
+        >>> len(c) <= 4, c.get(5)
+        (True, '5')
+    """
+
+    __slots__ = ("maxsize",)
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        if type(maxsize) is not int or maxsize < 1:
+            raise ValueError(f"BoundedCache maxsize must be a positive int, got {maxsize!r}")
+        self.maxsize = maxsize
+
+    def put(self, key, value) -> None:
+        if len(self) >= self.maxsize and key not in self:
+            drop = max(1, self.maxsize // 4)
+            for old in list(itertools.islice(iter(self), drop)):
+                del self[old]
+        self[key] = value
