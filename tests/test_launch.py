@@ -43,7 +43,13 @@ def test_every_rank_runs_with_its_environment_and_prefixed_output():
     for rank in range(3):
         mine = [line for line in lines if line.startswith(f"[rank {rank}] ")]
         assert len(mine) == 2, lines
-        assert mine[0] == f"[rank {rank}] {rank} 3 {rank} 3 {rank} cpu CPU --xla_force_host_platform_device_count=4"
+        prefix = f"[rank {rank}] {rank} 3 {rank} 3 {rank} cpu CPU "
+        assert mine[0].startswith(prefix), mine[0]
+        # The device count replaces the test run's own; its other XLA flags pass through.
+        flags = mine[0][len(prefix):].split()
+        assert [f for f in flags if "device_count" in f] == ["--xla_force_host_platform_device_count=4"]
+        assert os.environ["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=8", "").split() == [
+            f for f in flags if "device_count" not in f]
     coords = {line.split()[3] for line in lines if "coordinator" in line}
     assert len(coords) == 1  # one coordinator for the job ...
     (coord,) = coords

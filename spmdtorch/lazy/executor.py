@@ -378,7 +378,9 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     layout = _Layout(plan)
     fn = _make_fn(plan, layout)
     donate_idx = tuple(j for j, i in enumerate(layout.array_pos) if donate[i])
-    jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings))
+    # keep_unused: an output computed from no input's data (zeros_like(w)) must
+    # still live on the inputs' devices; without the input JAX uses one device.
+    jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings), keep_unused=True)
     prog = _Program()
     prog.n_leaves = len(plan.leaves)
     prog.has_random = plan.has_random

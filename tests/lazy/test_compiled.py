@@ -135,3 +135,28 @@ def test_gradients_zeroed_outside_fn_are_never_lost():
             assert lin.weight.grad is not None, f"call {i}: the gradient was lost"
             torch.testing.assert_close(lin.weight.grad.cpu(), ref.weight.grad, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(lin.bias.grad.cpu(), ref.bias.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_state_made_from_a_sharded_tensor_keeps_its_devices(devices8):
+    """zeros_like(p) of an FSDP-sharded parameter used as p.grad, then a compiled step (it raised)."""
+    import numpy as np
+
+    from spmdtorch.mesh import Mesh
+    from spmdtorch.partition import FSDPv2
+
+    model = FSDPv2(torch.nn.Linear(16, 32, bias=False), mesh=Mesh(np.arange(8), (8,), ("fsdp",)))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    spmdtorch.sync()
+    assert len(model.weight.grad._st.value.sharding.device_set) == 8  # not device 0 alone
+
+    @spmdtorch.compile
+    def step(x):
+        model.zero_grad(set_to_none=False)
+        model(x).sum().backward()
+
+    x = torch.randn(8, 16)
+    for _ in range(3):
+        step(x.to("xla"))
+    want = torch.ones(8, 32).t() @ x  # d sum(x W^T) / dW
+    torch.testing.assert_close(model.weight.grad.cpu(), want, rtol=1e-5, atol=1e-5)
