@@ -184,6 +184,9 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None):
 
 
 def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import step_time  # noqa: F401  (first: it checks that jax has not started)
+
     import jax
 
     cfg, model, tokens = _setup(cfg_name)

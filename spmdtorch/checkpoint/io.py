@@ -62,6 +62,9 @@ _TMP_MARK = ".orbax-checkpoint-tmp"
 # (which happens right after Orbax's blocking phase, on the saving thread). It
 # only bounds a wait that a bug would make endless; computing them is not bounded.
 DISPATCH_TIMEOUT_S = 600.0
+# How long the record's write leaves deferred fingerprints to the next program
+# before dispatching them itself.
+SELF_DISPATCH_AFTER_S = 0.5
 
 
 class SaveFingerprints:
@@ -118,6 +121,10 @@ class SaveFingerprints:
                 dispatched them within ``timeout`` seconds.
             Exception: whatever computing them on the devices raised.
         """
+        # Deferred to the next program (an async save): if none comes soon
+        # (the loop ended, or waits for this save), dispatch them from here.
+        if not self._dispatched.wait(min(timeout, SELF_DISPATCH_AFTER_S)):
+            executor.flush_before_next()
         if not self._dispatched.wait(timeout):
             raise CheckpointSaveError(
                 f"the fingerprints of {len(self._indices)} array(s) were not dispatched within {timeout:.0f} s "
@@ -229,19 +236,25 @@ def save_args(state) -> tuple[ocp.args.Composite, SaveFingerprints]:
 
 
 @contextlib.contextmanager
-def saving(pending: SaveFingerprints):
+def saving(pending: SaveFingerprints, *, defer: bool = False):
     """Around Orbax's (async) save call: dispatch the fingerprints after it returns, or fail them.
 
     Dispatching after the call keeps the fingerprint programs from delaying
     Orbax's device→host copy; failing them when the call raises keeps the
-    record's write (already started by Orbax) from waiting for them.
+    record's write (already started by Orbax) from waiting for them. With
+    ``defer`` they are dispatched ahead of the next program instead
+    (``executor.before_next_execution``; the record's write dispatches them
+    itself if none comes), so an async save returns right after the copy.
     """
     try:
         yield
     except BaseException as e:
         pending.fail(e)
         raise
-    pending.dispatch()
+    if defer:
+        executor.before_next_execution(pending.dispatch)
+    else:
+        pending.dispatch()
 
 
 def save(path, state, *, overwrite: bool = False) -> None:

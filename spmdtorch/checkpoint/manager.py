@@ -28,6 +28,7 @@ from spmdtorch.checkpoint.errors import (
     StepNotFoundError,
 )
 from spmdtorch.checkpoint.paths import checkpoint_path
+from spmdtorch.lazy import executor
 
 __all__ = ["CheckpointManager"]
 
@@ -179,7 +180,9 @@ class CheckpointManager:
             # Orbax's call returns after its device→host copy; only then are
             # the fingerprints dispatched, and its background thread writes
             # the record holding them before it finalises the step.
-            with io.saving(pending):
+            # Async: dispatched ahead of the next program, so that save()
+            # blocks the loop only for Orbax's device→host copy.
+            with io.saving(pending, defer=self._async and not preempted):
                 saved = bool(self._mgr.save(step, args=args, force=True))
             if saved:
                 self._writing = step
@@ -187,11 +190,11 @@ class CheckpointManager:
             # The background write of this step (if Orbax started one) now
             # fails on the missing fingerprints: let it end, raise the cause.
             with contextlib.suppress(Exception):
-                self._mgr.wait_until_finished()
+                self._finish_writes()
             raise
         if preempted or not self._async:
             # Preempted: the process is about to be killed, the write must finish first.
-            self._mgr.wait_until_finished()
+            self._finish_writes()
         if preempted:
             self._preemption_step = step
             log.warning("preemption: saved step %d to %s", step, self._directory)
@@ -199,6 +202,10 @@ class CheckpointManager:
 
     def wait_until_finished(self) -> None:
         """Block until every background save is written and finalised."""
+        self._finish_writes()
+
+    def _finish_writes(self) -> None:
+        executor.flush_before_next()  # fingerprints deferred to the next program: now
         self._mgr.wait_until_finished()
 
     # -- listing and restoring ---------------------------------------------------
@@ -240,7 +247,7 @@ class CheckpointManager:
             MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError:
                 see :func:`spmdtorch.checkpoint.load`.
         """
-        self._mgr.wait_until_finished()
+        self._finish_writes()
         steps = self.all_steps()
         if step is not None:
             if step not in steps:
@@ -276,7 +283,7 @@ class CheckpointManager:
             return
         self._closed = True
         try:
-            self._mgr.wait_until_finished()
+            self._finish_writes()
             self._mgr.close()
         finally:
             if self._handler_installed:

@@ -16,6 +16,7 @@ import collections
 import logging
 import os
 import struct
+import threading
 import time
 import warnings
 
@@ -493,8 +494,49 @@ def run_plan(plan: _Plan, storages):
     return execute(prog, _call_args(plan, mesh)), prog
 
 
+# Dispatches owed before the next program runs (an async checkpoint's
+# fingerprints read arrays that the next step donates); see before_next_execution.
+_BEFORE_NEXT: list = []
+_BEFORE_NEXT_LOCK = threading.Lock()
+
+
+def before_next_execution(fn) -> None:
+    """Call ``fn()`` right before the next program execution (or at :func:`flush_before_next`).
+
+    For work that reads arrays the next step may donate but should not hold up
+    the caller: an async checkpoint dispatches its fingerprint programs here, so
+    ``save()`` returns after Orbax's device→host copy and the programs start
+    ahead of the next training step. ``fn`` runs exactly once, on whichever
+    thread gets there first, always before any later execution.
+    """
+    with _BEFORE_NEXT_LOCK:
+        _BEFORE_NEXT.append(fn)
+
+
+def flush_before_next() -> None:
+    """Run the calls owed by :func:`before_next_execution` now (any thread)."""
+    with _BEFORE_NEXT_LOCK:
+        _run_owed()
+
+
+def _run_owed() -> None:
+    # Under the lock, and each call leaves the list only once it has run:
+    # execute() checks the list without the lock, so it must see the call
+    # (and wait for the lock) until the call is done.
+    while _BEFORE_NEXT:
+        try:
+            _BEFORE_NEXT[0]()
+        except Exception:  # the owner reports its own failure (SaveFingerprints.fail)
+            log.exception("a dispatch owed before the next execution failed")
+        finally:
+            _BEFORE_NEXT.pop(0)
+
+
 def execute(prog: "_Program", args) -> list:
     """Run a compiled program asynchronously, bounding executions in flight."""
+    if _BEFORE_NEXT:
+        with _BEFORE_NEXT_LOCK:
+            _run_owed()
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
     outs = prog.compiled(*prog.call_args(args))

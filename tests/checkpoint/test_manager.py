@@ -24,6 +24,7 @@ from spmdtorch.checkpoint import (
     StepNotFoundError,
     fingerprint,
 )
+from spmdtorch.checkpoint import io
 from spmdtorch.mesh import Mesh
 from spmdtorch.partition import mark_sharding
 
@@ -227,6 +228,7 @@ def test_async_save_returns_before_the_fingerprints_and_finalises_after_them(tmp
         return [_GatedFingerprint(fp, gate, log) for fp in real(arrays, logical_shapes)]
 
     monkeypatch.setattr(fingerprint, "device_fingerprints", gated)
+    monkeypatch.setattr(io, "SELF_DISPATCH_AFTER_S", 60.0)  # only the next program dispatches them
     w = mark_sharding(torch.arange(48.0).reshape(8, 6).to("xla"), Mesh(np.arange(8), (4, 2), ("a", "b")), ("a", "b"))
     with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
         orbax_save = mgr._mgr.save
@@ -238,9 +240,11 @@ def test_async_save_returns_before_the_fingerprints_and_finalises_after_them(tmp
 
         monkeypatch.setattr(mgr._mgr, "save", recorded)
         assert mgr.save(0, {"w": w, "step": 0})
-        # save() returned although no fingerprint can be read yet, and the
-        # programs were dispatched only after Orbax's copy; the step is not
-        # finalised without them.
+        # save() returned right after Orbax's copy: the fingerprint programs
+        # are owed to the next program, and the step is not finalised without them.
+        assert log == ["orbax blocking phase done"]
+        w.add_(1.0)
+        spmdtorch.sync()  # the next step (it donates w's saved buffer): the fingerprints go first
         assert log == ["orbax blocking phase done", "fingerprints dispatched"]
         assert not (tmp_path / "0").exists()
         # Listed only once completely written (Orbax itself lists it already).
@@ -268,7 +272,8 @@ def test_failed_fingerprints_surface_and_finalise_nothing(tmp_path, monkeypatch,
         monkeypatch.setattr(fingerprint, "device_fingerprints", broken_dispatch)
         with pytest.raises(RuntimeError, match="failed to launch"):
             mgr.save(0, {"w": w})
-        mgr.wait_until_finished()  # raised once, by save()
+            mgr.wait_until_finished()  # async: dispatched after save() returned; the background write raises
+        mgr.wait_until_finished()  # raised once
         monkeypatch.setattr(fingerprint, "device_fingerprints", lambda arrays, logical_shapes=None: [Poisoned()])
         with pytest.raises(RuntimeError, match="failed on device"):
             mgr.save(1, {"w": w})
@@ -296,3 +301,32 @@ def test_a_save_failing_in_orbax_leaves_no_thread_waiting_for_fingerprints(tmp_p
             threading.Thread.join(t, timeout=30)  # (Orbax's own join re-raises the thread's error)
             assert not t.is_alive()
         assert mgr.all_steps() == [] and not (tmp_path / "0").exists()
+
+
+def test_deferred_fingerprints_are_dispatched_without_a_next_step(tmp_path, monkeypatch):
+    """No program after an async save: the background write dispatches the fingerprints itself."""
+    monkeypatch.setattr(io, "SELF_DISPATCH_AFTER_S", 0.05)
+    w = torch.arange(12.0).reshape(3, 4).to("xla")
+    with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
+        assert mgr.save(0, {"w": w})
+        mgr._mgr.wait_until_finished()  # Orbax's own wait: nothing flushes the owed dispatch
+        assert mgr.all_steps() == [0]
+    target = torch.zeros(3, 4, device="xla")
+    checkpoint.load(tmp_path / "0", {"w": target})  # the fingerprint was computed and verifies
+    assert torch.equal(target.cpu(), torch.arange(12.0).reshape(3, 4))
+
+
+def test_an_async_save_then_a_donating_step_keeps_the_saved_values(tmp_path):
+    """The step after save() donates the saved buffers; the fingerprints were dispatched before it."""
+    mesh = Mesh(np.arange(8), (8,), ("d",))
+    w = mark_sharding(torch.arange(64.0).reshape(16, 4).to("xla"), mesh, ("d", None))
+    with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
+        assert mgr.save(0, {"w": w})
+        for _ in range(3):
+            with spmdtorch.step():
+                w.mul_(2.0)
+        mgr.wait_until_finished()
+    target = mark_sharding(torch.zeros(16, 4).to("xla"), mesh, (None, "d"))
+    checkpoint.load(tmp_path / "0", {"w": target})  # verifies the fingerprint
+    assert torch.equal(target.cpu(), torch.arange(64.0).reshape(16, 4))
+    assert torch.equal(w.cpu(), torch.arange(64.0).reshape(16, 4) * 8)
