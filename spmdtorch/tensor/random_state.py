@@ -7,10 +7,10 @@ state to save and restore, which ``torch.utils.checkpoint`` (its
 ``checkpoint_module`` need: the recomputation of a checkpointed block must
 draw the same dropout mask as its forward.
 
-So :func:`get_rng_state` switches the device to an explicit stream: it draws
-one key into a small int32 xla tensor (an ordinary random op, so fresh each
-step) and keys every later random op by that tensor and a counter. The state
-is the pair ``(key tensor, counter)``; :func:`set_rng_state` restores it, and
+So :func:`get_rng_state` switches the device to an explicit stream: its first
+random op draws one key into a small int32 xla tensor (an ordinary random op,
+so fresh each step), and every random op of the stream is keyed by that
+tensor and a counter. The state is the pair ``(key, counter)``; :func:`set_rng_state` restores it, and
 the ops recorded next replay the same numbers, in the same program or in a
 later one (the key tensor is then a concrete input). Each program boundary
 (``sync()``, the end of a step, a ``.cpu()``) returns the device to program
@@ -54,17 +54,40 @@ class XlaRngStateError(TypeError):
     """``set_rng_state`` was given something that is not an :class:`XlaRngState`."""
 
 
-@dataclasses.dataclass(frozen=True)
-class XlaRngState:
-    """A saved xla RNG state: the stream's key tensor and how many ops it keyed.
+class _KeyCell:
+    """A stream's key tensor, drawn by its first random op (None until then).
 
-    Attributes:
-        key: int32 xla tensor holding the key's words.
-        offset: number of random ops keyed from ``key`` before this state.
+    Saving a state draws nothing: a checkpointed block without random ops
+    adds no random node (and no draw from torch's generator) to the step.
     """
 
-    key: torch.Tensor
+    __slots__ = ("key",)
+
+    def __init__(self):
+        self.key = None
+
+    def get(self):
+        if self.key is None:
+            self.key = _new_key()
+        return self.key
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaRngState:
+    """A saved xla RNG state: the stream's key (drawn when first needed) and how many ops it keyed.
+
+    Attributes:
+        cell: holds the int32 xla tensor of the key's words, once drawn.
+        offset: number of random ops keyed from the key before this state.
+    """
+
+    cell: _KeyCell
     offset: int
+
+    @property
+    def key(self) -> torch.Tensor | None:
+        """The key tensor, or None while no random op of the stream has run."""
+        return self.cell.key
 
 
 def _key_words(*, key):
@@ -90,19 +113,20 @@ class _Keyed:
 class _Stream:
     """The active explicit stream (installed as ``spmdtorch.lazy.rng``'s region)."""
 
-    __slots__ = ("count", "key")
+    __slots__ = ("cell", "count")
 
-    def __init__(self, key, count: int):
-        self.key = key
+    def __init__(self, cell: _KeyCell, count: int):
+        self.cell = cell
         self.count = count
 
     def keyed(self, fn, name, template, inputs):
         from spmdtorch.tensor.dispatch import read_value
 
+        key = self.cell.get()
         index = self.count
         self.count += 1
         args_t, kw_t = template
-        inputs = [*inputs, read_value(self.key)]
+        inputs = [*inputs, read_value(key)]
         template = (args_t, (*kw_t, ("_stream_key", Slot(len(inputs) - 1))))
         return _Keyed(fn, index), (name, "keyed", index), template, inputs
 
@@ -128,9 +152,9 @@ def get_rng_state(device=None) -> XlaRngState:
     """
     stream = rng.active_region()
     if not isinstance(stream, _Stream):
-        stream = _Stream(_new_key(), 0)
+        stream = _Stream(_KeyCell(), 0)
         rng.set_region(stream)
-    return XlaRngState(stream.key, stream.count)
+    return XlaRngState(stream.cell, stream.count)
 
 
 def set_rng_state(state: XlaRngState, device=None) -> None:
@@ -148,7 +172,7 @@ def set_rng_state(state: XlaRngState, device=None) -> None:
             f"set_rng_state for the xla device expects an XlaRngState from get_rng_state(), got "
             f"{type(state).__name__}; reseed with torch.manual_seed(...) instead"
         )
-    rng.set_region(_Stream(state.key, state.offset))
+    rng.set_region(_Stream(state.cell, state.offset))
 
 
 def _device_module() -> types.ModuleType:

@@ -248,3 +248,14 @@ def test_dropout_draws_the_same_mask_in_the_recomputation(devices8, mode):
         masks.append(y != 0)
         assert 0.3 < masks[-1].float().mean() < 0.7
     assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])  # fresh each step
+
+
+def test_a_block_without_random_ops_draws_nothing(devices8):
+    """Saving the RNG state for the recomputation adds no random node: torch's generator is untouched."""
+    block = checkpoint_module(Block().to("xla"))
+    x = torch.randn(4, DIM).to("xla")
+    spmdtorch.sync()
+    before = torch.get_rng_state()
+    block(x).sum().backward()
+    spmdtorch.sync(wait=True)
+    assert torch.equal(torch.get_rng_state(), before)
