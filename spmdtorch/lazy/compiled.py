@@ -48,7 +48,11 @@ def _storage_hook(st, old):
     if old is None:
         _TraceState.created.append(weakref.ref(st))
     elif not isinstance(old, LazyRef):
-        _TraceState.replaced[id(old)] = (old, st)
+        entry = _TraceState.replaced.get(id(old))
+        if entry is None:
+            _TraceState.replaced[id(old)] = (old, st, [])
+        else:
+            entry[2].append(st)  # several storages held one array (equal values share a buffer)
 
 
 def _optimizer_pre_hook(optimizer, args, kwargs):
@@ -235,11 +239,16 @@ class CompiledFunction:
                 if id(leaf) in arg_arrays:
                     roles.append(("arg", arg_arrays[id(leaf)]))
                     continue
-                holder = xla_tensor.holder_of(leaf)
-                if holder is None and id(leaf) in replaced:
-                    holder = replaced[id(leaf)][1]
-                if holder is not None and id(holder) not in created:
-                    roles.append(("storage", weakref.ref(holder)))
+                # Every storage that held this array when fn started: the
+                # program read them all through this one input, so a replay
+                # is only valid while they still hold one array.
+                holders = xla_tensor.holders_of(leaf)
+                if id(leaf) in replaced:
+                    _, first, more = replaced[id(leaf)]
+                    holders += [h for h in (first, *more) if all(h is not o for o in holders)]
+                holders = [h for h in holders if id(h) not in created]
+                if holders:
+                    roles.append(("storage", weakref.ref(holders[0]), tuple(weakref.ref(h) for h in holders[1:])))
                 else:
                     # Data made inside fn from host values: frozen like a jit constant.
                     roles.append(("const", leaf))
@@ -315,7 +324,12 @@ class CompiledFunction:
                     st = role[1]()
                     if st is None or isinstance(st.value, LazyRef):
                         return _RETRACE
-                    args.append(st.value)
+                    value = st.value
+                    for other in role[2]:  # storages that shared this input when traced
+                        o = other()
+                        if o is not None and o.value is not value:
+                            return _RETRACE
+                    args.append(value)
                 elif kind == "scalar":
                     args.append(role[1])
                 else:
@@ -376,7 +390,7 @@ def _role_key(role):
     if role[0] == "scalar":  # values are compared through ``_Record.scalars``
         return ("scalar",)
     if role[0] == "storage":
-        return ("storage", id(role[1]()))
+        return ("storage", id(role[1]()), tuple(id(r()) for r in role[2]))
     if role[0] == "const":
         return ("const", id(role[1]))
     return role

@@ -100,8 +100,18 @@ class _Plan:
         leaf_codes: dict = {}
         leaves, codes = [], []
         sigs = []
+        kept = []
+        # Common subexpressions: a node with the same signature reading the
+        # same inputs as an earlier one computes the same values (nodes are
+        # pure; random nodes, which are not, are never merged), so it becomes
+        # that node. XLA would merge them inside the program anyway; merging
+        # here also makes the program's *outputs* equal, and equal outputs
+        # share one buffer (``run_plan``). That is what lets AdamW's
+        # per-parameter step counters (created equal, updated alike) stay one
+        # array, so the bias corrections are computed once, not per parameter.
+        seen: dict = {}
         has_random = False
-        for pos, n in enumerate(nodes):
+        for n in nodes:
             c = []
             for i in n.inputs:
                 if type(i) is LazyRef:
@@ -112,14 +122,23 @@ class _Plan:
                         code = leaf_codes[id(i)] = -1 - len(leaves)
                         leaves.append(i)
                     c.append(code)
-            codes.append(tuple(c))
-            node_ids[id(n)] = pos
+            c = tuple(c)
             sig = n.sig
             if sig is None:
                 sig = n.sig = keys.node_sig(n.name, n.static_key)
-            sigs.append(sig)
             if n.random:
                 has_random = True
+            else:
+                same = seen.get((sig, c))
+                if same is not None:
+                    node_ids[id(n)] = same
+                    continue
+                seen[(sig, c)] = len(kept)
+            node_ids[id(n)] = len(kept)
+            kept.append(n)
+            codes.append(c)
+            sigs.append(sig)
+        nodes = kept
         # A random node's key is folded from its rank in recording order (see
         # graph.Node.draw), not from its position in the graph, so that the
         # values do not depend on sharding constraints or output order.
@@ -198,8 +217,7 @@ def _rehome(plan, mesh) -> None:
         sh = leaf.sharding
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh:
             new = jax.device_put(leaf, target)
-            holder = xla_tensor.holder_of(leaf)
-            if holder is not None:
+            for holder in xla_tensor.holders_of(leaf):
                 if holder.sharding is not None and not holder.annotated:
                     holder.sharding = None  # inherited placement: let the new one apply
                 holder.set(new)
@@ -304,14 +322,15 @@ def _packed_array(kind, values, mesh):
     return arr
 
 
-def _make_fn(plan: _Plan, layout: _Layout | None = None):
+def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None = None):
     """The program as a function of its arguments (``layout``: how leaves are passed;
-    None passes one argument per leaf, as a nested body such as a shard_map region wants)."""
+    None passes one argument per leaf, as a nested body such as a shard_map region wants).
+    ``outputs``: the ``(node, index)`` pairs it returns (default: the plan's)."""
     if layout is None:
         layout = _Layout(plan, pack=False)
     nodes = [(n.fn, n.template, d, n.out_avals, n.name) for n, d in zip(plan.nodes, plan.draws)]
     codes = plan.codes
-    outputs = plan.outputs
+    outputs = plan.outputs if outputs is None else outputs
     n_args = len(layout.array_pos) + len(layout.groups)
 
     def run(*args):
@@ -355,7 +374,7 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None):
 
 
 class _Program:
-    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh", "layout")
+    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh", "layout", "out_map")
 
     def call_args(self, leaf_args) -> list:
         """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
@@ -377,12 +396,17 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     _last_key = key
     start = time.perf_counter()
     layout = _Layout(plan)
-    fn = _make_fn(plan, layout)
+    # Storages whose values are the same output with the same placement get
+    # one buffer (the program returns it once; execute() hands it to each).
+    unique: dict = {}
+    out_map = tuple(unique.setdefault((o, sh), len(unique)) for o, sh in zip(plan.outputs, out_shardings))
+    fn = _make_fn(plan, layout, tuple(o for o, _ in unique))
     donate_idx = tuple(j for j, i in enumerate(layout.array_pos) if donate[i])
     # keep_unused: an output computed from no input's data (zeros_like(w)) must
     # still live on the inputs' devices; without the input JAX uses one device.
-    jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=list(out_shardings), keep_unused=True)
+    jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=[sh for _, sh in unique], keep_unused=True)
     prog = _Program()
+    prog.out_map = out_map if len(unique) < len(out_map) else None
     prog.n_leaves = len(plan.leaves)
     prog.has_random = plan.has_random
     prog.mesh = mesh
@@ -544,6 +568,8 @@ def execute(prog: "_Program", args) -> list:
     if outs:
         _INFLIGHT.append(outs)
         _bound_in_flight(MAX_IN_FLIGHT)
+    if prog.out_map is not None:  # one buffer for several storages with equal values
+        outs = [outs[j] for j in prog.out_map]
     return outs
 
 

@@ -39,10 +39,16 @@ class _MetaFlag:
 
 _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 
-# id(jax.Array) -> the Storage currently holding it. Every concrete array is
-# owned by exactly one storage, which is what makes buffer donation safe: an
-# array no storage holds any more can be donated to the step that replaces it.
+# id(jax.Array) -> a Storage currently holding it. Buffer donation rests on
+# this: an array that no storage holds any more can be donated to the step
+# that replaces it. Usually one storage holds an array; several do when one
+# program output is the value of several tensors (the executor gives equal
+# results one buffer, e.g. the step counters of AdamW's parameters). Those
+# further holders are listed in _CO_HOLDERS, only then, so the common path
+# stays one dict operation.
 _HOLDERS: "weakref.WeakValueDictionary[int, Storage]" = weakref.WeakValueDictionary()
+_CO_HOLDERS: dict = {}  # id(jax.Array) -> [weakref to Storage, ...] beyond _HOLDERS'
+_CO_HOLDERS_SWEEP = 1024  # entries kept before those of dead arrays are dropped
 
 
 class _PendingSet:
@@ -157,6 +163,8 @@ class Storage:
         if old is not None and not isinstance(old, LazyRef):
             if _HOLDERS.get(id(old)) is self:
                 del _HOLDERS[id(old)]
+            if _CO_HOLDERS:
+                _release_shared(self, old)
             # An in-place update keeps the placement the data had (parameters
             # keep their sharding across steps).
             if self.sharding is None and self.logical_shape is None and tuple(old.shape) == tuple(value.shape):
@@ -176,19 +184,65 @@ class Storage:
             _PENDING.add(self)
         else:
             self.prev = None
-            _HOLDERS[id(value)] = self
+            cur = _HOLDERS.get(id(value))
+            if cur is None or cur is self or cur.value is not value:
+                _HOLDERS[id(value)] = self
+            else:
+                _hold_shared(self, value)
 
     @property
     def shape(self) -> tuple:
         return tuple(self.value.shape)
 
 
+def _hold_shared(st: Storage, array) -> None:
+    """Record ``st`` as a further holder of ``array`` (another storage holds it already)."""
+    if len(_CO_HOLDERS) >= _CO_HOLDERS_SWEEP:
+        for k in [k for k, refs in _CO_HOLDERS.items() if not any(r() is not None for r in refs)]:
+            del _CO_HOLDERS[k]
+    refs = _CO_HOLDERS.setdefault(id(array), [])
+    if not any(r() is st for r in refs):
+        refs.append(weakref.ref(st))
+
+
+def _release_shared(st: Storage, array) -> None:
+    """``st`` no longer holds ``array``: forget it, and promote another holder if any."""
+    refs = _CO_HOLDERS.get(id(array))
+    if refs is None:
+        return
+    live = [s for r in refs if (s := r()) is not None and s is not st and s.value is array]
+    if _HOLDERS.get(id(array)) is None and live:
+        _HOLDERS[id(array)] = live.pop(0)
+    if live:
+        _CO_HOLDERS[id(array)] = [weakref.ref(s) for s in live]
+    else:
+        del _CO_HOLDERS[id(array)]
+
+
 def holder_of(array) -> Storage | None:
-    """The storage that currently holds ``array`` (None if nobody does)."""
+    """A storage that currently holds ``array`` (None if nobody does)."""
     st = _HOLDERS.get(id(array))
     if st is not None and st.value is array:
         return st
+    if _CO_HOLDERS:
+        for r in _CO_HOLDERS.get(id(array), ()):
+            st = r()
+            if st is not None and st.value is array:
+                return st
     return None
+
+
+def holders_of(array) -> list:
+    """Every storage that currently holds ``array`` (several when they share one program output)."""
+    out = []
+    st = _HOLDERS.get(id(array))
+    if st is not None and st.value is array:
+        out.append(st)
+    for r in _CO_HOLDERS.get(id(array), ()):
+        s = r()
+        if s is not None and s.value is array and all(s is not o for o in out):
+            out.append(s)
+    return out
 
 
 class ViewStep:

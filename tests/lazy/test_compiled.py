@@ -1,5 +1,7 @@
 """spmdtorch.compile: replay, captured mutations, contract errors, guards."""
 
+import copy
+
 import pytest
 import torch
 
@@ -160,3 +162,78 @@ def test_state_made_from_a_sharded_tensor_keeps_its_devices(devices8):
         step(x.to("xla"))
     want = torch.ones(8, 32).t() @ x  # d sum(x W^T) / dW
     torch.testing.assert_close(model.weight.grad.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def _adamw_setup():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model = copy.deepcopy(ref).to("xla")
+    x = torch.randn(5, 8)
+    return ref, model, x
+
+
+def _eager_adamw(ref, x, steps, tweak=None):
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for i in range(steps):
+        if tweak is not None:
+            tweak(i, opt)
+        opt.zero_grad()
+        ref(x).square().mean().backward()
+        opt.step()
+    return ref
+
+
+def test_adamw_step_counters_share_one_input():
+    """torch's AdamW keeps a step counter per parameter; they are equal, so the
+    program reads (and computes the bias corrections from) one array."""
+    ref, model, x = _adamw_setup()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    xx = x.to("xla")
+
+    @spmdtorch.compile
+    def step(inp):
+        opt.zero_grad()
+        loss = model(inp).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(6):
+        step(xx)
+    assert debug.counter_value("CompiledReplay") > 0
+    steps = [opt.state[p]["step"] for p in model.parameters()]
+    from spmdtorch.tensor.dispatch import read_value
+
+    assert len({id(read_value(s)) for s in steps}) == 1
+    assert [s.item() for s in steps] == [6.0] * len(steps)
+    _eager_adamw(ref, x, 6)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+
+
+def test_changing_one_shared_step_counter_outside_fn_is_not_ignored():
+    ref, model, x = _adamw_setup()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    xx = x.to("xla")
+
+    @spmdtorch.compile
+    def step(inp):
+        opt.zero_grad()
+        model(inp).square().mean().backward()
+        opt.step()
+
+    first = next(iter(model.parameters()))
+
+    def tweak(i, o):  # the same change on the eager side, to the first parameter only
+        if i == 4:
+            o.state[next(iter(o.param_groups[0]["params"]))]["step"].fill_(100.0)
+
+    for i in range(7):
+        if i == 4:
+            with torch.no_grad():
+                opt.state[first]["step"].fill_(100.0)
+        step(xx)
+    _eager_adamw(ref, x, 7, tweak)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+    assert opt.state[first]["step"].item() == 103.0

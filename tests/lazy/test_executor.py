@@ -173,3 +173,46 @@ def test_a_failed_program_does_not_poison_later_syncs(monkeypatch):
     spmdtorch.sync()  # unrelated work runs
     assert ok.cpu().tolist() == [2.0, 2.0]
     assert bad.cpu().tolist() == [5.0, 5.0, 5.0]  # the failed tensor is still there, computed on read
+
+
+@pytest.mark.parametrize("written", [0, 1])
+def test_equal_results_share_one_buffer_and_stay_independent(written):
+    base = torch.arange(6.0).to("xla")
+    spmdtorch.sync()
+    # Two tensors computed alike: the program merges them and hands both the same buffer.
+    pair = [base * 2 + 1, base * 2 + 1]
+    spmdtorch.sync()
+    assert read_value(pair[0]) is read_value(pair[1])
+    # ...and they stay two tensors: writing one (either) leaves the other alone,
+    # although the write donates buffers (the shared one must not be donated).
+    a, b = pair[written], pair[1 - written]
+    for _ in range(3):
+        a.mul_(3)
+        spmdtorch.sync(wait=True)
+    assert not read_value(b).is_deleted()
+    torch.testing.assert_close(b.cpu(), torch.arange(6.0) * 2 + 1)
+    torch.testing.assert_close(a.cpu(), (torch.arange(6.0) * 2 + 1) * 27)
+
+
+def test_shared_buffer_is_donated_only_once_every_holder_replaced_it():
+    counters = [torch.zeros((), device="xla") for _ in range(4)]
+    for c in counters:
+        c.add_(1)
+    spmdtorch.sync()
+    shared = read_value(counters[0])
+    assert all(read_value(c) is shared for c in counters)
+    for c in counters:  # every holder replaces it: the buffer can go
+        c.add_(1)
+    spmdtorch.sync(wait=True)
+    assert shared.is_deleted()
+    assert [c.item() for c in counters] == [2.0] * 4
+    assert all(read_value(c) is read_value(counters[0]) for c in counters)
+
+
+def test_random_draws_are_never_merged():
+    spmdtorch.manual_seed(0)
+    a = torch.rand(64, device="xla")
+    b = torch.rand(64, device="xla")
+    spmdtorch.sync()
+    assert read_value(a) is not read_value(b)
+    assert not torch.equal(a.cpu(), b.cpu())
