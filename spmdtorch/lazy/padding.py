@@ -29,14 +29,35 @@ def shards_per_dim(mesh: jax.sharding.Mesh, spec, ndim: int) -> list[int]:
     return out
 
 
+_PADDED: dict = {}  # (shape, sharding) -> padded shape or None; every sync asks once per output
+_PADDED_MAX = 4096
+
+
 def padded_shape(shape, sharding) -> tuple | None:
-    """The padded storage shape for ``shape`` under ``sharding``, or None if even."""
+    """The padded storage shape for ``shape`` under ``sharding``, or None if even.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+        >>> padded_shape((10, 3), NamedSharding(mesh, P("x"))), padded_shape((8, 3), NamedSharding(mesh, P("x")))
+        ((12, 3), None)
+    """
     shape = tuple(shape)
-    if not isinstance(sharding, jax.sharding.NamedSharding):
-        return None
-    parts = shards_per_dim(sharding.mesh, sharding.spec, len(shape))
-    padded = tuple(-(-n // k) * k for n, k in zip(shape, parts))
-    return None if padded == shape else padded
+    key = (shape, sharding)
+    try:
+        return _PADDED[key]
+    except KeyError:
+        pass
+    padded = None
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        parts = shards_per_dim(sharding.mesh, sharding.spec, len(shape))
+        padded = tuple(-(-n // k) * k for n, k in zip(shape, parts))
+        padded = None if padded == shape else padded
+    if len(_PADDED) >= _PADDED_MAX:
+        _PADDED.clear()
+    _PADDED[key] = padded
+    return padded
 
 
 def pad_to(x, *, shape):
