@@ -417,6 +417,23 @@ def _check_array(p: _Plan, cast: bool, path) -> None:
         )
 
 
+def _share_equal_scalars(new: dict, plans) -> None:
+    """Give restored xla scalars that are equal (same dtype, placement and bits) one array.
+
+    A step shares one buffer among equal results (AdamW's per-parameter step
+    counters are one array, so a compiled step computes the bias corrections
+    once); restored one per path they would stay apart for the rest of the run.
+    Reading a scalar costs one tiny device-to-host copy, at restore time only.
+    """
+    first: dict = {}
+    for p in plans:
+        a = new[p.path]
+        if p.entry.kind != "xla" or getattr(a, "ndim", None) != 0:
+            continue
+        key = (a.dtype, a.sharding, np.asarray(a).tobytes())
+        new[p.path] = first.setdefault(key, a)
+
+
 def _restore_arg(p: _Plan):
     storage = np.dtype(p.info["storage_dtype"])
     if p.entry.kind == "xla":
@@ -544,6 +561,7 @@ def load(path, state, *, strict: bool = True, cast: bool = False):
         arrays = _read_arrays(path, plans, partial=len(plans) < len(record["arrays"]))
         _verify(path, plans, arrays)
         new = {p.path: _new_value(p, arrays[p.path]) for p in plans}
+        _share_equal_scalars(new, plans)
         # Only now, with every array read and checked, does the state change.
         for p in plans:
             target = p.entry.value

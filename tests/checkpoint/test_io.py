@@ -341,3 +341,21 @@ def test_undispatched_fingerprints_time_out_with_a_message():
     with pytest.raises(checkpoint.CheckpointSaveError, match=r"save failed before.*OSError: disk full") as e:
         pending.results(timeout=0.01)
     assert isinstance(e.value.__cause__, OSError)
+
+
+def test_equal_restored_scalars_share_one_array_and_stay_independent(tmp_path):
+    """AdamW's per-parameter step counters are one array in a step (equal results
+    share a buffer); a restore keeps them one, so the bias corrections stay shared."""
+    from spmdtorch.tensor.dispatch import read_value
+
+    saved = {"a": torch.tensor(3.0, device="xla"), "b": torch.tensor(3.0, device="xla"),
+             "c": torch.tensor(4.0, device="xla"), "i": torch.tensor(3, device="xla")}
+    checkpoint.save(tmp_path / "c", saved)
+    target = {k: torch.zeros_like(v) for k, v in saved.items()}
+    checkpoint.load(tmp_path / "c", target)
+    assert read_value(target["a"]) is read_value(target["b"])
+    assert read_value(target["c"]) is not read_value(target["a"])
+    assert read_value(target["i"]) is not read_value(target["a"])  # another dtype
+    target["a"].add_(1)
+    spmdtorch.sync(wait=True)
+    assert [target[k].item() for k in "abci"] == [4.0, 3.0, 4.0, 3]
