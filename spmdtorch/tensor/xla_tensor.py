@@ -47,7 +47,7 @@ _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 # further holders are listed in _CO_HOLDERS, only then, so the common path
 # stays one dict operation.
 _HOLDERS: "weakref.WeakValueDictionary[int, Storage]" = weakref.WeakValueDictionary()
-_CO_HOLDERS: dict = {}  # id(jax.Array) -> [weakref to Storage, ...] beyond _HOLDERS'
+_CO_HOLDERS: dict = {}  # id(jax.Array) -> {id(Storage): weakref to it} beyond _HOLDERS'
 _CO_HOLDERS_SWEEP = 1024  # entries kept before those of dead arrays are dropped
 
 
@@ -163,7 +163,7 @@ class Storage:
         if old is not None and not isinstance(old, LazyRef):
             if _HOLDERS.get(id(old)) is self:
                 del _HOLDERS[id(old)]
-            if _CO_HOLDERS:
+            if _CO_HOLDERS and id(old) in _CO_HOLDERS:
                 _release_shared(self, old)
             # An in-place update keeps the placement the data had (parameters
             # keep their sharding across steps).
@@ -198,24 +198,22 @@ class Storage:
 def _hold_shared(st: Storage, array) -> None:
     """Record ``st`` as a further holder of ``array`` (another storage holds it already)."""
     if len(_CO_HOLDERS) >= _CO_HOLDERS_SWEEP:
-        for k in [k for k, refs in _CO_HOLDERS.items() if not any(r() is not None for r in refs)]:
+        for k in [k for k, refs in _CO_HOLDERS.items() if all(r() is None for r in refs.values())]:
             del _CO_HOLDERS[k]
-    refs = _CO_HOLDERS.setdefault(id(array), [])
-    if not any(r() is st for r in refs):
-        refs.append(weakref.ref(st))
+    _CO_HOLDERS.setdefault(id(array), {})[id(st)] = weakref.ref(st)
 
 
 def _release_shared(st: Storage, array) -> None:
     """``st`` no longer holds ``array``: forget it, and promote another holder if any."""
-    refs = _CO_HOLDERS.get(id(array))
-    if refs is None:
-        return
-    live = [s for r in refs if (s := r()) is not None and s is not st and s.value is array]
-    if _HOLDERS.get(id(array)) is None and live:
-        _HOLDERS[id(array)] = live.pop(0)
-    if live:
-        _CO_HOLDERS[id(array)] = [weakref.ref(s) for s in live]
-    else:
+    refs = _CO_HOLDERS[id(array)]
+    refs.pop(id(st), None)
+    if _HOLDERS.get(id(array)) is None:
+        while refs:
+            s = refs.pop(next(iter(refs)))()
+            if s is not None and s.value is array:
+                _HOLDERS[id(array)] = s
+                break
+    if not refs:
         del _CO_HOLDERS[id(array)]
 
 
@@ -225,7 +223,7 @@ def holder_of(array) -> Storage | None:
     if st is not None and st.value is array:
         return st
     if _CO_HOLDERS:
-        for r in _CO_HOLDERS.get(id(array), ()):
+        for r in _CO_HOLDERS.get(id(array), {}).values():
             st = r()
             if st is not None and st.value is array:
                 return st
@@ -238,9 +236,9 @@ def holders_of(array) -> list:
     st = _HOLDERS.get(id(array))
     if st is not None and st.value is array:
         out.append(st)
-    for r in _CO_HOLDERS.get(id(array), ()):
+    for r in _CO_HOLDERS.get(id(array), {}).values():
         s = r()
-        if s is not None and s.value is array and all(s is not o for o in out):
+        if s is not None and s.value is array and s is not st:
             out.append(s)
     return out
 
