@@ -27,6 +27,11 @@ Columns (host wall-clock, ``time.perf_counter``):
 * ``host ms/step``: host time of one steady-state step launched on an idle
   device (median of 5), i.e. without back-pressure from the steps in flight
   (lazy: recording + graph key + launch; compiled and JAX: the call);
+* ``CPU ms/step``: CPU time of the whole process (every thread: Python and
+  the simulated devices) per steady-state step. On CPU the "devices" and the
+  host share the machine's cores, so host work is not hidden behind device
+  work as it is on an accelerator: with c cores a step takes at least
+  CPU ms / c;
 * ``param+opt/device``: bytes of parameters and AdamW state each device holds
   (measured on the arrays), and as a fraction of the unsharded total
   (the target is 1/8 on 8 devices);
@@ -209,14 +214,15 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
         params, opt_state, loss = jitted(params, opt_state, tok)
         losses.append(float(loss))
     warm = now() - t0
-    blocks = []
+    blocks, cpu = [], []
     for _ in range(BLOCKS):
         jax.block_until_ready(params)
-        t0 = now()
+        t0, c0 = now(), time.process_time()
         for _ in range(steps):
             params, opt_state, loss = jitted(params, opt_state, tok)
         jax.block_until_ready((params, opt_state, loss))
         blocks.append((now() - t0) / steps)
+        cpu.append((time.process_time() - c0) / steps)
     step_s = statistics.median(blocks)
     host = []
     for _ in range(HOST_STEPS):  # an idle device: the call's own host cost, no back-pressure
@@ -227,6 +233,7 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
     losses.append(float(loss))
     return {
         "first_s": first, "warmup_s": warm, "step_ms": step_s * 1e3, "host_ms": statistics.median(host) * 1e3,
+        "cpu_ms": statistics.median(cpu) * 1e3,
         "per_device": per_device, "total": total, "args": mem.argument_size_in_bytes,
         "temp": mem.temp_size_in_bytes, "losses": losses, "compiles": 1,
     }
@@ -254,14 +261,15 @@ def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
     for _ in range(warmup - 1):
         losses.append(run(tok).item())
     warm = now() - t0
-    blocks = []
+    blocks, cpu = [], []
     for _ in range(BLOCKS):
         spmdtorch.wait_device_ops()
-        t0 = now()
+        t0, c0 = now(), time.process_time()
         for _ in range(steps):
             loss = run(tok)
         spmdtorch.wait_device_ops()
         blocks.append((now() - t0) / steps)
+        cpu.append((time.process_time() - c0) / steps)
     step_s = statistics.median(blocks)
     host = []
     for _ in range(HOST_STEPS):  # an idle device: tracing + launch, no back-pressure
@@ -281,6 +289,7 @@ def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
     mem = exe.memory_analysis()
     return {
         "first_s": first, "warmup_s": warm, "step_ms": step_s * 1e3, "host_ms": statistics.median(host) * 1e3,
+        "cpu_ms": statistics.median(cpu) * 1e3,
         "per_device": per_device, "total": total, "args": mem.argument_size_in_bytes,
         "temp": mem.temp_size_in_bytes, "losses": losses,
         "compiles": debug.counter_value("UncachedCompile") - compiles0,
@@ -362,7 +371,7 @@ def main(argv=None) -> int:
         table = Table(title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW "
                             f"({args.steps} measured steps)")
         for col in ("mode", "step ms", "x twin", "first step s", "x twin (first)", "warm-up s",
-                    "host ms/step", "param+opt /device", "args / temp MiB", "compiles", "loss first -> last"):
+                    "host ms/step", "CPU ms/step", "param+opt /device", "args / temp MiB", "compiles", "loss first -> last"):
             table.add_column(col, justify="left" if col == "mode" else "right")
         for mode in MODES:
             r = res[mode]
@@ -374,6 +383,7 @@ def main(argv=None) -> int:
                 "1.00x" if mode == "jax" else ratio_cell(r["first_s"], ref["first_s"], TARGETS["first"]),
                 f"{r['warmup_s']:.2f}",
                 f"{r['host_ms']:.2f}",
+                f"{r['cpu_ms']:.1f}",
                 f"{r['per_device'] / 2**20:.3f} MiB = 1/{r['total'] / r['per_device']:.2f}",
                 f"{r['args'] / 2**20:.2f} / {r['temp'] / 2**20:.2f}",
                 str(r["compiles"]),
