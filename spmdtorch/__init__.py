@@ -19,6 +19,9 @@ from spmdtorch.tensor import random_state as _random_state  # noqa: E402
 
 _device_mode.install()
 _random_state.register()  # torch.xla: RNG state for torch.utils.checkpoint / fork_rng
+from spmdtorch.tensor import optim_hooks as _optim_hooks  # noqa: E402
+
+_optim_hooks.install()  # torch.optim takes its foreach path on xla tensors
 
 from spmdtorch import debug, mesh, partition  # noqa: E402
 from spmdtorch import checkpoint  # noqa: E402

@@ -441,7 +441,7 @@ class MetaSpec:
         avals: ``((shape, jax dtype), ...)`` of the tensor outputs.
     """
 
-    __slots__ = ("specs", "multi", "avals", "sig", "steps")
+    __slots__ = ("specs", "multi", "avals", "sig", "steps", "twin")
 
     def __init__(self, specs, multi):
         self.specs = specs
@@ -449,9 +449,11 @@ class MetaSpec:
         self.avals = tuple((sp[0], _dtypes.to_jax_dtype(sp[3])) for sp in specs if sp is not None)
         # Filled by the first caller, valid for every hit (the cache key holds
         # the op and its template): the node signature of a lowered op, the
-        # ViewSteps of a view op.
+        # ViewSteps of a view op, the functional twin's MetaSpec of an
+        # in-place op (False: the in-place fast path does not apply).
         self.sig = None
         self.steps = None
+        self.twin = None
 
 
 def _tensor_spec(o):
@@ -506,6 +508,8 @@ def _facts_with_route(func) -> OpFacts:
     special = _SPECIAL.get(func)
     if special is not None:
         facts.route = special
+    elif func._schema.name.startswith("aten::_foreach_"):
+        facts.route = _foreach
     elif func in _DATA_DEPENDENT:
         facts.route = cpu_fallback
     elif func in _INDEX_OPS:
@@ -612,9 +616,9 @@ def _dispatch_view(func, args, kwargs, facts):
         raise DeviceMismatchError(f"view op {func} got a {type(self).__name__} on {self.device} as self")
     if facts.identity_view:
         return XlaTensor(self._st, self._chain, tuple(self.shape), self.stride(), self.storage_offset(), self.dtype)
-    statics = tuple(_static(a) for a in args[1:])
-    kw = tuple(sorted((k, _static(v)) for k, v in kwargs.items()))
-    key = (facts, (tuple(self.shape), self.stride(), self.storage_offset(), self.dtype), statics, kw)
+    statics = tuple([_static(a) for a in args[1:]]) if len(args) > 1 else ()
+    kw = tuple(sorted([(k, _static(v)) for k, v in kwargs.items()])) if kwargs else ()
+    key = (facts, (self.shape, self.stride(), self.storage_offset(), self.dtype), statics, kw)
     meta = meta_outputs(func, args, kwargs, facts, key)
     specs, multi = meta.specs, meta.multi
     # ViewSteps are immutable and the key fixes every field: one set per key
@@ -630,15 +634,20 @@ def _dispatch_view(func, args, kwargs, facts):
         chain_base = ()
     else:
         chain_base = self._chain
-    outs = [XlaTensor(self._st, chain_base + (step,), s[0], s[1], s[2], s[3]) for step, s in zip(steps, specs)]
-    return outs if multi else outs[0]
+    if not multi:
+        s = specs[0]
+        return XlaTensor(self._st, chain_base + steps, s[0], s[1], s[2], s[3])
+    return [XlaTensor(self._st, chain_base + (step,), s[0], s[1], s[2], s[3]) for step, s in zip(steps, specs)]
 
 
 def _static(a):
+    t = type(a)
+    if t is int or t is bool or a is None:  # the common case (dims, sizes), checked first
+        return a
     if isinstance(a, torch.Tensor):
         raise NotImplementedError("view ops with tensor arguments are not supported")
     if isinstance(a, list):
-        return tuple(_static(x) for x in a)
+        return tuple([_static(x) for x in a])
     return a
 
 
@@ -673,6 +682,31 @@ _IDENTITY_VIEWS = frozenset(
 )
 
 
+def _inplace_twin_spec(func, twin, args, kwargs, parsed):
+    """``(lowering, MetaSpec)`` of ``twin`` for an in-place call, or False.
+
+    Valid for every call with the same meta key (the key fixes the shapes,
+    dtypes and template the answer depends on). False when the general path
+    is needed: the twin is not a plain lowered op, it parses its arguments
+    differently (another set of liftable scalars), draws random numbers, or
+    its result needs a cast or broadcast before it can be written into self.
+    """
+    facts = op_facts(func)
+    tf = _FACTS_BY_ID.get(id(twin)) or _facts_with_route(twin)
+    low = tf.lowering
+    if (low is None or low.random or tf.route is not None or tf.is_view or tf.mutable_pos
+            or tf.lift_pos != facts.lift_pos or tf.lift_names != facts.lift_names
+            or tf.allow_cpu != facts.allow_cpu):
+        return False
+    spec = meta_outputs(twin, args, kwargs, tf, (tf,) + parsed.key[1:])
+    self = args[0]
+    if spec.multi or spec.specs[0][0] != tuple(self.shape) or spec.specs[0][3] != self.dtype:
+        return False
+    if spec.sig is None:
+        spec.sig = keys.node_sig(twin, parsed.template)
+    return low, spec
+
+
 def _dispatch_mutation(func, args, kwargs, facts):
     """``add_``/``out=``: run the functional twin and write its results back."""
     twin = functional_twin(func)
@@ -684,7 +718,16 @@ def _dispatch_mutation(func, args, kwargs, facts):
             raise DeviceMismatchError(f"in-place {func} on a tensor on {self.device} with xla arguments")
         # torch's checks (broadcast into self, dtype castability) via meta.
         parsed = _Args(func, facts, args, kwargs)
-        meta_outputs(func, args, kwargs, facts, parsed.key)
+        meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+        tw = meta.twin
+        if tw is None:
+            tw = meta.twin = _inplace_twin_spec(func, twin, args, kwargs, parsed)
+        if tw is not False:
+            # The twin's node on the same template and inputs becomes self's
+            # value directly: no result tensor to wrap, no second argument walk.
+            ref = record(tw[0].fn, twin, parsed.template, parsed.inputs, tw[1].avals, sig=tw[1].sig)
+            assign_value(self, ref)
+            return self
         result = dispatch(twin, args, kwargs)
         _write(self, result)
         return self
@@ -827,25 +870,126 @@ def _resize_(func, args, kwargs):
     return self
 
 
+class ForeachError(RuntimeError):
+    """A ``_foreach_*`` call whose tensor lists do not line up."""
+
+
+# Foreach ops whose per-tensor op has another name (torch's own slow path
+# computes ``_foreach_maximum(l, 0.5)`` with ``clamp_min``).
+_FOREACH_ALIASES = {"maximum": ("maximum", "clamp_min"), "minimum": ("minimum", "clamp_max")}
+
+
+def _match_overload(packet, want):
+    """The overload of ``packet`` whose leading argument types are ``want`` (fewest extra defaults)."""
+    best = None
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        cargs = cand._schema.arguments
+        if any(c.kwarg_only and c.alias_info is not None and c.alias_info.is_write for c in cargs):
+            continue  # an out= variant
+        if len(cargs) < len(want) or any(str(c.type) != w[0] for c, w in zip(cargs, want)):
+            continue
+        if not all(c.has_default_value() for c in cargs[len(want):]):
+            continue
+        if best is None or len(cargs) < len(best._schema.arguments):
+            best = cand
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def _foreach_plan(func):
+    """How ``_foreach_X`` maps onto the per-tensor op ``X``, or None if it cannot.
+
+    The per-tensor overload is found by argument *types* (the names differ:
+    ``_foreach_add_.Scalar(self, scalar)`` is ``add_.Scalar(self, other,
+    alpha=1)``; ``_foreach_pow.ScalarAndTensor`` is ``pow.Scalar``): each
+    ``List[T]`` argument becomes a ``T`` and ``.Tensor`` overloads' ``scalars``
+    tensor (one number per list element) becomes a number. An in-place
+    foreach op with no in-place per-tensor op (``maximum_``) runs the
+    functional one and writes the result back.
+
+    Returns:
+        ``(op, specs, inplace, write_back)`` where ``specs[i]`` is
+        ``(kind, kwarg)`` for foreach argument ``i``: kind 0 passes it to
+        every call, 1 passes element ``j`` of the list, 2 element ``j`` of a
+        tensor of scalars; ``kwarg`` is the per-tensor op's keyword for it
+        (None: positional).
+    """
+    schema = func._schema
+    if func._schema.name == "aten::_foreach_norm" and func._overloadname == "Scalar":
+        # (self, ord=2, dtype=None): torch's slow path is linalg_vector_norm per tensor.
+        return aten.linalg_vector_norm.default, ((1, None), (0, None), (0, "dtype")), False, False
+    name = schema.name.split("::")[-1][len("_foreach_"):]
+    inplace = not schema.returns
+    base = name[:-1] if inplace else name
+    want = []
+    for a in schema.arguments:
+        t = str(a.type)
+        if t.startswith("List[") and t.endswith("]"):
+            want.append((t[5:-1], 1))
+        elif t == "Tensor" and a.name == "scalars":
+            want.append(("number", 2))
+        else:
+            want.append((t, 0))
+    for write_back in ((False, True) if inplace else (False,)):
+        for pname in _FOREACH_ALIASES.get(base, (base,)):
+            packet = getattr(aten, pname + ("_" if inplace and not write_back else ""), None)
+            best = None if packet is None else _match_overload(packet, want)
+            if best is not None:
+                cargs = best._schema.arguments
+                specs = tuple((w[1], c.name if c.kwarg_only else None) for w, c in zip(want, cargs))
+                return best, specs, inplace, write_back
+    return None
+
+
 def _foreach(func, args, kwargs):
-    """``_foreach_X(list, ...)`` → ``X`` per element (in-place and out-of-place)."""
-    name = func._schema.name.split("::")[-1][len("_foreach_"):]
-    inplace = name.endswith("_")
-    base_name = name[:-1] if inplace else name
-    packet = getattr(aten, base_name + ("_" if inplace else ""))
-    overload = func._overloadname
-    # _foreach_add.List -> add.Tensor; .Scalar -> .Scalar; .ScalarList -> .Scalar per element;
-    # .Tensor -> .Tensor (one tensor for all).
-    per_elem = {"List": "Tensor", "ScalarList": "Scalar", "Scalar": "Scalar", "Tensor": "Tensor", "default": "default"}
-    op = getattr(packet, per_elem.get(overload, overload), None)
-    if op is None:
-        op = getattr(packet, "default")
-    lists = [i for i, a in enumerate(args) if isinstance(a, (list, tuple))]
-    n = len(args[lists[0]])
+    """``_foreach_X(lists, ...)`` → ``X`` once per list element.
+
+    Each element op goes straight to ``dispatch`` (this already runs below
+    autograd), not through the torch dispatcher again: an optimizer's foreach
+    step is hundreds of element ops. Ops with no per-tensor twin use torch's
+    decomposition.
+    """
+    plan = _foreach_plan(func)
+    if plan is None:
+        return _decompose(func, args, kwargs)
+    op, specs, inplace, write_back = plan
+    fargs = op_facts(func).arg_names
+    given = []  # (kind, kwarg, value) of each argument passed
+    n = None
+    for i, spec in enumerate(specs):
+        if i < len(args):
+            v = args[i]
+        elif fargs[i] in kwargs:
+            v = kwargs[fargs[i]]
+        else:
+            continue  # left to the per-tensor op's default
+        kind = spec[0]
+        if kind == 2:
+            v = v.tolist()  # a host tensor of scalars (torch's slow path reads them the same way)
+        if kind:
+            if n is None:
+                n = len(v)
+            elif len(v) != n:
+                raise ForeachError(
+                    f"{func}: all tensor and scalar lists must have the same length, got {n} and {len(v)} "
+                    f"(argument {fargs[i]!r})"
+                )
+        given.append((kind, spec[1], v))
     results = []
-    for j in range(n):
-        elem_args = [a[j] if i in lists else a for i, a in enumerate(args)]
-        results.append(op(*elem_args, **kwargs))
+    for j in range(n or 0):
+        pos = []
+        kw = {}
+        for kind, kwarg, v in given:
+            e = v[j] if kind else v
+            if kwarg is None:
+                pos.append(e)
+            else:
+                kw[kwarg] = e
+        out = dispatch(op, tuple(pos), kw)
+        if write_back:
+            _write(pos[0], out)
+        results.append(out)
     return None if inplace else results
 
 
@@ -887,10 +1031,8 @@ for _name, _fn in [
 for _name in ("t_", "transpose_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "as_strided_"):
     for _op in registry.resolve_ops(_name):
         _SPECIAL[_op] = _metadata_inplace_view
-for _pname in dir(aten):
-    if _pname.startswith("_foreach_"):
-        for _op in registry.resolve_ops(_pname):
-            _SPECIAL[_op] = _foreach
+# (``_facts_with_route`` sends every ``aten::_foreach_*`` overload to ``_foreach``:
+# ``dir(aten)`` lists only the packets loaded so far, so it cannot enumerate them.)
 
 
 # -- data-dependent ops: materialise and carry on -------------------------------------
@@ -985,6 +1127,14 @@ def _has_tensor(args, kwargs) -> bool:
 
 class _MetaFactoriesToXla(TorchDispatchMode):
     """Factories asked for on ``meta`` (with no tensor arguments) create xla tensors."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch otherwise wraps __torch_dispatch__ in torch._dynamo.disable,
+        # whose eval-frame bookkeeping costs about a microsecond per op; every
+        # backward op runs through this mode, and no TorchDynamo ever traces
+        # xla tensors (XlaTensor.__tensor_unflatten__ refuses).
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
