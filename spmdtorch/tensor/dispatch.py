@@ -594,7 +594,7 @@ def _dispatch_lowering(func, args, kwargs, facts):
     refs = record(low.fn, func, parsed.template, parsed.inputs, meta.avals, random=low.random, sig=sig)
     if not meta.multi:
         sp = meta.specs[0]
-        out = XlaTensor(Storage(refs), (), sp[0], sp[4], 0, sp[3])
+        out = XlaTensor(Storage(refs), (), sp[0], None, 0, sp[3])  # None: contiguous
         if func is _CLONE and args[0]._st.annotated and not args[0]._chain:
             # A clone is the same tensor again: it keeps the annotation (XLA
             # would propagate it anyway, except for uneven shardings, which
@@ -606,7 +606,7 @@ def _dispatch_lowering(func, args, kwargs, facts):
     outs = []
     it = iter(refs)
     for sp in meta.specs:
-        outs.append(None if sp is None else XlaTensor(Storage(next(it)), (), sp[0], sp[4], 0, sp[3]))
+        outs.append(None if sp is None else XlaTensor(Storage(next(it)), (), sp[0], None, 0, sp[3]))
     return tuple(outs)
 
 

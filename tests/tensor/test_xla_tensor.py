@@ -247,3 +247,16 @@ def test_a_write_drops_cached_view_values_so_no_old_graph_stays_alive():
     other = base[1:3]  # an equal view made afresh reads the same storage
     torch.testing.assert_close(other.cpu(), torch.full((2, 4), 3.0))
     torch.testing.assert_close(base.cpu()[0], torch.ones(4))
+
+
+def test_holder_table_forgets_dead_tensors_and_keeps_live_ones():
+    from spmdtorch.tensor import xla_tensor
+    from spmdtorch.tensor.dispatch import read_value
+
+    keep = torch.arange(4.0).to("xla")
+    for _ in range(3 * xla_tensor._HOLDERS_SWEEP_AT[0]):  # tensors that die holding their arrays
+        torch.ones(2).to("xla")
+    assert len(xla_tensor._HOLDERS) <= 2 * max(4096, xla_tensor._HOLDERS_SWEEP_AT[0])
+    arr = read_value(keep)
+    assert xla_tensor.holder_of(arr) is keep._st  # so its buffer is never donated from under it
+    torch.testing.assert_close(keep.cpu(), torch.arange(4.0))
