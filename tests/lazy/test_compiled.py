@@ -165,11 +165,22 @@ def test_state_made_from_a_sharded_tensor_keeps_its_devices(devices8):
 
 
 def _adamw_setup():
+    """An eager reference MLP, its xla copy with AdamW, the input, and the compiled step."""
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     model = copy.deepcopy(ref).to("xla")
     x = torch.randn(5, 8)
-    return ref, model, x
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    @spmdtorch.compile
+    def step(inp):
+        opt.zero_grad()
+        loss = model(inp).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return ref, model, opt, x, step
 
 
 def _eager_adamw(ref, x, steps, tweak=None):
@@ -186,18 +197,8 @@ def _eager_adamw(ref, x, steps, tweak=None):
 def test_adamw_step_counters_share_one_input():
     """torch's AdamW keeps a step counter per parameter; they are equal, so the
     program reads (and computes the bias corrections from) one array."""
-    ref, model, x = _adamw_setup()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref, model, opt, x, step = _adamw_setup()
     xx = x.to("xla")
-
-    @spmdtorch.compile
-    def step(inp):
-        opt.zero_grad()
-        loss = model(inp).square().mean()
-        loss.backward()
-        opt.step()
-        return loss
-
     for _ in range(6):
         step(xx)
     assert debug.counter_value("CompiledReplay") > 0
@@ -212,16 +213,8 @@ def test_adamw_step_counters_share_one_input():
 
 
 def test_changing_one_shared_step_counter_outside_fn_is_not_ignored():
-    ref, model, x = _adamw_setup()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref, model, opt, x, step = _adamw_setup()
     xx = x.to("xla")
-
-    @spmdtorch.compile
-    def step(inp):
-        opt.zero_grad()
-        model(inp).square().mean().backward()
-        opt.step()
-
     first = next(iter(model.parameters()))
 
     def tweak(i, o):  # the same change on the eager side, to the first parameter only
