@@ -201,6 +201,13 @@ def _softshrink(self, lambd=0.5):
     return jnp.where(self > lambd, self - lambd, jnp.where(self < -lambd, self + lambd, 0))
 
 
+@register("hardshrink_backward.default", "softshrink_backward.default")
+def _shrink_backward(grad_out, self, lambd):
+    """Both shrinks pass the gradient outside ``[-lambd, lambd]`` (ends included in the dead zone, as torch)."""
+    dead = (self >= -lambd) & (self <= lambd)
+    return jnp.where(dead, jnp.zeros((), grad_out.dtype), grad_out)
+
+
 @register("celu.default")
 def _celu(self, alpha=1.0):
     x = upcast(self)

@@ -16,7 +16,7 @@ from jax import lax
 
 from spmdtorch.ops import linalg
 from spmdtorch.ops._util import is_float, upcast
-from spmdtorch.ops.registry import register
+from spmdtorch.ops.registry import register, register_meta
 
 
 def _tuple(v, n):
@@ -317,6 +317,87 @@ for _n in (1, 2, 3):
 
 
 # ---------------------------------------------------------------------------
+# Fractional max pooling (the pooling regions come from ``random_samples``,
+# one sample in [0, 1) per plane and spatial dim, as torch's CPU kernel)
+
+
+def _fractional_starts(sample, n_in, n_out, k):
+    """Window starts ``(..., n_out)`` for per-plane ``sample`` (...), torch's ``generate_intervals``."""
+    i = jnp.arange(n_out, dtype=jnp.float32)
+    if n_out > 1:
+        alpha = jnp.float32(n_in - k) / jnp.float32(n_out - 1)
+        s = sample.astype(jnp.float32)[..., None]
+        # C++ static_cast<int>: truncation (the operands are >= 0)
+        starts = jnp.trunc((i + s) * alpha).astype(jnp.int32) - jnp.trunc(s * alpha).astype(jnp.int32)
+    else:
+        starts = jnp.zeros(sample.shape + (n_out,), jnp.int32)
+    return starts.at[..., n_out - 1].set(n_in - k) if n_out > 0 else starts
+
+
+def _fractional_max_pool(self, kernel_size, output_size, random_samples):
+    nsp = len(kernel_size)
+    unbatched = self.ndim == nsp + 1
+    x = self[None] if unbatched else self
+    sp = x.shape[2:]
+    out_shape = x.shape[:2] + tuple(output_size)
+    if x.size == 0 or 0 in out_shape:
+        out, idx = jnp.zeros(out_shape, x.dtype), jnp.zeros(out_shape, jnp.int32)
+        return (out[0], idx[0]) if unbatched else (out, idx)
+    samples = random_samples.reshape(x.shape[:2] + (nsp,))
+    # torch's sample order: 2-d (W, H); 3-d (T, H, W).
+    order = (1, 0) if nsp == 2 else (0, 1, 2)
+    # Per spatial dim d: absolute positions (N, C, out_d, k_d) of every window tap.
+    pos = [_fractional_starts(samples[..., order[d]], sp[d], output_size[d], kernel_size[d])[..., None]
+           + jnp.arange(kernel_size[d], dtype=jnp.int32) for d in range(nsp)]
+    # Flat in-plane index of every (output position, tap), shape (N, C, *out, *k).
+    flat = jnp.zeros((), jnp.int32)
+    for d in range(nsp):
+        shape = [x.shape[0], x.shape[1]] + [1] * (2 * nsp)
+        shape[2 + d], shape[2 + nsp + d] = output_size[d], kernel_size[d]
+        flat = flat * sp[d] + pos[d].reshape(shape)
+    n_k = int(np.prod(kernel_size))
+    flat = flat.reshape(x.shape[:2] + tuple(output_size) + (n_k,))
+    vals = jnp.take_along_axis(x.reshape(x.shape[:2] + (-1,)), flat.reshape(x.shape[:2] + (-1,)), axis=2)
+    vals = vals.reshape(flat.shape)
+    # First maximum in scan order; a NaN wins over everything and the last NaN wins
+    # (the kernel's ``val > maxVal || isnan(val)``).
+    is_nan = jnp.isnan(vals)
+    last_nan = n_k - 1 - jnp.argmax(is_nan[..., ::-1], axis=-1)
+    pick = jnp.where(jnp.any(is_nan, axis=-1), last_nan, jnp.argmax(vals, axis=-1))
+    out = jnp.take_along_axis(vals, pick[..., None], axis=-1)[..., 0]
+    idx = jnp.take_along_axis(flat, pick[..., None], axis=-1)[..., 0]
+    return (out[0], idx[0]) if unbatched else (out, idx)
+
+
+def _fractional_max_pool_backward(grad_output, self, kernel_size, output_size, indices):
+    """Each output's gradient added at the input position its ``indices`` entry names."""
+    nsp = len(kernel_size)
+    unbatched = self.ndim == nsp + 1
+    lead = self.shape[:1] if unbatched else self.shape[:2]
+    if self.size == 0 or grad_output.size == 0:
+        return jnp.zeros(self.shape, upcast(grad_output).dtype)
+    g = upcast(grad_output).reshape(lead + (-1,))
+    idx = indices.reshape(lead + (-1,)).astype(jnp.int32)
+    plane = int(np.prod(self.shape[len(lead):]))
+    out = jnp.zeros(lead + (plane,), g.dtype)
+    if unbatched:
+        out = jax.vmap(lambda o, i, v: o.at[i].add(v))(out, idx, g)
+    else:
+        out = jax.vmap(jax.vmap(lambda o, i, v: o.at[i].add(v)))(out, idx, g)
+    return out.reshape(self.shape)
+
+
+@register_meta("fractional_max_pool3d_backward.default")  # torch ships none (the 2-d op has one)
+def _fractional_max_pool_backward_meta(grad_output, self, kernel_size, output_size, indices):
+    return self.new_empty(self.shape)
+
+
+for _n in (2, 3):
+    register(f"fractional_max_pool{_n}d.default")(_fractional_max_pool)
+    register(f"fractional_max_pool{_n}d_backward.default")(_fractional_max_pool_backward)
+
+
+# ---------------------------------------------------------------------------
 # Upsampling
 
 
@@ -408,6 +489,335 @@ for _nsp, _suffix in ((1, "1d"), (2, "2d"), (3, "3d")):
 _register_upsample(1, "upsample_linear1d", lambda x, o, s, ac: _linear(x, o, ac, s))
 _register_upsample(2, "upsample_bilinear2d", lambda x, o, s, ac: _linear(x, o, ac, s))
 _register_upsample(3, "upsample_trilinear3d", lambda x, o, s, ac: _linear(x, o, ac, s))
+
+
+def _area_scale(n_in, n_out, align_corners, scale):
+    """ATen's ``area_pixel_compute_scale`` in float32 (the CPU kernels' opmath type)."""
+    if align_corners:
+        return np.float32((n_in - 1) / (n_out - 1)) if n_out > 1 else np.float32(0.0)
+    if scale is not None and scale > 0:
+        return np.float32(1.0 / scale)
+    return np.float32(n_in / n_out)
+
+
+def _cubic_matrix(n_in, n_out, align_corners, scale):
+    """(n_out, n_in) weights of torch's bicubic upsampling along one dim (A = -0.75,
+    taps clamped to the edge), computed in float32 as the CPU kernel does."""
+    f32 = np.float32
+    r = _area_scale(n_in, n_out, align_corners, scale)
+    dst = np.arange(n_out, dtype=f32)
+    src = dst * r if align_corners else (dst + f32(0.5)) * r - f32(0.5)  # no clamp at 0 for cubic
+    i0 = np.floor(src).astype(np.int64)
+    t = (src - i0.astype(f32)).astype(f32)
+    a = f32(-0.75)
+
+    def conv1(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def conv2(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    coeffs = [conv2(t + 1), conv1(t), conv1(1 - t), conv2(2 - t)]
+    m = np.zeros((n_out, n_in), np.float32)
+    rows = np.arange(n_out)
+    for k, c in enumerate(coeffs):
+        np.add.at(m, (rows, np.clip(i0 - 1 + k, 0, n_in - 1)), c.astype(f32))
+    return m
+
+
+def _aa_linear_matrix(n_in, n_out, align_corners, scale):
+    """(n_out, n_in) weights of torch's antialiased bilinear resize along one dim:
+    a triangle filter widened by the scale when downsampling, normalised per
+    output pixel (``_compute_weights_aa`` of the CPU kernel)."""
+    f32 = np.float32
+    r = _area_scale(n_in, n_out, align_corners, scale)
+    support = f32(1.0) * r if r >= 1.0 else f32(1.0)  # interp_size / 2 = 1 for bilinear
+    invscale = f32(1.0) / r if r >= 1.0 else f32(1.0)
+    m = np.zeros((n_out, n_in), np.float32)
+    for i in range(n_out):
+        center = r * f32(i + 0.5)
+        xmin = max(int(center - support + f32(0.5)), 0)
+        xmax = min(int(center + support + f32(0.5)), n_in)
+        j = np.arange(xmin, xmax)
+        w = np.maximum(f32(1.0) - np.abs((j.astype(f32) - center + f32(0.5)) * invscale), f32(0.0)).astype(f32)
+        total = w.sum(dtype=np.float32)
+        m[i, xmin:xmax] = w / total if total != 0 else w
+    return m
+
+
+def _separable(x, out_sz, scales, align_corners, matrix):
+    """Apply one (n_out, n_in) matrix per spatial dim (the last ``len(out_sz)`` dims)."""
+    nsp = len(out_sz)
+    x = upcast(x)
+    for i, (o, sc) in enumerate(zip(out_sz, scales)):
+        ax = x.ndim - nsp + i
+        m = jnp.asarray(matrix(x.shape[ax], o, align_corners, sc))
+        x = jnp.moveaxis(jnp.tensordot(x, m, axes=[[ax], [1]], precision=lax.Precision.HIGHEST), -1, ax)
+    return x
+
+
+def _upsample_backward_of(fwd):
+    def backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+        x0 = jnp.zeros(tuple(input_size), jnp.float32)
+        f = lambda x: fwd(x, tuple(output_size), [scales_h, scales_w], align_corners)  # noqa: E731
+        return jax.vjp(f, x0)[1](upcast(grad_output))[0]
+
+    return backward
+
+
+def _bicubic(x, out_sz, scales, align_corners):
+    return _separable(x, out_sz, scales, align_corners, _cubic_matrix)
+
+
+def _bilinear_aa(x, out_sz, scales, align_corners):
+    return _separable(x, out_sz, scales, align_corners, _aa_linear_matrix)
+
+
+# The bicubic forward runs through torch's decomposition; its backward (no
+# decomposition) is the transpose of the same per-dim weights.
+register("upsample_bicubic2d_backward.default", lift_scalars=False)(_upsample_backward_of(_bicubic))
+register("_upsample_bilinear2d_aa_backward.default", lift_scalars=False)(_upsample_backward_of(_bilinear_aa))
+
+
+@register("_upsample_bilinear2d_aa.default", lift_scalars=False)
+def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _bilinear_aa(self, tuple(output_size), [scales_h, scales_w], align_corners)
+
+
+@register("_upsample_bilinear2d_aa.vec", lift_scalars=False)
+def _upsample_bilinear2d_aa_vec(input, output_size, align_corners, scale_factors):
+    out, scales = _out_and_scales(input.shape[-2:], output_size, scale_factors)
+    return _bilinear_aa(input, out, scales, align_corners)
+
+
+# ---------------------------------------------------------------------------
+# grid_sample (grid_sampler_2d/3d and their backward ops)
+#
+# One N-d formulation; the backward ops are its jax.vjp. Padding and clipping
+# use ``where`` rather than min/max/abs so that the gradient at a boundary is
+# the CPU kernels' (0 on a clipped coordinate, +1 for a reflection at 0)
+# instead of jax's split gradients at ties.
+
+
+def _gs_unnormalize(coord, size, align_corners, nsp):
+    if nsp == 2:  # the vectorised 2-d CPU kernel's form
+        if align_corners:
+            return (coord + 1) * ((size - 1) / 2)
+        return (coord + 1) * (size / 2) - 0.5
+    if align_corners:  # the scalar 3-d kernel's form
+        return ((coord + 1) / 2) * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _gs_clip(coord, size):
+    return jnp.where(coord > 0, jnp.where(coord < size - 1, coord, float(size - 1)), 0.0)
+
+
+def _gs_reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    lo = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    x = coord - lo
+    x = jnp.where(x < 0, -x, x)
+    extra = jnp.fmod(x, span)
+    flips = jnp.floor(lax.stop_gradient(x) / span)
+    odd = jnp.fmod(flips, 2) != 0
+    return jnp.where(odd, span - extra + lo, extra + lo)
+
+
+def _gs_reflect_2d(coord, size, align_corners):
+    """The vectorised 2-d kernel's reflection (abs / trunc / fold), with its gradient sign."""
+    if align_corners and size <= 1:
+        return jnp.zeros_like(coord)
+    low = 0.0 if align_corners else -0.5
+    twice_span = 2.0 * (size - 1) if align_corners else 2.0 * size
+    x = coord - low
+    x = jnp.where(x < 0, -x, x)
+    extra = x - jnp.trunc(lax.stop_gradient(x) / twice_span) * twice_span
+    reflected = twice_span - extra
+    return jnp.where(extra > reflected, reflected, extra) + low
+
+
+def _gs_pad(coord, size, padding_mode, align_corners, nsp=3):
+    """``compute_coordinates``: 0 zeros (unchanged), 1 border, 2 reflection."""
+    if padding_mode == 1:
+        return _gs_clip(coord, size)
+    if padding_mode == 2 and nsp == 2:
+        return _gs_clip(_gs_reflect_2d(coord, size, align_corners), size)
+    if padding_mode == 2:
+        if align_corners:
+            coord = _gs_reflect(coord, 0, 2 * (size - 1))
+        else:
+            coord = _gs_reflect(coord, -1, 2 * size - 1)
+        return _gs_clip(coord, size)
+    return coord
+
+
+def _gs_gather(flat, sizes, taps):
+    """Values of ``flat`` (N, C, prod(sizes)) at integer tap coordinates.
+
+    ``taps`` is one (N, *out) float array per spatial dim (outermost first);
+    taps outside the input read 0.
+    """
+    n, c = flat.shape[:2]
+    out_shape = taps[0].shape
+    valid = jnp.ones(out_shape, bool)
+    lin = jnp.zeros(out_shape, jnp.int32)
+    for t, size in zip(taps, sizes):
+        valid = valid & (t >= 0) & (t <= size - 1)
+        lin = lin * size + jnp.clip(t, 0, size - 1).astype(jnp.int32)
+    vals = jnp.take_along_axis(flat, lin.reshape(n, 1, -1), axis=2).reshape((n, c) + out_shape[1:])
+    return jnp.where(valid[:, None], vals, 0.0)
+
+
+def _cubic_coeffs(t):
+    a = -0.75
+
+    def conv1(x):
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def conv2(x):
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return [conv2(t + 1), conv1(t), conv1(1 - t), conv2(2 - t)]
+
+
+def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+    """torch's ``grid_sampler_{2,3}d`` (mode 0 bilinear, 1 nearest, 2 bicubic;
+    padding 0 zeros, 1 border, 2 reflection) on (N, C, *S) with an (N, *out, nsp) grid."""
+    x, g = upcast(input), upcast(grid)
+    nsp = x.ndim - 2
+    sizes = x.shape[2:]
+    flat = x.reshape(x.shape[:2] + (-1,))
+    # grid[..., 0] indexes the last (W) dim: reverse to outermost-first.
+    coords = [g[..., nsp - 1 - k] for k in range(nsp)]
+    src = [_gs_unnormalize(cd, sz, align_corners, nsp) for cd, sz in zip(coords, sizes)]
+    if interpolation_mode == 2:
+        if nsp != 2:
+            raise NotImplementedError("grid_sample: bicubic interpolation supports 4-D input only")
+        base = [lax.stop_gradient(jnp.floor(sv)) for sv in src]
+        cy, cx = (_cubic_coeffs(sv - b) for sv, b in zip(src, base))
+        out = 0.0
+        for i in range(4):
+            row = 0.0
+            for j in range(4):
+                ty = _gs_pad(base[0] - 1 + i, sizes[0], padding_mode, align_corners, nsp)
+                tx = _gs_pad(base[1] - 1 + j, sizes[1], padding_mode, align_corners, nsp)
+                row = row + _gs_gather(flat, sizes, [lax.stop_gradient(ty), lax.stop_gradient(tx)]) * cx[j][:, None]
+            out = out + row * cy[i][:, None]
+        return out
+    src = [_gs_pad(sv, sz, padding_mode, align_corners, nsp) for sv, sz in zip(src, sizes)]
+    if interpolation_mode == 1:
+        return _gs_gather(flat, sizes, [lax.stop_gradient(jnp.round(sv)) for sv in src])
+    if interpolation_mode != 0:
+        raise ValueError(f"grid_sample: unknown interpolation mode {interpolation_mode}")
+    lo = [lax.stop_gradient(jnp.floor(sv)) for sv in src]
+    frac = [sv - l for sv, l in zip(src, lo)]  # weight of the upper neighbour
+    out = 0.0
+    for corner in range(2 ** nsp):
+        bits = [(corner >> (nsp - 1 - k)) & 1 for k in range(nsp)]
+        w = 1.0
+        for b, f in zip(bits, frac):
+            w = w * (f if b else 1 - f)
+        out = out + _gs_gather(flat, sizes, [l + b for l, b in zip(lo, bits)]) * w[:, None]
+    return out
+
+
+@register("grid_sampler_3d.default")
+def _grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+def _cubic_coeffs_grad(t):
+    """d coeff / d t of ``_cubic_coeffs``, in the 2-d CPU kernel's (negated) form."""
+    a = -0.75
+    x0, x1, x2, x3 = -1 - t, -t, 1 - t, 2 - t
+    return [(-3 * a * x0 - 10 * a) * x0 - 8 * a,
+            (-3 * (a + 2) * x1 - 2 * (a + 3)) * x1,
+            (3 * (a + 2) * x2 - 2 * (a + 3)) * x2,
+            (3 * a * x3 - 10 * a) * x3 + 8 * a]
+
+
+def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, padding_mode, align_corners):
+    """Gradient w.r.t. the grid of ``grid_sampler_2d``, with the CPU kernel's formulas.
+
+    The grid gradient is a sum over channels of differences of neighbouring
+    pixels; its terms can be far larger than the result, so the jax.vjp of
+    the forward (which sums per-corner products) lands 1e-4 away from
+    torch's. The kernel's grouping is kept here: the per-channel term is
+    ``((ne - nw) * s + (se - sw) * n) * gOut`` (bilinear), the channel sum
+    comes first and the coordinate derivative (scale, clip, reflection sign)
+    multiplies last.
+    """
+    x, go, g = upcast(input), upcast(grad_output), upcast(grid)
+    if interpolation_mode == 1:
+        return jnp.zeros_like(g)
+    sizes = x.shape[2:]
+    flat = x.reshape(x.shape[:2] + (-1,))
+    coords = [g[..., 1], g[..., 0]]  # (y, x): outermost first
+    # The coordinate's derivative: its value and jvp of the padded, unnormalised location.
+    locs, mults = [], []
+    for cd, sz in zip(coords, sizes):
+        if interpolation_mode == 2:  # bicubic pads each tap, not the location
+            fn = lambda c, sz=sz: _gs_unnormalize(c, sz, align_corners, 2)  # noqa: E731
+        else:
+            fn = lambda c, sz=sz: _gs_pad(_gs_unnormalize(c, sz, align_corners, 2), sz,  # noqa: E731
+                                          padding_mode, align_corners, 2)
+        loc, mult = jax.jvp(fn, (cd,), (jnp.ones_like(cd),))
+        locs.append(loc)
+        mults.append(mult)
+    (y, x_), (gy_mult, gx_mult) = locs, mults
+    y_n, x_w = jnp.floor(y), jnp.floor(x_)
+    if interpolation_mode == 0:
+        w = x_ - x_w
+        e = 1 - w
+        n = y - y_n
+        s = 1 - n
+        nw = _gs_gather(flat, sizes, [y_n, x_w])
+        ne = _gs_gather(flat, sizes, [y_n, x_w + 1])
+        sw = _gs_gather(flat, sizes, [y_n + 1, x_w])
+        se = _gs_gather(flat, sizes, [y_n + 1, x_w + 1])
+        gx = jnp.sum(((ne - nw) * s[:, None] + (se - sw) * n[:, None]) * go, axis=1)
+        gy = jnp.sum(((sw - nw) * e[:, None] + (se - ne) * w[:, None]) * go, axis=1)
+    elif interpolation_mode == 2:
+        tx, ty = x_ - x_w, y - y_n
+        cx, cy = _cubic_coeffs(tx), _cubic_coeffs(ty)
+        cxg, cyg = _cubic_coeffs_grad(tx), _cubic_coeffs_grad(ty)
+        taps = [[_gs_gather(flat, sizes, [_gs_pad(y_n - 1 + j, sizes[0], padding_mode, align_corners, 2),
+                                          _gs_pad(x_w - 1 + i, sizes[1], padding_mode, align_corners, 2)])
+                 for j in range(4)] for i in range(4)]
+        vals = jnp.stack([jnp.stack(row) for row in taps])  # (4, 4, N, C, ...)
+        vals = jnp.moveaxis(vals * go, 3, 0)  # (C, 4, 4, N, ...): channel-major, as the kernel loops
+
+        def step(carry, v):
+            # 16 terms per channel in the kernel's (i, j) order: the sum is
+            # a long cancellation, so its order is kept.
+            gx, gy = carry
+            for i in range(4):
+                for j in range(4):
+                    gx = gx - v[i, j] * cxg[i] * cy[j]
+                    gy = gy - v[i, j] * cyg[j] * cx[i]
+            return (gx, gy), None
+
+        zero = jnp.zeros_like(tx)
+        (gx, gy), _ = lax.scan(step, (zero, zero), vals)
+    else:
+        raise ValueError(f"grid_sample: unknown interpolation mode {interpolation_mode}")
+    return jnp.stack([gx * gx_mult, gy * gy_mult], axis=-1)
+
+
+@register("grid_sampler_2d_backward.default", "grid_sampler_3d_backward.default")
+def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                           output_mask):
+    """Input gradient: jax.vjp of the forward. Grid gradient: the 2-d kernel's own
+    arrangement (see ``_grid_sampler_2d_grid_grad``); for 3-d the vjp too, which
+    is as accurate as torch's kernel but not bit-close on large, cancelling sums."""
+    f = lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners)  # noqa: E731
+    gi, gg = jax.vjp(f, upcast(input), upcast(grid))[1](upcast(grad_output))
+    if input.ndim == 4:
+        gg = _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, padding_mode, align_corners)
+    return (gi if output_mask[0] else None), gg
 
 
 # ---------------------------------------------------------------------------

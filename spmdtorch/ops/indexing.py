@@ -98,6 +98,10 @@ def _gather(self, dim, index, *, sparse_grad=False):
 
 
 def _scatter_apply(self, dim, index, src, how):
+    if index.size == 0:
+        # torch accepts an empty index of any rank (gather's backward scatters
+        # through the same index) and leaves self untouched.
+        return self
     if self.ndim == 0:
         self_ = jnp.reshape(self, (1,))
         out = _scatter_apply(self_, 0, jnp.reshape(index, (1,)),
@@ -229,6 +233,22 @@ def _masked_scatter(self, mask, source):
     return jnp.where(m, vals.astype(self.dtype), x.reshape(-1)).reshape(shape)
 
 
+@register("masked_scatter_backward.default")
+def _masked_scatter_backward(grad_output, mask, sizes):
+    """Gradient of ``masked_scatter`` w.r.t. ``source``: the k-th masked element of
+    ``grad_output`` (row-major) goes to ``source.flat[k]``; source elements that
+    were not consumed get 0."""
+    numel = 1
+    for s in sizes:
+        numel *= int(s)
+    m = jnp.broadcast_to(mask, grad_output.shape).reshape(-1)
+    pos = jnp.cumsum(m.astype(jnp.int32)) - 1
+    # Unmasked positions (and any beyond source's size) target index numel: dropped.
+    dest = jnp.where(m & (pos < numel), pos, numel)
+    out = jnp.zeros((numel,), grad_output.dtype).at[dest].set(grad_output.reshape(-1), mode="drop")
+    return out.reshape(tuple(sizes))
+
+
 @register("masked_select.default")
 def _masked_select(self, mask):
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
@@ -323,6 +343,72 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
         # Off-CPU (meta) shape rule: bag_size has one entry per offset.
         cnt = jnp.pad(cnt, (0, offsets.shape[0] - cnt.shape[0]))
     return out.astype(weight.dtype), bag, cnt, max_idx
+
+
+def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    """Weight gradient of ``embedding_bag`` (the CPU kernel's dense path).
+
+    sum/mean: each sample's bag gradient, times its per-sample weight, over
+    the bag size (mean) and the index frequency (``scale_grad_by_freq``), is
+    added to its weight row; ``padding_idx`` samples add nothing. max: each
+    bag's gradient goes to the row that attained the max, per column.
+    """
+    g = grad.astype(jnp.float32)
+    d = g.shape[1]
+    if mode == 2:
+        nb = g.shape[0]
+        mi = maximum_indices[:nb]
+        # Empty bags (bag_size 0; their max index is -1 or 0) add nothing, as in
+        # torch: route them to an out-of-range row that is dropped.
+        nonempty = (bag_size[:nb] > 0)[:, None] & (mi >= 0)
+        rows = jnp.where(nonempty, mi, num_weights)
+        cols = lax.broadcasted_iota(jnp.int32, rows.shape, 1)
+        out = jnp.zeros((num_weights, d), jnp.float32).at[rows, cols].add(g, mode="drop")
+        return out.astype(grad.dtype)
+    idx = jnp.reshape(indices, (-1,))
+    rows = jnp.take(g, offset2bag, axis=0)
+    scale = jnp.ones(idx.shape, jnp.float32)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), jnp.float32).at[idx].add(1.0)
+        scale = scale / counts[idx]
+    if mode == 1:
+        bs = jnp.take(bag_size, offset2bag).astype(jnp.float32)
+        scale = jnp.where(bs != 0, scale / jnp.where(bs != 0, bs, 1.0), scale)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.astype(jnp.float32)
+    if padding_idx is not None and padding_idx >= 0:
+        scale = jnp.where(idx == padding_idx, 0.0, scale)
+    out = jnp.zeros((num_weights, d), jnp.float32).at[idx].add(rows * scale[:, None])
+    return out.astype(grad.dtype)
+
+
+register("_embedding_bag_dense_backward.default")(_embedding_bag_dense_backward)
+
+
+@register("_embedding_bag_backward.default")
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    """``_embedding_bag_backward``: the dense gradient (xla holds no sparse tensors;
+    ``sparse=True`` gets the same values, densely)."""
+    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@register("_embedding_bag_per_sample_weights_backward.default")
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """Gradient of a sum-mode ``embedding_bag`` w.r.t. ``per_sample_weights``:
+    each sample's weight row dotted with its bag's output gradient (0 for
+    ``padding_idx`` samples), as torch's CPU kernel."""
+    if mode != 0:
+        raise NotImplementedError("embedding_bag: per_sample_weights is only supported for mode='sum'")
+    idx = jnp.reshape(indices, (-1,))
+    rows = jnp.take(weight, idx, axis=0).astype(jnp.float32)
+    g = jnp.take(grad.astype(jnp.float32), offset2bag, axis=0)
+    out = jnp.sum(rows * g, axis=1)
+    if padding_idx is not None and padding_idx >= 0:
+        out = jnp.where(idx == padding_idx, 0.0, out)
+    return out.astype(grad.dtype)
 
 
 @register("embedding_renorm.default")

@@ -179,6 +179,70 @@ def _pdist_forward(self, p=2.0):
     return full[i, j]
 
 
+def _dist_grad_terms(diff, dist, grad, p):
+    """Per-pair gradient terms of a p-norm distance, as ATen's cdist/pdist backward kernels.
+
+    Args:
+        diff: ``x_i - x_j`` (..., c).
+        dist: their distance, broadcast against ``diff`` (..., 1).
+        grad: the incoming gradient of that distance (..., 1).
+        p: the norm (a Python number).
+
+    Returns:
+        ``d dist / d x_i * grad`` with ATen's conventions: 0 where the
+        distance is 0 (the norm is not differentiable there), and for
+        ``p = inf`` the gradient flows to every coordinate that attains the max.
+    """
+    zero = jnp.zeros((), diff.dtype)
+    if p == 0:
+        return jnp.zeros_like(diff * grad)
+    if p == 1:
+        return jnp.sign(diff) * grad
+    if p == float("inf"):
+        return grad * jnp.sign(diff) * (jnp.abs(diff) == dist).astype(diff.dtype)
+    safe = jnp.where(dist == 0, 1.0, dist)  # keeps the masked lanes finite (no NaN in where's other branch)
+    if p == 2:
+        return jnp.where(dist == 0, zero, grad * diff / safe)
+    ad = jnp.abs(diff)
+    if p < 2:
+        dead = (dist == 0) | ((diff == 0) & (p < 1))
+        term = jnp.sign(diff) * jnp.where(dead, 1.0, ad) ** (p - 1) * grad / safe ** (p - 1)
+        return jnp.where(dead, zero, term)
+    return jnp.where(dist == 0, zero, diff * ad ** (p - 2) * grad / safe ** (p - 1))
+
+
+@register("_cdist_backward.default", lift_scalars=False)
+def _cdist_backward(grad, x1, x2, p, cdist):
+    """Gradient of ``cdist`` w.r.t. ``x1`` (autograd calls it with the operands swapped for ``x2``).
+
+    The result has the batch-broadcast shape of ``x1``; autograd reduces it
+    to ``x1``'s own shape, as for torch's kernel.
+    """
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    if x1.size == 0 or x2.size == 0 or any(b == 0 for b in batch):
+        # torch's kernel (and meta) return zeros of x1's own, unbroadcast shape here.
+        return jnp.zeros(x1.shape, jnp.float32)
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:]).astype(jnp.float32)
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:]).astype(jnp.float32)
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    terms = _dist_grad_terms(diff, cdist.astype(jnp.float32)[..., None], grad.astype(jnp.float32)[..., None], p)
+    return jnp.sum(terms, axis=-2)
+
+
+@register("_pdist_backward.default", lift_scalars=False)
+def _pdist_backward(grad, self, p, pdist):
+    """Gradient of ``pdist``: the cdist gradient of ``self`` against itself with the
+    pair gradients placed symmetrically (each pair's term is odd in ``x_i - x_j``,
+    so row j receives minus row i's)."""
+    import numpy as np
+
+    n = self.shape[0]
+    i, j = np.triu_indices(n, k=1)
+    g = jnp.zeros((n, n), jnp.float32).at[i, j].set(grad.astype(jnp.float32))
+    d = jnp.zeros((n, n), jnp.float32).at[i, j].set(pdist.astype(jnp.float32))
+    return _cdist_backward(g + g.T, self, self, p, d + d.T)
+
+
 @register("tril.default")
 def _tril(self, diagonal=0):
     return jnp.tril(self, diagonal)
@@ -199,12 +263,26 @@ def _cross(self, other, *, dim=-1):
     return jnp.cross(self, other, axis=dim)
 
 
+def _det_lu(A):
+    """The (LU, pivots) that torch's ``_linalg_det``/``_linalg_slogdet`` return.
+
+    torch factors ``A^H`` rather than ``A`` when A is contiguous and real
+    (LAPACK wants column-major input; det(A^T) = det(A)), and the backward
+    solves with ``adjoint = not (A contiguous and real)`` accordingly. Every
+    tensor spmdtorch computes is contiguous, so real inputs take the A^T
+    branch here; a non-contiguous real *view* fed straight into det would
+    make torch's backward expect the factors of A itself (known limitation:
+    the lowering cannot see strides).
+    """
+    src = A if jnp.iscomplexobj(A) else _mT(A)
+    lu, piv, _perm = lax.linalg.lu(src)
+    return lu, piv.astype(jnp.int32) + 1
+
+
 @register("_linalg_det.default")
 def _linalg_det(A):
-
-    lu, piv, _perm = lax.linalg.lu(A)
-    det = jnp.linalg.det(A)
-    return det, lu, piv.astype(jnp.int32) + 1
+    lu, piv = _det_lu(A)
+    return jnp.linalg.det(A), lu, piv
 
 
 @register("linalg_solve_triangular.default")
@@ -255,9 +333,9 @@ def _inv_ex(A, *, check_errors=False):
 
 @register("_linalg_slogdet.default")
 def _slogdet(A):
-    lu, piv, _ = lax.linalg.lu(A)
+    lu, piv = _det_lu(A)
     sign, logabsdet = jnp.linalg.slogdet(A)
-    return sign, logabsdet, lu, piv.astype(jnp.int32) + 1
+    return sign, logabsdet, lu, piv
 
 
 @register("_linalg_eigh.default")
@@ -326,6 +404,8 @@ def _perm_from_pivots(piv, m):
         perm = jnp.where(idx == i, pj[..., None], perm)
         return jnp.where(idx == j[..., None], pi[..., None], perm)
 
+    if piv.shape[-1] == 0:  # no swaps (fori_loop would still trace body's piv[..., i])
+        return perm
     return lax.fori_loop(0, piv.shape[-1], body, perm)
 
 

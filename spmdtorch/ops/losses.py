@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
+from jax import lax
 
 from spmdtorch.ops._util import upcast
-from spmdtorch.ops.registry import register
+from spmdtorch.ops.registry import register, register_meta
 
 
 def _reduce(loss, reduction):
@@ -174,3 +176,144 @@ def _kl_div(self, target, reduction=1, *, log_target=False):
     else:
         loss = jax.scipy.special.xlogy(y, y) - y * x
     return _reduce(loss, reduction)
+
+
+# ---------------------------------------------------------------------------
+# Margin losses (the forwards run through torch's decompositions; these
+# formulas exist for the backward ops, with the CPU kernels' strict ``z > 0``
+# hinge so that a zero margin gets no gradient)
+
+
+def _hinge(z):
+    return jnp.where(z > 0, z, jnp.zeros((), z.dtype))
+
+
+def _multi_margin_loss(self, target, p, margin, weight=None, reduction=1):
+    x = upcast(self)
+    one_d = x.ndim <= 1
+    x = jnp.reshape(x, (1, -1)) if one_d else x
+    t = jnp.reshape(target, (-1,)).astype(jnp.int32)
+    c = x.shape[1]
+    xt = jnp.take_along_axis(x, t[:, None], axis=1)
+    z = _hinge(margin - xt + x)
+    z = z if p == 1 else z * z
+    if weight is not None:
+        z = z * upcast(weight)[t][:, None]
+    z = jnp.where(jnp.arange(c)[None, :] == t[:, None], 0.0, z)  # the target class adds nothing
+    loss = jnp.sum(z, axis=1) / c
+    if reduction == 0:
+        return loss[0] if one_d else loss
+    return _reduce(loss, reduction)
+
+
+@register_meta("multi_margin_loss_backward.default")
+@register_meta("multilabel_margin_loss_backward.default")
+def _margin_loss_backward_meta(grad_output, self, *rest):
+    return self.new_empty(self.shape)
+
+
+@register("multi_margin_loss_backward.default", lift_scalars=False)
+def _multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=1):
+    """Gradient of ``multi_margin_loss`` (p is 1 or 2, as torch requires)."""
+    if p not in (1, 2):
+        raise ValueError(f"multi_margin_loss: only p == 1 and p == 2 are supported, got {p}")
+    f = lambda x: _multi_margin_loss(x, target, p, margin, weight, reduction)  # noqa: E731
+    return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+
+
+def _multilabel_margin_loss(self, target, is_target, reduction):
+    x = upcast(self)
+    one_d = x.ndim <= 1
+    x = jnp.reshape(x, (1, -1)) if one_d else x
+    tgt = jnp.reshape(target, x.shape).astype(jnp.int32)
+    isx = jnp.reshape(is_target, x.shape) != 0
+    c = x.shape[1]
+    # A sample's targets are its labels before the first -1.
+    valid = jnp.cumprod((tgt >= 0).astype(jnp.int32), axis=1) > 0
+    xt = jnp.take_along_axis(x, jnp.where(valid, tgt, 0), axis=1)  # (N, K)
+    z = _hinge(1.0 - xt[:, :, None] + x[:, None, :])  # (N, K, C)
+    z = jnp.where(valid[:, :, None] & ~isx[:, None, :], z, 0.0)
+    loss = jnp.sum(z, axis=(1, 2)) / c
+    if reduction == 0:
+        return loss[0] if one_d else loss
+    return _reduce(loss, reduction)
+
+
+@register("multilabel_margin_loss_backward.default")
+def _multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    """Gradient of ``multilabel_margin_loss`` given the forward's ``is_target``."""
+    f = lambda x: _multilabel_margin_loss(x, target, is_target, reduction)  # noqa: E731
+    return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+
+
+# ---------------------------------------------------------------------------
+# linear_cross_entropy's chunked custom ops (torch_nn namespace, torch >= 2.12).
+# torch chunks the batch to bound the memory of the (N, C) logits; XLA
+# schedules the whole product itself, so one linear + cross entropy is lowered,
+# and the gradients the scalar op returns (torch precomputes them in its
+# forward) are its jax.vjp.
+
+
+def _lce_terms(input, linear_weight, target, linear_bias, weight, ignore_index):
+    """Per-sample weighted negative log-likelihood and per-sample weights."""
+    logits = jnp.matmul(upcast(input), upcast(linear_weight).T, precision=lax.Precision.HIGHEST)
+    if linear_bias is not None:
+        logits = logits + upcast(linear_bias)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    valid = target != ignore_index
+    t = jnp.where(valid, target, 0).astype(jnp.int32)
+    picked = jnp.take_along_axis(logp, t[:, None], axis=1)[:, 0]
+    w = upcast(weight)[t] if weight is not None else jnp.ones(t.shape, jnp.float32)
+    w = jnp.where(valid, w, 0.0)
+    return -picked * w, w
+
+
+def _lce_chunked(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
+                 batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph, compute_input_grad,
+                 compute_linear_weight_grad, compute_linear_bias_grad):
+    """``(loss, grad_input, grad_linear_weight, grad_linear_bias)``; a gradient that is not
+    requested is an empty ``(0, 0)`` / ``(0,)`` array, as torch's op returns."""
+    if label_smoothing != 0:
+        raise NotImplementedError("linear_cross_entropy chunked op: label_smoothing must be 0 (torch's too)")
+    if reduction not in ("mean", "sum"):
+        raise NotImplementedError(f"linear_cross_entropy chunked op: unsupported reduction {reduction!r}")
+
+    def loss_fn(x, lw, lb):
+        nll, w = _lce_terms(x, lw, target, lb, weight, ignore_index)
+        s = jnp.sum(nll)
+        return s / jnp.sum(w) if reduction == "mean" else s
+
+    has_bias = linear_bias is not None
+    args = (upcast(input), upcast(linear_weight), upcast(linear_bias) if has_bias else None)
+    loss, vjp = jax.vjp(loss_fn, *args)
+    gi, gw, gb = vjp(jnp.ones((), loss.dtype))
+    dt = input.dtype
+    gi = gi.astype(dt) if compute_input_grad else jnp.zeros((0, 0), dt)
+    gw = gw.astype(dt) if compute_linear_weight_grad else jnp.zeros((0, 0), dt)
+    gb = gb.astype(dt) if compute_linear_bias_grad and has_bias else jnp.zeros(
+        linear_weight.shape[:-1] if compute_linear_bias_grad else (0,), dt)
+    return loss.astype(dt), gi, gw, gb
+
+
+def _lce_chunked_no_reduction(input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size,
+                              acc_policy, acc_dtype):
+    nll, _ = _lce_terms(input, linear_weight, target, linear_bias, weight, ignore_index)
+    return nll.astype(input.dtype)
+
+
+def _register_custom_op(namespace, name, fn):
+    """Register ``fn`` for a non-aten custom op (``torch.ops.<namespace>.<name>.default``) if it exists."""
+    from spmdtorch.ops.registry import LOWERINGS, Lowering
+
+    packet = getattr(getattr(torch.ops, namespace), name, None) if hasattr(torch.ops, namespace) else None
+    op = getattr(packet, "default", None) if packet is not None else None
+    if op is not None:
+        LOWERINGS[op] = Lowering(fn, lift_scalars=False)
+
+
+try:  # defines torch.ops.torch_nn.* (absent before torch 2.12)
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401
+except ImportError:
+    pass
+_register_custom_op("torch_nn", "_linear_cross_entropy_batch_chunked", _lce_chunked)
+_register_custom_op("torch_nn", "_linear_cross_entropy_batch_chunked_no_reduction", _lce_chunked_no_reduction)

@@ -258,10 +258,31 @@ def _cumprod(self, dim, *, dtype=None):
 
 @register("logcumsumexp.default")
 def _logcumsumexp(self, dim):
+    """``log(cumsum(exp(x)))`` as a scan of (running max m, sum s of exp(x - m)).
+
+    torch's CPU kernel accumulates in float64 and rounds each output once;
+    a float32 chain of ``logaddexp`` rounds at every step, which at |x| ~ 1e4
+    (one float32 ulp ~ 1e-3) drifts visibly, and the backward (which subtracts
+    such results from the input) amplifies it. Here the output is
+    ``m + log(s)`` with ``s`` in ``[1, n]`` known to a few ulps: one rounding
+    at the magnitude of ``m``, as torch's.
+    """
     x = upcast(self)
     if x.ndim == 0:
         return x
-    return lax.cumlogsumexp(x, axis=canon_dim(dim, x.ndim))
+    d = canon_dim(dim, x.ndim)
+
+    def combine(a, b):
+        ma, sa = a
+        mb, sb = b
+        m = jnp.maximum(ma, mb)
+        # Equal maxima (also both -inf / +inf) scale by exp(0): no inf - inf.
+        ea = jnp.exp(jnp.where(ma == m, 0.0, ma - m))
+        eb = jnp.exp(jnp.where(mb == m, 0.0, mb - m))
+        return m, sa * ea + sb * eb
+
+    m, s = lax.associative_scan(combine, (x, jnp.ones_like(x)), axis=d)
+    return m + jnp.log(s)
 
 
 def _cum_extreme(self, dim, better):
@@ -462,4 +483,69 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
     if reduce == "mean":
         out = out / jnp.where(count > 0, count, 1)  # torch: (sum + initial) / count
     out = jnp.where(count > 0, out, identity)
+    return jnp.moveaxis(out, 0, a)
+
+
+@register("_segment_reduce_backward.default", lift_scalars=False)
+def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """Gradient of ``segment_reduce`` w.r.t. ``data``, with the CPU kernel's conventions.
+
+    max/min route the gradient to every element equal to the result (or NaN);
+    with several such elements the CPU kernel divides only the *positive*
+    gradients among them, which is reproduced. prod divides ``grad * output``
+    by the element, except at zeros/NaNs where the product of the others is
+    taken explicitly. Elements past the last segment get 0.
+    """
+    bounds = lengths if lengths is not None else offsets
+    if bounds is None:
+        raise NotImplementedError("_segment_reduce_backward needs lengths or offsets")
+    if bounds.ndim > 1:  # batched, as the forward
+        a = canon_dim(axis, data.ndim)
+        one = functools.partial(_segment_reduce_backward, reduce=reduce, axis=a - 1, initial=initial)
+        if lengths is not None:
+            return jax.vmap(lambda g, o, d, b: one(g, o, d, lengths=b))(grad, output, data, lengths)
+        return jax.vmap(lambda g, o, d, b: one(g, o, d, offsets=b))(grad, output, data, offsets)
+    if offsets is None:
+        offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths.astype(jnp.int32))])
+    offsets = offsets.astype(jnp.int32)
+    nseg = offsets.shape[0] - 1
+    a = canon_dim(axis, data.ndim)
+    x = jnp.moveaxis(upcast(data), a, 0)
+    g = jnp.moveaxis(upcast(grad), a, 0)
+    y = jnp.moveaxis(upcast(output), a, 0)
+    n = x.shape[0]
+    if nseg == 0 or n == 0:
+        return jnp.zeros(data.shape, x.dtype)
+    pos = jnp.arange(n, dtype=jnp.int32)
+    seg = jnp.sum(pos[:, None] >= offsets[None, 1:], axis=1).astype(jnp.int32)
+    inside = (seg < nseg).reshape((n,) + (1,) * (x.ndim - 1))
+    segc = jnp.minimum(seg, nseg - 1)
+    gs, ys = g[segc], y[segc]  # each element's segment gradient / result
+    zero = jnp.zeros((), x.dtype)
+
+    def seg_sum(v):
+        return jax.ops.segment_sum(v, seg, num_segments=nseg)[segc]
+
+    if reduce == "sum":
+        out = gs
+    elif reduce == "mean":
+        count = seg_sum(jnp.ones((n,), x.dtype)).reshape((n,) + (1,) * (x.ndim - 1))
+        out = gs / jnp.maximum(count, 1)
+    elif reduce in ("max", "min"):
+        hit = jnp.isnan(x) | (x == ys)
+        out = jnp.where(hit, gs, zero)
+        counter = seg_sum(hit.astype(jnp.int32))
+        out = jnp.where((counter >= 2) & (out > 0), out / jnp.maximum(counter, 1).astype(x.dtype), out)
+    elif reduce == "prod":
+        special = jnp.isnan(x) | (x == 0)
+        n_nan = seg_sum(jnp.isnan(x).astype(jnp.int32)) - jnp.isnan(x)
+        n_zero = seg_sum((x == 0).astype(jnp.int32)) - (x == 0)
+        regular = jax.ops.segment_prod(jnp.where(special, 1.0, x), seg, num_segments=nseg)[segc]
+        if initial is not None:
+            regular = regular * initial
+        excl = jnp.where(n_nan > 0, jnp.nan, jnp.where(n_zero > 0, zero, regular))
+        out = jnp.where(special, gs * excl, gs * ys / jnp.where(special, 1.0, x))
+    else:
+        raise NotImplementedError(f"_segment_reduce_backward: unknown reduction {reduce!r}")
+    out = jnp.where(inside, out, zero)
     return jnp.moveaxis(out, 0, a)

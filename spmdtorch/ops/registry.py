@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Lowering", "register", "get_lowering", "resolve_ops", "LOWERINGS"]
+__all__ = ["Lowering", "register", "register_meta", "get_lowering", "resolve_ops", "LOWERINGS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +81,36 @@ def register(*names: str, random: bool = False, lift_scalars: bool = True):
         for name in names:
             for op in resolve_ops(name):
                 LOWERINGS[op] = low
+        return fn
+
+    return deco
+
+
+_META_LIB = None
+
+
+def register_meta(name: str):
+    """Register the decorated function as the ``Meta`` kernel of ATen op ``name``.
+
+    spmdtorch takes output shapes from torch's meta kernels; a few backward
+    ops (``multi_margin_loss_backward``...) have none, so a lowering alone
+    cannot be recorded. The kernel is only added where torch has none, so a
+    later torch release that ships one keeps its own.
+
+    Args:
+        name: ``"packet"`` or ``"packet.overload"`` of an ``aten`` op.
+    """
+
+    def deco(fn):
+        global _META_LIB
+        for op in resolve_ops(name):
+            qual = op._schema.name
+            if torch._C._dispatch_has_kernel_for_dispatch_key(qual, "Meta"):
+                continue
+            if _META_LIB is None:
+                _META_LIB = torch.library.Library("aten", "IMPL", "Meta")
+            short = qual.split("::")[-1]
+            _META_LIB.impl(short if op._overloadname == "default" else f"{short}.{op._overloadname}", fn)
         return fn
 
     return deco

@@ -856,3 +856,166 @@ def test_fft(norm):
     c = torch.fft.rfft(x, dim=1)
     check(aten._fft_c2r.default, c, [1], norm, 6, rtol=1e-4, atol=1e-4)
     check(aten._fft_c2c.default, c, [0], norm, False, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Backward ops behind OpInfo's float32-grad entries (each compared with the
+# ATen backward op itself on CPU, edge cases included)
+
+
+def test_shrink_backward():
+    x = torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.5, 0.7, 2.0])  # the dead zone's ends included
+    g = R(7)
+    for op in (aten.hardshrink_backward.default, aten.softshrink_backward.default):
+        check(op, g, x, 0.5)
+
+
+def test_scatter_empty_index():
+    # gather's backward scatters through an empty index whose rank differs from self's.
+    check(aten.scatter_add.default, R(5), 0, torch.zeros(2, 0, dtype=torch.long), R(2, 0))
+    check(aten.gather.default, R(5), 0, torch.zeros(2, 0, dtype=torch.long))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_dist_backward(p):
+    x1, x2 = R(2, 4, 3), R(1, 5, 3)
+    x2[0, 1] = x1[1, 2]  # a zero distance: torch's kernels give it no gradient
+    x2[0, 2, 0] = x1[0, 0, 0]  # a zero coordinate difference (p < 1 special case)
+    d = torch.cdist(x1, x2, p=p)
+    check(aten._cdist_backward.default, R(2, 4, 5), x1, x2, p, d, rtol=1e-5, atol=1e-5)
+    check(aten._cdist_backward.default, R(0, 4, 5), R(0, 4, 3), x2, p, torch.cdist(R(0, 4, 3), x2, p=p))
+    x = R(5, 3)
+    x[3] = x[1]
+    check(aten._pdist_backward.default, R(10), x, p, torch.pdist(x, p=p), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("how", ["lengths", "offsets"])
+def test_segment_reduce_backward(reduce, how):
+    data = torch.tensor([[1.0, -2.0], [3.0, 3.0], [3.0, 0.0], [0.5, 4.0], [0.0, 4.0], [2.0, -1.0]])
+    lengths = torch.tensor([2, 0, 3, 1])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    kw = {how: lengths if how == "lengths" else offsets}
+    out = aten.segment_reduce.default(data, reduce, **kw, axis=0, unsafe=False, initial=None)
+    g = torch.tensor([[0.5, -1.0], [2.0, 2.0], [1.5, -0.5], [3.0, 1.0]])
+    check(aten._segment_reduce_backward.default, g, out, data, reduce, **kw, axis=0, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_2d_backward(mode, padding, align_corners):
+    x, grid, g = R(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.4 - 1.2, R(2, 3, 4, 3)
+    check(aten.grid_sampler_2d_backward.default, g, x, grid, mode, padding, align_corners, [True, True],
+          rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_3d(mode, padding, align_corners):
+    x, grid, g = R(2, 3, 4, 5, 3), torch.rand(2, 3, 2, 4, 3) * 2.4 - 1.2, R(2, 3, 3, 2, 4)
+    check(aten.grid_sampler_3d.default, x, grid, mode, padding, align_corners, rtol=1e-5, atol=1e-5)
+    check(aten.grid_sampler_3d_backward.default, g, x, grid, mode, padding, align_corners, [True, True],
+          rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_bicubic_and_aa(align_corners):
+    x = R(2, 3, 5, 7)
+    for out_size in ([8, 11], [3, 4]):  # up and down
+        g = R(2, 3, *out_size)
+        check(aten.upsample_bicubic2d_backward.default, g, out_size, [2, 3, 5, 7], align_corners,
+              rtol=1e-5, atol=1e-5)
+        check(aten._upsample_bilinear2d_aa.default, x, out_size, align_corners, rtol=1e-5, atol=1e-5)
+        check(aten._upsample_bilinear2d_aa_backward.default, g, out_size, [2, 3, 5, 7], align_corners,
+              rtol=1e-5, atol=1e-5)
+    check(aten._upsample_bilinear2d_aa.vec, x, None, align_corners, [0.5, 1.7], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_margin_loss_backward(reduction):
+    x, t = R(4, 5), torch.tensor([0, 4, 2, 2])
+    x[1, 0] = x[1, 4] - 1.0  # a zero hinge (margin 1): no gradient, as the CPU kernel
+    g = R(4) if reduction == 0 else R(())
+    for p in (1, 2):
+        check(aten.multi_margin_loss_backward.default, g, x, t, p, 1.0, None, reduction, rtol=1e-5, atol=1e-5)
+        check(aten.multi_margin_loss_backward.default, g, x, t, p, 0.5, R(5).abs(), reduction,
+              rtol=1e-5, atol=1e-5)
+    tgt = torch.tensor([[3, 0, -1, 1, 2], [1, 2, 3, 4, -1], [-1, 0, 0, 0, 0], [0, 0, -1, 2, 2]])
+    _, is_target = aten.multilabel_margin_loss_forward.default(x, tgt, reduction)
+    check(aten.multilabel_margin_loss_backward.default, g, x, tgt, reduction, is_target, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_scatter_and_embedding_bag_backward():
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    check(aten.masked_scatter_backward.default, R(2, 3), mask, [2, 4])  # 2 source slots unused
+    check(aten.masked_scatter_backward.default, R(2, 3), mask[0], [4])  # mask broadcast over rows
+    w, idx = R(10, 4), torch.tensor([1, 2, 4, 4, 3, 9, 0])
+    off = torch.tensor([0, 2, 2, 5])  # an empty bag
+    for mode in (0, 1, 2):
+        psw = R(7) if mode == 0 else None
+        out, o2b, bag_size, max_idx = aten._embedding_bag.default(w, idx, off, False, mode, False, psw,
+                                                                  False, 4)
+        g = R(4, 4)
+        check(aten._embedding_bag_dense_backward.default, g, idx, o2b, bag_size, max_idx, 10, False, mode,
+              psw, 4, rtol=1e-5, atol=1e-5)
+        # (scale_grad_by_freq stays off here: with it on, torch 2.13's CPU kernel
+        # scales row 9 by 1/2 although index 9 occurs once; the lowering divides
+        # by each index's own count.)
+        check(aten._embedding_bag_backward.default, g, idx, off, o2b, bag_size, max_idx, 10, False, mode,
+              False, psw, 4, rtol=1e-5, atol=1e-5)
+        if mode == 0:
+            check(aten._embedding_bag_per_sample_weights_backward.default, g, w, idx, off, o2b, mode, 4,
+                  rtol=1e-5, atol=1e-5)
+
+
+def test_logcumsumexp_large_values():
+    # float32 ulps at 1e4 are ~1e-3: a float32 chain of logaddexp drifts, torch
+    # accumulates in float64; the backward subtracts these from the input.
+    x = R(6, 5) * 3
+    x[::2] += 1e4
+    x[1::2] -= 1e4
+    x[0, 0] = -float("inf")
+    for dim in (0, 1):
+        check(aten.logcumsumexp.default, x, dim, rtol=0, atol=0)
+
+
+def test_det_lu_and_lu_solve_edge_cases():
+    a = R(3, 4, 4)
+    # torch factors A^T for contiguous real A; its det backward relies on it.
+    check(aten._linalg_det.default, a, rtol=1e-5, atol=1e-5)
+    check(aten._linalg_slogdet.default, a, rtol=1e-5, atol=1e-5)
+    lu, piv = torch.linalg.lu_factor(torch.zeros(0, 0))
+    check(aten.lu_unpack.default, lu, piv)
+    check(aten.linalg_lu_solve.default, lu, piv, R(0, 4))
+
+
+def test_linear_cross_entropy_chunked():
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401  (defines the torch_nn ops)
+
+    op = torch.ops.torch_nn._linear_cross_entropy_batch_chunked.default
+    op_none = torch.ops.torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default
+    x, lw, b, cw = R(6, 4), R(7, 4), R(7), R(7).abs()
+    t = torch.tensor([0, 6, -100, 3, 3, 1])
+    for reduction in ("mean", "sum"):
+        for weight in (None, cw):
+            check(op, x, lw, t, b, weight, reduction, -100, 0.0, 2, "input", torch.float32, True, True, True,
+                  True, rtol=1e-5, atol=1e-5)
+    check(op, x, lw, t, None, None, "mean", -100, 0.0, 2, "input", torch.float32, True, False, True, False,
+          rtol=1e-5, atol=1e-5)
+    check(op_none, x, lw, t, b, cw, -100, 2, "input", torch.float32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("nsp", [2, 3])
+def test_fractional_max_pool(nsp):
+    x = R(2, 3, 9, 8) if nsp == 2 else R(2, 3, 7, 6, 8)
+    x.view(-1)[5] = float("nan")  # NaN wins its window, as in the CPU kernel
+    k, out = ((3, 2), (4, 5)) if nsp == 2 else ((2, 3, 2), (3, 2, 4))
+    samples = torch.rand(2, 3, nsp)
+    op = getattr(aten, f"fractional_max_pool{nsp}d")
+    check(op.default, x, k, out, samples)
+    check(op.default, x[0], k, out, samples[:1])  # unbatched
+    _, idx = op.default(x, k, out, samples)
+    g = R(2, 3, *out)
+    check(getattr(aten, f"fractional_max_pool{nsp}d_backward").default, g, x, k, out, idx, rtol=1e-5, atol=1e-5)
