@@ -462,15 +462,10 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
         if lengths is not None:
             return jax.vmap(lambda d, b: one(d, lengths=b))(data, lengths)
         return jax.vmap(lambda d, b: one(d, offsets=b))(data, offsets)
-    if offsets is None:
-        offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths.astype(jnp.int32))])
-    offsets = offsets.astype(jnp.int32)
-    nseg = offsets.shape[0] - 1
     a = canon_dim(axis, data.ndim)
+    nseg, seg = _segment_ids(data.shape[a], lengths, offsets)  # nseg past the end: dropped
     x = jnp.moveaxis(upcast(data), a, 0)
-    pos = jnp.arange(x.shape[0], dtype=jnp.int32)
-    seg = jnp.sum(pos[:, None] >= offsets[None, 1:], axis=1).astype(jnp.int32)  # nseg past the end: dropped
-    count = jax.ops.segment_sum(jnp.ones_like(pos), seg, num_segments=nseg)
+    count = jax.ops.segment_sum(jnp.ones_like(seg), seg, num_segments=nseg)
     count = count.reshape((nseg,) + (1,) * (x.ndim - 1))
     ops = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "max": jax.ops.segment_max,
            "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}
@@ -484,6 +479,15 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
         out = out / jnp.where(count > 0, count, 1)  # torch: (sum + initial) / count
     out = jnp.where(count > 0, out, identity)
     return jnp.moveaxis(out, 0, a)
+
+
+def _segment_ids(n, lengths, offsets):
+    """``(number of segments, segment id of each of the n positions)``; past the last segment: the count."""
+    if offsets is None:
+        offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths.astype(jnp.int32))])
+    offsets = offsets.astype(jnp.int32)
+    pos = jnp.arange(n, dtype=jnp.int32)
+    return offsets.shape[0] - 1, jnp.sum(pos[:, None] >= offsets[None, 1:], axis=1).astype(jnp.int32)
 
 
 @register("_segment_reduce_backward.default", lift_scalars=False)
@@ -505,19 +509,14 @@ def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offset
         if lengths is not None:
             return jax.vmap(lambda g, o, d, b: one(g, o, d, lengths=b))(grad, output, data, lengths)
         return jax.vmap(lambda g, o, d, b: one(g, o, d, offsets=b))(grad, output, data, offsets)
-    if offsets is None:
-        offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths.astype(jnp.int32))])
-    offsets = offsets.astype(jnp.int32)
-    nseg = offsets.shape[0] - 1
     a = canon_dim(axis, data.ndim)
+    nseg, seg = _segment_ids(data.shape[a], lengths, offsets)
     x = jnp.moveaxis(upcast(data), a, 0)
     g = jnp.moveaxis(upcast(grad), a, 0)
     y = jnp.moveaxis(upcast(output), a, 0)
     n = x.shape[0]
     if nseg == 0 or n == 0:
         return jnp.zeros(data.shape, x.dtype)
-    pos = jnp.arange(n, dtype=jnp.int32)
-    seg = jnp.sum(pos[:, None] >= offsets[None, 1:], axis=1).astype(jnp.int32)
     inside = (seg < nseg).reshape((n,) + (1,) * (x.ndim - 1))
     segc = jnp.minimum(seg, nseg - 1)
     gs, ys = g[segc], y[segc]  # each element's segment gradient / result
