@@ -268,11 +268,11 @@ def _det_lu(A):
 
     torch factors ``A^H`` rather than ``A`` when A is contiguous and real
     (LAPACK wants column-major input; det(A^T) = det(A)), and the backward
-    solves with ``adjoint = not (A contiguous and real)`` accordingly. Every
-    tensor spmdtorch computes is contiguous, so real inputs take the A^T
-    branch here; a non-contiguous real *view* fed straight into det would
-    make torch's backward expect the factors of A itself (known limitation:
-    the lowering cannot see strides).
+    solves with ``adjoint = not (A contiguous and real)`` accordingly. A
+    lowering sees values only, so real inputs always take the A^T branch
+    here; the dispatcher hands a non-contiguous real A over as the
+    contiguous A^T (``dispatch._linalg_det_factors``), whose factors are
+    those of A.
     """
     src = A if jnp.iscomplexobj(A) else _mT(A)
     lu, piv, _perm = lax.linalg.lu(src)

@@ -1015,8 +1015,26 @@ def _linalg_check_errors(func, args, kwargs):
     return None
 
 
+def _linalg_det_factors(func, args, kwargs):
+    """``_linalg_det``/``_linalg_slogdet``: return the LU factors torch's backward expects.
+
+    torch factors ``A^T`` when A is contiguous and real (LAPACK is
+    column-major; det(A^T) = det(A)) and ``A`` itself otherwise, and its
+    backward picks the solve from the saved A's strides. The lowering sees
+    values only and always factors the transpose of what it is given, so a
+    non-contiguous real A (a transposed view...) is handed over as the
+    contiguous ``A^T``: the same determinant, and the factors of A.
+    """
+    A = args[0]
+    if not A.is_complex() and not A.is_contiguous():
+        args = (A.mT.contiguous(),) + tuple(args[1:])
+    return _dispatch_lowering(func, args, kwargs, op_facts(func))
+
+
 _SPECIAL: dict = {}
 for _name, _fn in [
+    ("_linalg_det.default", _linalg_det_factors),
+    ("_linalg_slogdet.default", _linalg_det_factors),
     ("_linalg_check_errors.default", _linalg_check_errors),
     ("equal.default", _equal),
     ("allclose.default", _allclose),
