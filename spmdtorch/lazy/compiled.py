@@ -115,7 +115,8 @@ def _signature(flat_args, spec):
         else:
             try:
                 hash(a)
-                sig.append(("V", type(a), a))
+                # -0.0 == 0.0, but fn may branch on the sign (copysign, 1 / x).
+                sig.append(("V", type(a), a.hex() if type(a) is float else a))
             except TypeError:
                 sig.append(("R", type(a), repr(a)))
     return tuple(sig)

@@ -9,8 +9,9 @@ of ints, hashed and compared in C.
 
 Why this cannot return a wrong program: a signature is handed out once, from
 a counter that never goes back, for one exact ``(name, static_key)`` (found by
-full equality, never by hash alone). Equal signatures therefore mean equal
-content. When the intern table is full it is emptied; content seen again then
+full equality, never by hash alone, and with each number's type: Python finds
+``2 == 2.0 == True`` and ``0.0 == -0.0``, which are different arguments to
+``torch.full`` or ``arange``). Equal signatures therefore mean equal content. When the intern table is full it is emptied; content seen again then
 gets a *new* signature, which can only cause a cache miss (a recompile),
 never a hit on another program.
 """
@@ -30,6 +31,18 @@ _SIGS: dict = {}
 _NEXT = itertools.count()
 
 
+def _typed(x):
+    """``x`` with every float and bool made distinct from the ints (and -0.0 from 0.0) it equals."""
+    t = type(x)
+    if t is tuple or t is list:
+        return t(_typed(v) for v in x)
+    if t is float:
+        return (float, x.hex())
+    if t is bool or t is complex:
+        return (t, repr(x))
+    return x
+
+
 def node_sig(name, static_key) -> int:
     """The signature of a node with this name and static key.
 
@@ -42,8 +55,10 @@ def node_sig(name, static_key) -> int:
         True
         >>> node_sig("add", (1, 2)) == node_sig("add", (1, 3))
         False
+        >>> node_sig("full", (2,)) == node_sig("full", (2.0,))
+        False
     """
-    key = (name, static_key)
+    key = (name, _typed(static_key))
     try:
         sig = _SIGS.get(key)
     except TypeError:

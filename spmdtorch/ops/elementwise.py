@@ -302,7 +302,41 @@ def _fmod(self, other):
     return jnp.fmod(a, b)
 
 
-@register("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
+# Exponents torch's pow kernel computes without a general pow (ATen's
+# PowKernel.cpp and pow_out): they reach the lowering as Python numbers, so the
+# program computes them the way eager does instead of XLA's pow(x, y). (-0.5 is
+# torch's 1/sqrt, which XLA rewrites to its own rsqrt, 1 ulp off: it stays a pow.)
+_POW_SPECIAL_EXPONENTS = (0, 1, 2, 3, 0.5, -1, -2)
+
+
+def _pow_special(x, e):
+    """``x ** e`` for a floating ``x`` and an exponent of _POW_SPECIAL_EXPONENTS, as torch computes it."""
+    if e == 0:
+        return jnp.ones_like(x)
+    if e == 1:
+        return x
+    if e == 2:
+        return x * x
+    if e == 3:
+        return x * x * x
+    if e == 0.5:
+        return jnp.sqrt(x)
+    if e == -1:
+        return 1 / x
+    return 1 / (x * x)  # -2
+
+
+@register("pow.Tensor_Scalar", static_scalars=_POW_SPECIAL_EXPONENTS)
+def _pow_tensor_scalar(self, exponent):
+    if type(exponent) in (int, float) and exponent in _POW_SPECIAL_EXPONENTS and not is_int(self):
+        if exponent == 0.5 and self.dtype == jnp.float16:
+            # torch's half kernel has no sqrt shortcut: std::pow (pow(-inf, .5) = inf, not nan).
+            return jnp.power(_f32_if_low(self), exponent)
+        return _pow_special(_f32_if_low(self), exponent)
+    return _pow(self, exponent)
+
+
+@register("pow.Tensor_Tensor", "pow.Scalar")
 def _pow(self, exponent):
     # A Python int exponent keeps jnp's exact integer_pow path (x**2 as x*x).
     if isinstance(exponent, int) and not isinstance(exponent, bool):

@@ -26,11 +26,17 @@ class Lowering:
         lift_scalars: ``Scalar``/``float`` arguments may be passed as 0-d JAX
             arrays (so a changing learning rate does not recompile); ops whose
             scalars decide output *shapes* (``arange``) set this to False.
+        static_scalars: numbers that reach ``fn`` as Python numbers even where
+            scalars are lifted, because the lowering takes a cheaper or more
+            exact path for them (``x.pow(2)`` as ``x * x``, as torch does;
+            a lifted exponent leaves XLA a general ``pow``). Each such value
+            compiles its own program, so keep the set to a few common values.
     """
 
     fn: Callable
     random: bool = False
     lift_scalars: bool = True
+    static_scalars: frozenset = frozenset()
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -57,13 +63,14 @@ def resolve_ops(name: str) -> list[torch._ops.OpOverload]:
     return ops
 
 
-def register(*names: str, random: bool = False, lift_scalars: bool = True):
+def register(*names: str, random: bool = False, lift_scalars: bool = True, static_scalars=()):
     """Register the decorated function as the lowering of ATen ops ``names``.
 
     Args:
         *names: ``"packet.overload"`` or ``"packet"`` (every overload).
         random: the lowering draws random numbers and takes ``key=``.
         lift_scalars: see ``Lowering.lift_scalars``.
+        static_scalars: see ``Lowering.static_scalars``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -77,7 +84,7 @@ def register(*names: str, random: bool = False, lift_scalars: bool = True):
     """
 
     def deco(fn):
-        low = Lowering(fn, random=random, lift_scalars=lift_scalars)
+        low = Lowering(fn, random=random, lift_scalars=lift_scalars, static_scalars=frozenset(static_scalars))
         for name in names:
             for op in resolve_ops(name):
                 LOWERINGS[op] = low

@@ -74,6 +74,7 @@ class OpFacts:
     __slots__ = (
         "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
         "is_out", "lowering", "has_device", "arg_names", "implicit", "route", "allow_cpu", "identity_view",
+        "static_scalars",
     )
 
 
@@ -89,6 +90,7 @@ def op_facts(func) -> OpFacts:
         i for i, a in enumerate(args) if lift and not a.kwarg_only and str(a.type) in _SCALAR_TYPES
     )
     f.lift_names = frozenset(a.name for a in args if lift and str(a.type) in _SCALAR_TYPES)
+    f.static_scalars = frozenset() if f.lowering is None else f.lowering.static_scalars
     f.mutable_pos = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
     f.mutable_names = tuple(args[i].name for i in f.mutable_pos)
     rets = schema.returns
@@ -338,14 +340,19 @@ class _Args:
                 continue
             t = type(a)
             if t is int or t is float:  # _leaf's rule for numbers, inline (optimizers pass hundreds)
-                if i in lift_pos and _INT32[0] <= a <= _INT32[1]:
+                if i in lift_pos and _INT32[0] <= a <= _INT32[1] and a not in facts.static_scalars:
                     key.append(t)
                     inputs.append(interned_scalar(a, id(func)))
                     n = len(inputs) - 1
                     t_args.append(_SLOTS[n] if n < _N_SLOTS else Slot(n))
                 else:
+                    if t is float:  # 2.0 == 2 and -0.0 == 0.0 in the template: the key tells them apart
+                        key.append(a.hex())
                     t_args.append(a)
-            elif t is bool or a is None:
+            elif t is bool:
+                key.append(bool)  # True == 1 in the template
+                t_args.append(a)
+            elif a is None:
                 t_args.append(a)
             else:
                 t_args.append(self._leaf(a, i in lift_pos, key, func, allow_cpu))
@@ -378,10 +385,13 @@ class _Args:
             return Slot(len(self.inputs) - 1)
         if isinstance(a, (list, tuple)):
             return tuple(self._leaf(x, False, key, func, allow_cpu) for x in a)
-        if liftable and type(a) in (float, int) and _INT32[0] <= a <= _INT32[1]:
+        if (liftable and type(a) in (float, int) and _INT32[0] <= a <= _INT32[1]
+                and a not in op_facts(func).static_scalars):
             key.append(type(a))
             self.inputs.append(interned_scalar(a, id(func)))  # equal numbers: one program input
             return Slot(len(self.inputs) - 1)
+        if type(a) is float or type(a) is bool:  # see __init__: 2.0 == 2 == True, -0.0 == 0.0
+            key.append((type(a), a.hex() if type(a) is float else a))
         return a
 
 

@@ -230,3 +230,16 @@ def test_changing_one_shared_step_counter_outside_fn_is_not_ignored():
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
     assert opt.state[first]["step"].item() == 103.0
+
+
+def test_signed_zero_argument_traces_again():
+    """``fn(x, -0.0)`` after ``fn(x, 0.0)``: equal in Python, not to ``copysign``."""
+    import math
+
+    @spmdtorch.compile
+    def f(x, s):
+        return x * math.copysign(1.0, s)
+
+    x = torch.ones(3).to("xla")
+    assert f(x, 0.0).cpu().tolist() == [1.0, 1.0, 1.0]
+    assert f(x, -0.0).cpu().tolist() == [-1.0, -1.0, -1.0]

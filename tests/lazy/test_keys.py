@@ -113,3 +113,13 @@ def test_cache_hits_after_a_shape_dtype_or_sharding_change_stay_right(devices8):
             spmdtorch.sync()
             torch.testing.assert_close(out.cpu(), f(x), msg=name)
     assert debug.counter_value("CachedCompile") - hits >= len(cases)
+
+
+def test_node_sig_tells_equal_numbers_of_other_types_apart():
+    """Python's ``2 == 2.0 == True`` and ``0.0 == -0.0`` must not give two static keys one signature."""
+    from spmdtorch.lazy.keys import node_sig
+
+    sigs = {node_sig("full", ((2,), v)) for v in (1, 1.0, True, 0, 0.0, -0.0, False)}
+    assert len(sigs) == 7
+    assert node_sig("full", ((2,), -0.0)) == node_sig("full", ((2,), -0.0))
+    assert node_sig("full", ((2,), (1.5,))) == node_sig("full", ((2,), (1.5,)))

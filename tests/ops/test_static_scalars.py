@@ -77,3 +77,67 @@ def test_interpolate_scale_factor(mode):
     x = torch.randn(1, 2, 5, 7)
     _close(F.interpolate, x, scale_factor=1.7, mode=mode)
     _close(F.interpolate, x, scale_factor=0.6, mode=mode, recompute_scale_factor=False)
+
+
+_POW_INPUT = torch.tensor([-3.5, -1.0, -0.0, 0.0, 0.25, 1.0, 2.5, 1e20, float("inf"), float("-inf"), float("nan")])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("e", [0, 1, 2, 3, 0.5, -1, -2, 2.0, -1.0])
+def test_pow_special_exponents_match_eager_bitwise(e, dtype):
+    """torch computes these exponents without a general pow (x*x, sqrt, 1/x...): so must we, bit for bit."""
+    x = _POW_INPUT.to(dtype)
+    got = x.to("xla").pow(e).cpu()
+    torch.testing.assert_close(got, x.pow(e), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("e", [1.5, 4, -3, 0.3, -0.5])
+def test_pow_other_exponents_stay_lifted(e):
+    """Any other exponent is a runtime input: changing it reuses the compiled program."""
+    from spmdtorch import debug
+
+    x = torch.rand(6) + 0.5
+    xx = x.to("xla")
+    torch.testing.assert_close(xx.pow(e).cpu(), x.pow(e), rtol=1e-6, atol=1e-6)
+    before = debug.counter_value("UncachedCompile")
+    torch.testing.assert_close(xx.pow(e + 0.25).cpu(), x.pow(e + 0.25), rtol=1e-6, atol=1e-6)
+    assert debug.counter_value("UncachedCompile") == before
+
+
+@pytest.mark.parametrize("e", [0, 1, 2, 3, 2.0, 0.5])
+def test_pow_special_exponents_integer_tensors(e):
+    x = torch.tensor([-7, -1, 0, 1, 3, 46340], dtype=torch.int32)
+    got = x.to("xla").pow(e).cpu()
+    want = x.pow(e)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0, equal_nan=True)
+
+
+def test_pow_square_is_a_multiply_in_the_program():
+    """``x.pow(2)`` (RMSNorm, its backward's ``pow(x, 1)``) must not leave XLA a general pow."""
+    from spmdtorch import debug
+
+    x = (torch.randn(4, 8) + 1).requires_grad_()
+    xx = x.detach().to("xla").requires_grad_()
+    y = xx.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt()
+    y.sum().backward()
+    hlo = debug.get_hlo_text([y, xx.grad])
+    assert " power(" not in hlo
+    x.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().sum().backward()
+    torch.testing.assert_close(xx.grad.cpu(), x.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_static_numbers_equal_in_python_are_different_programs():
+    """``2 == 2.0 == True`` and ``0.0 == -0.0`` in Python, but torch gives different results for them."""
+    assert torch.arange(3, device="xla").dtype == torch.int64
+    b = torch.arange(3.0, device="xla")
+    assert b.dtype == torch.float32
+    torch.testing.assert_close(b.cpu(), torch.arange(3.0))
+    assert torch.full((2,), 1, device="xla").dtype == torch.int64
+    assert torch.full((2,), True, device="xla").dtype == torch.bool
+    x = torch.randn(4).to("xla")
+    assert torch.equal(x.pow(2).cpu(), x.cpu().pow(2))
+    assert torch.equal(x.pow(2.0).cpu(), x.cpu().pow(2.0))
+    i = torch.arange(-2, 3, dtype=torch.int32)
+    assert i.to("xla").pow(2).dtype == torch.int32
+    assert i.to("xla").pow(2.0).dtype == torch.float32
