@@ -37,6 +37,14 @@ log = logging.getLogger("spmdtorch.compile")
 # CPU client's thread pool from filling with executions waiting on collectives.
 MAX_IN_FLIGHT = int(os.environ.get("SPMDTORCH_MAX_IN_FLIGHT", "8"))
 
+# Per queued execution: (its sentinel, its donated inputs). The sentinel is a
+# tiny extra output of every program, ready when the execution is done and
+# never handed to a user, so it is never donated. Holding real outputs instead
+# would keep the values later steps replaced (last steps' gradients) alive
+# until their entry leaves. The donated inputs ride along because dropping
+# the last reference to an array while the execution that took its buffer
+# still runs costs the host more than dropping it once that execution is done
+# (their buffers are gone: they pin no memory).
 _INFLIGHT: collections.deque = collections.deque()
 
 # XLA says so when a donated input has no output of its shape to reuse; that
@@ -322,10 +330,11 @@ def _packed_array(kind, values, mesh):
     return arr
 
 
-def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None = None):
+def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None = None, sentinel: bool = False):
     """The program as a function of its arguments (``layout``: how leaves are passed;
     None passes one argument per leaf, as a nested body such as a shard_map region wants).
-    ``outputs``: the ``(node, index)`` pairs it returns (default: the plan's)."""
+    ``outputs``: the ``(node, index)`` pairs it returns (default: the plan's).
+    ``sentinel``: also return a 0-d bool last (see ``_INFLIGHT``)."""
     if layout is None:
         layout = _Layout(plan, pack=False)
     nodes = [(n.fn, n.template, d, n.out_avals, n.name) for n, d in zip(plan.nodes, plan.draws)]
@@ -367,14 +376,17 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
                     )
                 fixed.append(o)
             env.append(fixed)
-        return [env[n][i] for n, i in outputs]
+        res = [env[n][i] for n, i in outputs]
+        if sentinel:
+            res.append(jnp.zeros((), jnp.bool_))
+        return res
 
     plan_has_random = plan.has_random
     return run
 
 
 class _Program:
-    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh", "layout", "out_map")
+    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh", "layout", "out_map", "donated")
 
     def call_args(self, leaf_args) -> list:
         """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
@@ -400,11 +412,13 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     # one buffer (the program returns it once; execute() hands it to each).
     unique: dict = {}
     out_map = tuple(unique.setdefault((o, sh), len(unique)) for o, sh in zip(plan.outputs, out_shardings))
-    fn = _make_fn(plan, layout, tuple(o for o, _ in unique))
+    fn = _make_fn(plan, layout, tuple(o for o, _ in unique), sentinel=True)
     donate_idx = tuple(j for j, i in enumerate(layout.array_pos) if donate[i])
     # keep_unused: an output computed from no input's data (zeros_like(w)) must
     # still live on the inputs' devices; without the input JAX uses one device.
-    jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=[sh for _, sh in unique], keep_unused=True)
+    # The sentinel is replicated: it is ready only once every device is done.
+    out_sh = [sh for _, sh in unique] + [_replicated_on(mesh)]
+    jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=out_sh, keep_unused=True)
     prog = _Program()
     prog.out_map = out_map if len(unique) < len(out_map) else None
     prog.n_leaves = len(plan.leaves)
@@ -416,6 +430,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     lowered = jitted.lower(*prog.call_args(_call_args(plan, mesh, draw_key=False)))
     prog.compiled = lowered.compile()
     prog.lowered = lowered
+    prog.donated = donate_idx
     _CACHE[key] = prog
     metrics.add_time("CompileTime", time.perf_counter() - start)
     return prog, key
@@ -563,37 +578,30 @@ def execute(prog: "_Program", args) -> list:
             _run_owed()
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
-    outs = prog.compiled(*prog.call_args(args))
+    call = prog.call_args(args)
+    outs = prog.compiled(*call)
     metrics.add_time("ExecuteTime", time.perf_counter() - start)
-    if outs:
-        _INFLIGHT.append(outs)
-        _bound_in_flight(MAX_IN_FLIGHT)
+    _INFLIGHT.append((outs.pop(), [call[j] for j in prog.donated]))
+    _bound_in_flight(MAX_IN_FLIGHT)
     if prog.out_map is not None:  # one buffer for several storages with equal values
         outs = [outs[j] for j in prog.out_map]
     return outs
 
 
-def _bound_in_flight(limit: int) -> None:
-    """Block until at most ``limit`` executions are queued.
+def _replicated_on(mesh):
+    """Replicated over ``mesh`` (None: the default placement's devices)."""
+    if mesh is None:
+        from spmdtorch.tensor.transfer import replicated_sharding
 
-    An output that a later execution took by donation is deleted; that later
-    execution cannot run before this one, so waiting on any live output of an
-    execution (or on its successor) bounds it.
-    """
+        return replicated_sharding()
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def _bound_in_flight(limit: int) -> None:
+    """Block until at most ``limit`` executions are queued."""
     while len(_INFLIGHT) > limit:
-        outs = _INFLIGHT.popleft()
-        for arr in outs:
-            if arr.is_deleted():
-                continue
-            try:
-                arr.block_until_ready()
-            except jax.errors.JaxRuntimeError as e:
-                # is_deleted() can lag a donation by a later execution: the
-                # buffer is gone, try the execution's next output.
-                if "deleted or donated" not in str(e):
-                    raise
-                continue
-            break
+        sentinel, _ = _INFLIGHT.popleft()
+        sentinel.block_until_ready()
 
 
 def _padded_output(st):

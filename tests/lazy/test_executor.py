@@ -216,3 +216,20 @@ def test_random_draws_are_never_merged():
     spmdtorch.sync()
     assert read_value(a) is not read_value(b)
     assert not torch.equal(a.cpu(), b.cpu())
+
+
+def test_queued_executions_do_not_keep_replaced_values_alive():
+    """An execution waits in the in-flight queue for a while: the queue must not
+    keep the values that later steps replaced (the last steps' gradients) alive,
+    or every queued step would pin a copy of the gradients."""
+    import jax
+
+    shape = (37, 29)  # no other test makes arrays of this shape
+    w = torch.randn(shape).to("xla").requires_grad_()
+    for _ in range(6):
+        w.grad = None
+        (w * 3).sum().backward()
+        spmdtorch.sync()
+    alive = [a for a in jax.live_arrays() if a.shape == shape and not a.is_deleted()]
+    assert len(alive) <= 2, f"{len(alive)} arrays of shape {shape} alive: only w and w.grad should be"
+    torch.testing.assert_close(w.grad.cpu(), torch.full(shape, 3.0))
