@@ -439,8 +439,15 @@ def _clamp_max(self, max):
 def _lerp(self, end, weight):
     a, b = _bin_operands(self, end)
     w = _f32_if_low(weight)
-    # torch switches formula at |w| < 0.5 for accuracy at both ends.
-    return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
+    # torch switches formula at |w| < 0.5 for accuracy at both ends:
+    #   a + w * (b - a)   or   b - (b - a) * (1 - w).
+    # The second is b + (w - 1) * (b - a) bit for bit (negation is exact), so
+    # both are base + c * (b - a) and only (base, c) depend on the branch:
+    # with a scalar weight (AdamW's 1 - beta1) the choice of c is scalar work
+    # instead of computing both formulas for every element.
+    lo = jnp.abs(w) < 0.5
+    diff = b - a
+    return jnp.where(lo, a, b) + jnp.where(lo, w, w - 1) * diff
 
 
 @register("addcmul.default")

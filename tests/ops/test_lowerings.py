@@ -1019,3 +1019,18 @@ def test_fractional_max_pool(nsp):
     _, idx = op.default(x, k, out, samples)
     g = R(2, 3, *out)
     check(getattr(aten, f"fractional_max_pool{nsp}d_backward").default, g, x, k, out, idx, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_lerp_matches_eager_bitwise_on_both_branches(dtype):
+    """torch switches formula at |weight| < 0.5; the lowering's single formula must give the same bits."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.cat([torch.randn(200, generator=g), torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e30])])
+    b = torch.cat([torch.randn(200, generator=g) * 50, torch.tensor([-0.0, -0.0, float("inf"), 1.0, -1e30])])
+    a, b = a.to(dtype), b.to(dtype)
+    for w in (0.1, 0.5, 0.9, -0.3, 1.7, 0.49999997, 0.0, 1.0, -0.5):
+        torch.testing.assert_close(torch.lerp(a.to("xla"), b.to("xla"), w).cpu(), torch.lerp(a, b, w),
+                                   rtol=0, atol=0, equal_nan=True, msg=f"weight {w}")
+    wt = (torch.rand(205, generator=g) * 2 - 0.5).to(dtype)
+    torch.testing.assert_close(torch.lerp(a.to("xla"), b.to("xla"), wt.to("xla")).cpu(), torch.lerp(a, b, wt),
+                               rtol=0, atol=0, equal_nan=True)
