@@ -31,16 +31,36 @@ _SIGS: dict = {}
 _NEXT = itertools.count()
 
 
+_MARKED = (float, bool, complex)
+
+
 def _typed(x):
-    """``x`` with every float and bool made distinct from the ints (and -0.0 from 0.0) it equals."""
+    """``x`` with every float and bool made distinct from the ints (and -0.0 from 0.0) it equals.
+
+    Returns ``x`` itself when it holds none (the common case: no allocation).
+    """
     t = type(x)
     if t is tuple or t is list:
-        return t(_typed(v) for v in x)
+        out = None
+        for i, v in enumerate(x):
+            tv = _typed(v) if type(v) in _CONTAINERS else v
+            if type(v) in _MARKED:
+                tv = (type(v), v.hex() if type(v) is float else repr(v))
+            if tv is not v:
+                if out is None:
+                    out = list(x[:i])
+                out.append(tv)
+            elif out is not None:
+                out.append(v)
+        return x if out is None else t(out)
     if t is float:
         return (float, x.hex())
     if t is bool or t is complex:
         return (t, repr(x))
     return x
+
+
+_CONTAINERS = (tuple, list)
 
 
 def node_sig(name, static_key) -> int:
