@@ -124,7 +124,7 @@ class Node:
     __slots__ = ("fn", "name", "template", "inputs", "static_key", "out_avals", "random", "draw",
                  "sig", "__weakref__")
 
-    def __init__(self, fn, name, template, inputs, static_key, out_avals, random=False):
+    def __init__(self, fn, name, template, inputs, static_key, out_avals, random=False, sig=None):
         self.fn = fn
         self.name = name
         self.template = template
@@ -139,8 +139,8 @@ class Node:
         # same values whatever the mesh and the annotations.
         self.draw = next(_DRAWS) if random else -1
         # An int standing for (name, static_key) in graph keys (the executor's
-        # interning; the recorder sets it when it already knows it). None: not yet.
-        self.sig = None
+        # interning; the recorder passes it when it already knows it). None: not yet.
+        self.sig = sig
 
     def __repr__(self):
         return f"Node({self.name}, inputs={len(self.inputs)})"

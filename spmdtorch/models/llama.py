@@ -82,9 +82,12 @@ def rope_tables(cfg: LlamaConfig, seq_len: int, device=None):
 
 def apply_rope(x, cos, sin):
     # x: (batch, heads, seq, head_dim); rotate the two halves of head_dim.
+    # cos/sin (seq, head_dim // 2) broadcast over batch and heads as they are:
+    # indexing them to (1, 1, seq, head_dim // 2) first gives the same values
+    # for two more view ops per table and call.
     x1, x2 = x.chunk(2, dim=-1)
-    cos = cos[None, None].to(x.dtype)
-    sin = sin[None, None].to(x.dtype)
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 

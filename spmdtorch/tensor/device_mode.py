@@ -88,6 +88,8 @@ def _from_data(func, args, kwargs):
 
 
 _autocast_on = torch.is_autocast_enabled
+# No device argument to parse: the common case (no autocast at all) is one C call.
+_any_autocast = torch._C._is_any_autocast_enabled
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
 _INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 
@@ -131,7 +133,7 @@ class XlaDeviceMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _autocast_on("xla"):  # torch's AutocastXLA key never sees xla tensors (autocast.py)
+        if _any_autocast() and _autocast_on("xla"):  # torch's AutocastXLA key never sees xla tensors (autocast.py)
             args, kwargs = autocast_inputs(func, args, kwargs)
         # Every torch call of the program passes here: the common case (no
         # special handling) is one set lookup, then the call.

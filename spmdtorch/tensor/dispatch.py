@@ -35,7 +35,10 @@ from spmdtorch.tensor.xla_tensor import (
     ViewStep,
     XlaTensor,
     _contiguous_strides,
+    dense_tensor,
+    forget_meta_key,
     new_base,
+    view_tensor,
 )
 
 __all__ = ["dispatch", "read_value", "assign_value", "record", "capture_meta_factories", "MetaFactoryLeak"]
@@ -74,8 +77,11 @@ class OpFacts:
     __slots__ = (
         "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
         "is_out", "lowering", "has_device", "arg_names", "implicit", "route", "allow_cpu", "identity_view",
-        "static_scalars",
+        "static_scalars", "twin",
     )
+
+
+_UNSET = object()
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,6 +97,7 @@ def op_facts(func) -> OpFacts:
     )
     f.lift_names = frozenset(a.name for a in args if lift and str(a.type) in _SCALAR_TYPES)
     f.static_scalars = frozenset() if f.lowering is None else f.lowering.static_scalars
+    f.twin = _UNSET  # functional_twin(func), looked up on first use (lru_cache hashes the op in Python)
     f.mutable_pos = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
     f.mutable_names = tuple(args[i].name for i in f.mutable_pos)
     rets = schema.returns
@@ -205,15 +212,30 @@ def read_value(t: XlaTensor):
 
 
 def _record_view_step(step: ViewStep, value):
-    low = registry.get_lowering(step.op)
+    # Every read of a view replays its chain (hundreds per step): what the
+    # node needs besides its input is built once per ViewStep and reused
+    # while the op's lowering stays the same one.
+    low = (_FACTS_BY_ID.get(id(step.op)) or _facts_with_route(step.op)).lowering
+    rp = step.replay
+    if rp is None or rp[0] is not low:
+        rp = step.replay = _view_replay(step, low)
+    return record(rp[1], rp[2], rp[3], [value], rp[4], sig=rp[5])
+
+
+def _view_replay(step: ViewStep, low) -> tuple:
+    """``(lowering, fn, name, template, out_avals, sig)`` of ``step``'s replay node.
+
+    For one output of a multi-output view (``split``) the node computes the
+    op and keeps output ``out_index``, as ``record(..., out_index=)`` makes it.
+    """
     if low is None:
         raise NotImplementedError(f"spmdtorch has no lowering for view op {step.op}")
     template = ((Slot(0),) + step.args, step.kwargs)
-    sig = step.sig
-    if sig is None:
-        name = step.op if step.out_index is None else (step.op, "select", step.out_index)
-        sig = step.sig = keys.node_sig(name, template)
-    return record(low.fn, step.op, template, [value], (step.aval,), out_index=step.out_index, sig=sig)
+    if step.out_index is None:
+        fn, name = low.fn, step.op
+    else:
+        fn, name = _Select(low.fn, step.out_index), (step.op, "select", step.out_index)
+    return (low, fn, name, template, (step.aval,), keys.node_sig(name, template))
 
 
 def assign_value(t: XlaTensor, value) -> None:
@@ -272,8 +294,7 @@ def record(fn, name, template, inputs, out_avals, *, random=False, out_index=Non
             folded = rule(name, template, inputs, out_avals)
             if folded is not None:
                 return folded
-    node = Node(fn, name, template, inputs, template, out_avals, random)
-    node.sig = sig
+    node = Node(fn, name, template, inputs, template, out_avals, random, sig)
     if out_index is not None:
         node.fn = _Select(fn, out_index)
         node.name = (name, "select", out_index)
@@ -331,8 +352,7 @@ class _Args:
         t_args = []
         for i, a in enumerate(args):
             if isinstance(a, XlaTensor):
-                # torch.Size hashes and compares like the tuple it is.
-                key.append((a.shape, a.stride(), a.dtype))
+                key.append(a._mk)  # (shape, stride, offset, dtype), stored when the tensor was made
                 st = a._st
                 inputs.append(st.value if not a._chain and st.logical_shape is None else read_value(a))
                 n = len(inputs) - 1
@@ -354,6 +374,8 @@ class _Args:
                 t_args.append(a)
             elif a is None:
                 t_args.append(a)
+            elif t is list and _all_ints(a):  # sizes and dims (view, sum, _unsafe_view): static, no slots
+                t_args.append(tuple(a))
             else:
                 t_args.append(self._leaf(a, i in lift_pos, key, func, allow_cpu))
         if kwargs:
@@ -369,7 +391,7 @@ class _Args:
 
     def _leaf(self, a, liftable, key, func, allow_cpu):
         if isinstance(a, XlaTensor):
-            key.append((tuple(a.shape), a.stride(), a.dtype))
+            key.append(a._mk)
             self.inputs.append(read_value(a))
             return Slot(len(self.inputs) - 1)
         if isinstance(a, torch.Tensor):
@@ -386,13 +408,21 @@ class _Args:
         if isinstance(a, (list, tuple)):
             return tuple(self._leaf(x, False, key, func, allow_cpu) for x in a)
         if (liftable and type(a) in (float, int) and _INT32[0] <= a <= _INT32[1]
-                and a not in op_facts(func).static_scalars):
+                and a not in (_FACTS_BY_ID.get(id(func)) or op_facts(func)).static_scalars):
             key.append(type(a))
             self.inputs.append(interned_scalar(a, id(func)))  # equal numbers: one program input
             return Slot(len(self.inputs) - 1)
         if type(a) is float or type(a) is bool:  # see __init__: 2.0 == 2 == True, -0.0 == 0.0
             key.append((type(a), a.hex() if type(a) is float else a))
         return a
+
+
+def _all_ints(seq) -> bool:
+    """Every element is a plain ``int`` (what ``_Args._leaf`` would keep as is, one call each)."""
+    for x in seq:
+        if type(x) is not int:
+            return False
+    return True
 
 
 # Interned slots for the inline path of _Args (Slot(i) is always the same object).
@@ -451,12 +481,16 @@ class MetaSpec:
         avals: ``((shape, jax dtype), ...)`` of the tensor outputs.
     """
 
-    __slots__ = ("specs", "multi", "avals", "sig", "steps", "twin")
+    __slots__ = ("specs", "multi", "avals", "sig", "steps", "twin", "dense_mks", "view_mks")
 
     def __init__(self, specs, multi):
         self.specs = specs
         self.multi = multi
         self.avals = tuple((sp[0], _dtypes.to_jax_dtype(sp[3])) for sp in specs if sp is not None)
+        # Each output's ``XlaTensor._mk``, made once: as a fresh contiguous
+        # tensor (a lowered op's result) and as the view the spec describes.
+        self.dense_mks = tuple(None if sp is None else (sp[0], sp[4], 0, sp[3]) for sp in specs)
+        self.view_mks = tuple(None if sp is None else sp[:4] for sp in specs)
         # Filled by the first caller, valid for every hit (the cache key holds
         # the op and its template): the node signature of a lowered op, the
         # ViewSteps of a view op, the functional twin's MetaSpec of an
@@ -586,7 +620,11 @@ def _dispatch_lowering(func, args, kwargs, facts):
     if low.random and kwargs.get("generator") is not None:
         rng.check_generator(func, kwargs["generator"])  # raises: xla draws use the default generator
     parsed = _Args(func, facts, args, kwargs)
-    meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+    meta = _META_CACHE.get(parsed.key)  # meta_outputs' hit path, inline (one call less per op)
+    if meta is None:
+        meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+    else:
+        _COUNTERS["MetaCacheHit"] += 1
     if facts.mutable_pos:
         # An in-place-only op with its own lowering (uniform_, copy_, ...):
         # the lowering returns the new values of the mutated arguments.
@@ -603,8 +641,7 @@ def _dispatch_lowering(func, args, kwargs, facts):
         sig = meta.sig = keys.node_sig(func, parsed.template)
     refs = record(low.fn, func, parsed.template, parsed.inputs, meta.avals, random=low.random, sig=sig)
     if not meta.multi:
-        sp = meta.specs[0]
-        out = XlaTensor(Storage(refs), (), sp[0], None, 0, sp[3])  # None: contiguous
+        out = dense_tensor(Storage(refs), meta.dense_mks[0])  # contiguous, whatever strides meta gave
         if func is _CLONE and args[0]._st.annotated and not args[0]._chain:
             # A clone is the same tensor again: it keeps the annotation (XLA
             # would propagate it anyway, except for uneven shardings, which
@@ -615,8 +652,8 @@ def _dispatch_lowering(func, args, kwargs, facts):
         refs = [refs]
     outs = []
     it = iter(refs)
-    for sp in meta.specs:
-        outs.append(None if sp is None else XlaTensor(Storage(next(it)), (), sp[0], None, 0, sp[3]))
+    for sp, mk in zip(meta.specs, meta.dense_mks):
+        outs.append(None if sp is None else dense_tensor(Storage(next(it)), mk))
     return tuple(outs)
 
 
@@ -624,12 +661,17 @@ def _dispatch_view(func, args, kwargs, facts):
     self = args[0]
     if not isinstance(self, XlaTensor):
         raise DeviceMismatchError(f"view op {func} got a {type(self).__name__} on {self.device} as self")
+    mk = self._mk
     if facts.identity_view:
-        return XlaTensor(self._st, self._chain, tuple(self.shape), self.stride(), self.storage_offset(), self.dtype)
-    statics = tuple([_static(a) for a in args[1:]]) if len(args) > 1 else ()
+        return view_tensor(self._st, self._chain, mk)
+    statics = _view_statics(args)
     kw = tuple(sorted([(k, _static(v)) for k, v in kwargs.items()])) if kwargs else ()
-    key = (facts, (self.shape, self.stride(), self.storage_offset(), self.dtype), statics, kw)
-    meta = meta_outputs(func, args, kwargs, facts, key)
+    key = (facts, mk, statics, kw)
+    meta = _META_CACHE.get(key)
+    if meta is None:
+        meta = meta_outputs(func, args, kwargs, facts, key)
+    else:
+        _COUNTERS["MetaCacheHit"] += 1
     specs, multi = meta.specs, meta.multi
     # ViewSteps are immutable and the key fixes every field: one set per key
     # (which also keeps each step's node signature across calls).
@@ -645,9 +687,24 @@ def _dispatch_view(func, args, kwargs, facts):
     else:
         chain_base = self._chain
     if not multi:
-        s = specs[0]
-        return XlaTensor(self._st, chain_base + steps, s[0], s[1], s[2], s[3])
-    return [XlaTensor(self._st, chain_base + (step,), s[0], s[1], s[2], s[3]) for step, s in zip(steps, specs)]
+        return view_tensor(self._st, chain_base + steps, meta.view_mks[0])
+    return [view_tensor(self._st, chain_base + (step,), mk) for step, mk in zip(steps, meta.view_mks)]
+
+
+def _view_statics(args) -> tuple:
+    """The arguments after ``self`` of a view op as a hashable tuple (``_static`` of each).
+
+    Dims and sizes (ints, int lists) are the usual arguments of the ~300
+    views of a training step: those skip the per-element ``_static`` calls.
+    """
+    rest = args[1:]
+    for a in rest:
+        t = type(a)
+        if not (t is int or t is bool or a is None):
+            break
+    else:
+        return rest if type(rest) is tuple else tuple(rest)
+    return tuple([tuple(a) if type(a) is list and _all_ints(a) else _static(a) for a in rest])
 
 
 def _static(a):
@@ -719,7 +776,9 @@ def _inplace_twin_spec(func, twin, args, kwargs, parsed):
 
 def _dispatch_mutation(func, args, kwargs, facts):
     """``add_``/``out=``: run the functional twin and write its results back."""
-    twin = functional_twin(func)
+    twin = facts.twin
+    if twin is _UNSET:
+        twin = facts.twin = functional_twin(func)
     if twin is None:
         return _decompose(func, args, kwargs)
     if facts.is_inplace:
@@ -753,6 +812,7 @@ def _dispatch_mutation(func, args, kwargs, facts):
                 raise RuntimeError(f"{func}: cannot resize out= view of shape {tuple(o.shape)} to {tuple(r.shape)}")
             with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
                 torch.ops.aten.resize_.default(o, list(r.shape))
+            forget_meta_key(o)
         _write(o, r)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -834,6 +894,7 @@ def _metadata_inplace_view(func, args, kwargs):
     view = dispatch(_view_twin(func), args, kwargs)
     with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
         torch.ops.aten.as_strided_.default(self, list(view.shape), list(view.stride()), view.storage_offset())
+    forget_meta_key(self)
     self._chain = view._chain
     return self
 
@@ -862,6 +923,7 @@ def _set_(func, args, kwargs):
     src = args[1]
     with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
         torch.ops.aten.as_strided_.default(self, list(src.shape), list(src.stride()), src.storage_offset())
+    forget_meta_key(self)
     self._st = src._st
     self._chain = src._chain
     return self
@@ -875,6 +937,7 @@ def _resize_(func, args, kwargs):
         raise RuntimeError("resize_ of a view is not supported on xla tensors")
     with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
         torch.ops.aten.resize_.default(self, size)
+    forget_meta_key(self)
     fresh = dispatch(aten.empty.memory_format, (size,), {"dtype": self.dtype, "device": torch.device("xla")})
     self._st = fresh._st
     return self

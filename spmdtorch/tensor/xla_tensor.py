@@ -274,7 +274,7 @@ class ViewStep:
     ``aval`` is the (shape, jax dtype) of the result.
     """
 
-    __slots__ = ("op", "args", "kwargs", "out_index", "aval", "sig")
+    __slots__ = ("op", "args", "kwargs", "out_index", "aval", "replay")
 
     def __init__(self, op, args, kwargs, out_index, aval):
         self.op = op
@@ -282,10 +282,32 @@ class ViewStep:
         self.kwargs = kwargs
         self.out_index = out_index
         self.aval = aval
-        self.sig = None  # the node signature of its replay (set on first replay)
+        # What recording its replay takes, built on the first replay (the
+        # step is immutable): see dispatch._record_view_step.
+        self.replay = None
 
     def __repr__(self):
         return f"ViewStep({self.op}, {self.args}, {self.kwargs}, {self.out_index})"
+
+
+class _MetaKey:
+    """``XlaTensor._mk`` for a tensor that has none stored: read from torch, then stored.
+
+    A non-data descriptor, so a value in the instance's ``__dict__`` (set by
+    ``XlaTensor.__new__``) wins and the common read is one dict hit.
+    """
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        mk = (tuple(obj.shape), obj.stride(), obj.storage_offset(), obj.dtype)
+        obj.__dict__["_mk"] = mk
+        return mk
+
+
+def forget_meta_key(t: torch.Tensor) -> None:
+    """Drop ``t``'s stored (shape, stride, offset, dtype) after its metadata changed in place."""
+    t.__dict__.pop("_mk", None)
 
 
 class XlaTensor(torch.Tensor):
@@ -308,9 +330,21 @@ class XlaTensor(torch.Tensor):
 
     _st: Storage
     _chain: tuple
+    # (shape, stride, storage offset, dtype) as a tuple of tuples: the tensor's
+    # part of the shape-cache key (spmdtorch.tensor.dispatch). Reading these
+    # through torch is three or four C calls and fresh tuples per argument of
+    # every recorded op; they are known when the tensor is made, so __new__
+    # stores them. Code that changes a tensor's metadata in place must call
+    # ``forget_meta_key``; a tensor without the field computes it here.
+    _mk = _MetaKey()
 
     @staticmethod
-    def __new__(cls, storage: Storage, chain: tuple, shape, stride, offset, dtype, requires_grad=False):
+    def __new__(cls, storage: Storage, chain: tuple, shape, stride, offset, dtype, requires_grad=False, mk=None):
+        if mk is None:
+            if stride is None:
+                mk = (tuple(shape), _contiguous_strides(tuple(shape)), 0, dtype)
+            else:
+                mk = (tuple(shape), tuple(stride), offset, dtype)
         if stride is None:  # contiguous at offset 0: torch computes the strides (~0.3 us less per tensor)
             r = torch.Tensor._make_wrapper_subclass(
                 cls, shape, dtype=dtype, device=_META_DEVICE, requires_grad=requires_grad
@@ -327,6 +361,7 @@ class XlaTensor(torch.Tensor):
             )
         r._st = storage
         r._chain = chain
+        r._mk = mk
         return r
 
     # No __init__: object.__init__ accepts __new__'s arguments, and a Python
@@ -361,6 +396,7 @@ class XlaTensor(torch.Tensor):
         torch.Tensor.data.__set__(self, new)
         self._st = new._st
         self._chain = new._chain
+        self._mk = new._mk
 
     def numpy(self, *, force: bool = False):  # type: ignore[override]
         if not force:
@@ -449,6 +485,31 @@ class XlaTensor(torch.Tensor):
 
 def is_xla_tensor(t) -> bool:
     return isinstance(t, XlaTensor)
+
+
+_MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
+
+
+def dense_tensor(storage: Storage, mk: tuple) -> XlaTensor:
+    """``XlaTensor(storage, (), shape, None, 0, dtype, False, mk)`` for ``mk = (shape, contiguous strides, 0, dtype)``.
+
+    The recorder makes one per op: calling ``_make_wrapper_subclass`` here
+    skips the class call and ``__new__``'s argument handling (~0.2 us).
+    """
+    r = _MAKE_WRAPPER(XlaTensor, mk[0], dtype=mk[3], device=_META_DEVICE)
+    r._st = storage
+    r._chain = ()
+    r._mk = mk
+    return r
+
+
+def view_tensor(storage: Storage, chain: tuple, mk: tuple) -> XlaTensor:
+    """``XlaTensor(storage, chain, *mk, False, mk)``: a view with ``mk = (shape, stride, offset, dtype)``."""
+    r = _MAKE_WRAPPER(XlaTensor, mk[0], strides=mk[1], storage_offset=mk[2], dtype=mk[3], device=_META_DEVICE)
+    r._st = storage
+    r._chain = chain
+    r._mk = mk
+    return r
 
 
 def new_base(value, dtype: torch.dtype, requires_grad: bool = False, sharding=None) -> XlaTensor:
