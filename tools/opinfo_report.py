@@ -837,6 +837,11 @@ def render_markdown(db, out_md, op_db_len):
                  "`--failed` re-runs after fixes (passing entries keep their full-run record; CI re-checks "
                  "every entry's first samples with the current code).")
     lines.append("")
+    lines.append("A known source of float32 mismatches: XLA's CPU compiler always contracts a multiply "
+                 "feeding an add into one fused multiply-add (one rounding; more accurate), eager rounds "
+                 "twice. Where a formula cancels (`1 - x*x` in the `asin`/`atanh` gradients near |x| = 1) "
+                 "the difference exceeds OpInfo's tolerance.")
+    lines.append("")
     for m in modes:
         meta = db["modes"][m].get("meta", {})
         lines.append(f"- {m}: torch {meta.get('torch')}, jax {meta.get('jax')}; last run "
