@@ -46,7 +46,7 @@ if "jax" in sys.modules:
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import datetime  # noqa: E402
-import gc  # noqa: E402
+import contextlib  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -268,12 +268,35 @@ def make_torch_step(model, opt, loss_fn):
 # =============================================================================
 
 
-def run_lazy(w: Workload, warmup: int, steps: int):
+def run_lazy(w: Workload, warmup: int, steps: int, in_step_block: bool = False):
+    """Lazy mode, the loop as ``step(); spmdtorch.sync()`` or (``in_step_block``) as the
+    README writes it, ``with spmdtorch.step(): step()`` (leaving the block syncs; it
+    also pauses Python's cyclic GC while the step records)."""
     model = copy.deepcopy(w.model).to("xla")
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     batch = [t.to("xla") for t in w.batch]
-    step = make_torch_step(model, opt, w.torch_loss)
+    torch_step = make_torch_step(model, opt, w.torch_loss)
     spmdtorch.wait_device_ops()
+
+    class _Barrier:
+        """The step's barrier: ``spmdtorch.sync()`` after the body, or the ``spmdtorch.step()`` block's exit."""
+
+        def __enter__(self):
+            self.block = spmdtorch.step() if in_step_block else None
+            if self.block is not None:
+                self.block.__enter__()
+
+        def __exit__(self, *exc):
+            if self.block is not None:
+                return self.block.__exit__(*exc)
+            spmdtorch.sync()
+            return False
+
+    barrier = _Barrier()
+
+    def step(*batch):
+        with barrier:
+            return torch_step(*batch)
 
     res = {"losses": []}
     compiles0 = debug.counter_value("UncachedCompile")
@@ -281,7 +304,6 @@ def run_lazy(w: Workload, warmup: int, steps: int):
     for i in range(warmup):
         t0 = now()
         loss = step(*batch)
-        spmdtorch.sync()
         res["losses"].append(loss.item())
         if i == 0:
             res["first"] = now() - t0
@@ -294,10 +316,10 @@ def run_lazy(w: Workload, warmup: int, steps: int):
     for _ in range(steps):
         d0 = debug.counter_value("DispatchedOps")
         t0 = now()
-        loss = step(*batch)  # zero_grad ... opt.step()
-        t1 = now()
-        n = debug.counter_value("DispatchedOps") - d0
-        spmdtorch.sync()
+        with barrier:
+            loss = torch_step(*batch)  # zero_grad ... opt.step()
+            t1 = now()
+            n = debug.counter_value("DispatchedOps") - d0
         t2 = now()
         res["losses"].append(loss.item())
         t3 = now()
@@ -314,7 +336,6 @@ def run_lazy(w: Workload, warmup: int, steps: int):
     t0 = now()
     for _ in range(steps):
         loss = step(*batch)
-        spmdtorch.sync()
     spmdtorch.wait_device_ops()
     res["throughput"] = (now() - t0) / steps
     return res
@@ -411,20 +432,24 @@ def run_jax(w: Workload, warmup_steps: int, steps: int, replicated: bool = False
     return res
 
 
-def run_chain(n_ops: int, reps: int):
-    """``x = x * 1.0001 + 0.5`` repeated: µs per recorded op, and the sync cost."""
+def run_chain(n_ops: int, reps: int, in_step_block: bool = False):
+    """``x = x * 1.0001 + 0.5`` repeated: µs per recorded op, and the sync cost
+    (``in_step_block``: each repetition inside ``with spmdtorch.step():``)."""
     x0 = torch.ones(16, 16, device="xla")
     spmdtorch.wait_device_ops()
     per_op, sync_host, ops = [], [], []
     for _ in range(reps):
         x = x0
         d0 = debug.counter_value("DispatchedOps")
+        block = spmdtorch.step() if in_step_block else contextlib.nullcontext()
         t0 = now()
-        for _ in range(n_ops // 2):
-            x = x * 1.0001 + 0.5
-        t1 = now()
-        n = debug.counter_value("DispatchedOps") - d0
-        spmdtorch.sync()
+        with block:
+            for _ in range(n_ops // 2):
+                x = x * 1.0001 + 0.5
+            t1 = now()
+            n = debug.counter_value("DispatchedOps") - d0
+            if not in_step_block:
+                spmdtorch.sync()
         t2 = now()
         x.cpu()
         per_op.append((t1 - t0) / n)
@@ -502,15 +527,11 @@ def main(argv=None):
         results[w.name] = {"lazy": r_lazy, "compiled": r_comp, "jax": r_jax, "jax8": r_jax8}
     r_chain = run_chain(chain_ops, chain_reps)
 
-    # The same lazy measurements with Python's cyclic GC frozen (see README).
-    n_tracked = len(gc.get_objects())
-    gc.collect()
-    gc.freeze()
+    # The same lazy loops written as the README writes them: `with spmdtorch.step():`
+    # (its exit is the barrier; it pauses Python's cyclic GC while the step records).
     for w in workloads:
-        results[w.name]["lazy_frozen"] = run_lazy(w, warmup, steps)
-    r_chain_frozen = run_chain(chain_ops, chain_reps)
-    gc.unfreeze()
-    console.print(f"  (gc-tracked objects before gc.freeze(): {n_tracked})")
+        results[w.name]["lazy_block"] = run_lazy(w, warmup, steps, in_step_block=True)
+    r_chain_block = run_chain(chain_ops, chain_reps, in_step_block=True)
     console.print()
 
     # -- table 1: tracing cost ---------------------------------------------------
@@ -518,7 +539,7 @@ def main(argv=None):
     for col in ("workload", "ATen ops / step", "trace ms / step", "µs / op (median)", "µs / op (min)",
                 "sync host µs / op", "target"):
         t1.add_column(col, justify="left" if col == "workload" else "right")
-    for suffix, key, chain in (("", "lazy", r_chain), (" (gc.freeze)", "lazy_frozen", r_chain_frozen)):
+    for suffix, key, chain in (("", "lazy", r_chain), (" (spmdtorch.step)", "lazy_block", r_chain_block)):
         for name, rs in results.items():
             r_lazy = rs[key]
             us = statistics.median(r_lazy["per_op"]) * 1e6
@@ -543,7 +564,7 @@ def main(argv=None):
         jb, jt = median_ms(r_jax["blocking"]), r_jax["throughput"] * 1e3
         jb8, jt8 = median_ms(r_jax8["blocking"]), r_jax8["throughput"] * 1e3
         short = name.split(" (")[0].split(",")[0]
-        rows = (("lazy", r_lazy), ("lazy, gc.freeze", rs["lazy_frozen"]),
+        rows = (("lazy", r_lazy), ("lazy, spmdtorch.step()", rs["lazy_block"]),
                 ("compiled", r_comp), ("JAX twin (dev 0)", r_jax),
                 ("JAX twin (8-dev repl.)", r_jax8))
         for mode, r in rows:
