@@ -1,6 +1,6 @@
 """FSDPv2 training step: spmdtorch lazy and compiled vs a pure-JAX twin (optax AdamW).
 
-One invocation runs every (config, mode) pair, each in a fresh process (so no
+One invocation runs every (config, mode) pair, each in its own process (so no
 mode inherits another's compile cache, warm allocator or memory), and prints
 one table per config with the ratios to the JAX twin:
 
@@ -19,11 +19,16 @@ one table per config with the ratios to the JAX twin:
 Columns (host wall-clock, ``time.perf_counter``):
 
 * ``step ms``: steady state, N steps launched back to back then one wait,
-  divided by N (the throughput a training loop gets); the median of 3 such blocks;
-* rounds: every mode runs ``--rounds`` times (default 3), in turn (twin,
-  lazy, compiled, twin, ...), each run a fresh process; a ratio is taken
-  against the twin of the same round and the table shows the median ratio
-  (all rounds' ratios beside it) and the run with the median ratio;
+  divided by N (the throughput a training loop gets); the median of
+  ``--blocks`` (default 5) such blocks;
+* interleaving and rounds: the three modes run at once, each in its own
+  process, and take turns (twin block, lazy block, compiled block, twin
+  block, ...; who goes first rotates), so that load from other processes over
+  seconds hits each mode alike. A round's ratio is the median over blocks of
+  a block's time over the twin block beside it. Every round (``--rounds``,
+  default 3) starts fresh processes, set up one at a time; the table shows
+  the median over rounds (all rounds' ratios beside it) and the run with the
+  median ratio;
 * ``first step s``: the first call, trace + compile + run, until its loss is
   ready; ``warm-up s``: until the steady state (``spmdtorch.compile`` traces
   until two consecutive traces agree; lazy mode compiles again once AdamW's
@@ -65,8 +70,11 @@ import datetime  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import queue  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -75,10 +83,12 @@ MODES = ("jax", "lazy", "compiled")
 TARGETS = {"compiled": 1.05, "lazy": 1.25, "first": 1.3}
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
 HOST_STEPS = 5
-# The steady state is timed as BLOCKS runs of N steps and the median block is
-# reported: on a shared 2-core machine one hiccup (another process waking up)
-# moved a single ~20 ms tiny block by up to 25%.
-BLOCKS = 3
+# The steady state is timed as blocks of N steps, the three modes' blocks
+# interleaved (run_round), and a ratio is the median over blocks of a block's
+# time over the twin's block next to it: on a shared 2-core machine the twin
+# alone moved 15-20% between runs minutes apart, and one hiccup (another
+# process waking up) moved a single ~20 ms tiny block by up to 25%.
+BLOCKS = 5
 
 
 def now() -> float:
@@ -196,7 +206,24 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None):
     return model, opt, tok, train_step
 
 
-def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
+class _Session:
+    """One mode set up in this process: first step and warm-up done, ready to time blocks."""
+
+    def __init__(self, first, warm, losses, run_block, finish):
+        self.first, self.warm, self.losses = first, warm, losses
+        self._run_block, self._finish = run_block, finish
+
+    def block(self, steps: int) -> tuple[float, float]:
+        """``steps`` steps launched back to back, then one wait: (wall s, process CPU s) per step."""
+        t0, c0 = now(), time.process_time()
+        self._run_block(steps)
+        return (now() - t0) / steps, (time.process_time() - c0) / steps
+
+    def finish(self) -> dict:
+        return {"first_s": self.first, "warmup_s": self.warm, **self._finish(), "losses": self.losses}
+
+
+def session_jax(cfg_name: str, warmup: int) -> _Session:
     sys.path.insert(0, str(Path(__file__).parent))
     import step_time  # noqa: F401  (first: it checks that jax has not started)
 
@@ -204,46 +231,46 @@ def worker_jax(cfg_name: str, warmup: int, steps: int) -> dict:
 
     cfg, model, tokens = _setup(cfg_name)
     twin = jax_twin(cfg, model, tokens)
-    jitted, params, opt_state, tok = twin.jitted, twin.params, twin.opt_state, twin.tokens
-    state_arrays = jax.tree.leaves((params, opt_state))
+    jitted, tok = twin.jitted, twin.tokens
+    state = {"params": twin.params, "opt": twin.opt_state, "loss": None}
+    state_arrays = jax.tree.leaves((state["params"], state["opt"]))
     per_device = sum(_shard_bytes(a) for a in state_arrays)
     total = sum(int(a.nbytes) for a in state_arrays)
 
+    def step():
+        state["params"], state["opt"], state["loss"] = jitted(state["params"], state["opt"], tok)
+
     t0 = now()
-    params, opt_state, loss = jitted(params, opt_state, tok)
-    losses = [float(loss)]
+    step()
+    losses = [float(state["loss"])]
     first = now() - t0
-    mem = jitted.lower(params, opt_state, tok).compile().memory_analysis()
+    mem = jitted.lower(state["params"], state["opt"], tok).compile().memory_analysis()
     for _ in range(warmup - 1):
-        params, opt_state, loss = jitted(params, opt_state, tok)
-        losses.append(float(loss))
+        step()
+        losses.append(float(state["loss"]))
     warm = now() - t0
-    blocks, cpu = [], []
-    for _ in range(BLOCKS):
-        jax.block_until_ready(params)
-        t0, c0 = now(), time.process_time()
+
+    def run_block(steps):
+        jax.block_until_ready(state["params"])
         for _ in range(steps):
-            params, opt_state, loss = jitted(params, opt_state, tok)
-        jax.block_until_ready((params, opt_state, loss))
-        blocks.append((now() - t0) / steps)
-        cpu.append((time.process_time() - c0) / steps)
-    step_s = statistics.median(blocks)
-    host = []
-    for _ in range(HOST_STEPS):  # an idle device: the call's own host cost, no back-pressure
-        jax.block_until_ready((params, opt_state))
-        h = now()
-        params, opt_state, loss = jitted(params, opt_state, tok)
-        host.append(now() - h)
-    losses.append(float(loss))
-    return {
-        "first_s": first, "warmup_s": warm, "step_ms": step_s * 1e3, "host_ms": statistics.median(host) * 1e3,
-        "cpu_ms": statistics.median(cpu) * 1e3,
-        "per_device": per_device, "total": total, "args": mem.argument_size_in_bytes,
-        "temp": mem.temp_size_in_bytes, "losses": losses, "compiles": 1,
-    }
+            step()
+        jax.block_until_ready((state["params"], state["opt"], state["loss"]))
+
+    def finish():
+        host = []
+        for _ in range(HOST_STEPS):  # an idle device: the call's own host cost, no back-pressure
+            jax.block_until_ready((state["params"], state["opt"]))
+            h = now()
+            step()
+            host.append(now() - h)
+        losses.append(float(state["loss"]))
+        return {"host_ms": statistics.median(host) * 1e3, "per_device": per_device, "total": total,
+                "args": mem.argument_size_in_bytes, "temp": mem.temp_size_in_bytes, "compiles": 1}
+
+    return _Session(first, warm, losses, run_block, finish)
 
 
-def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
+def session_spmdtorch(cfg_name: str, mode: str, warmup: int) -> _Session:
     import spmdtorch
     from spmdtorch import debug
     from spmdtorch.tensor.xla_tensor import XlaTensor
@@ -265,50 +292,55 @@ def worker_spmdtorch(cfg_name: str, mode: str, warmup: int, steps: int) -> dict:
     for _ in range(warmup - 1):
         losses.append(run(tok).item())
     warm = now() - t0
-    blocks, cpu = [], []
-    for _ in range(BLOCKS):
-        spmdtorch.wait_device_ops()
-        t0, c0 = now(), time.process_time()
-        for _ in range(steps):
-            loss = run(tok)
-        spmdtorch.wait_device_ops()
-        blocks.append((now() - t0) / steps)
-        cpu.append((time.process_time() - c0) / steps)
-    step_s = statistics.median(blocks)
-    host = []
-    for _ in range(HOST_STEPS):  # an idle device: tracing + launch, no back-pressure
-        spmdtorch.wait_device_ops()
-        h = now()
-        loss = run(tok)
-        host.append(now() - h)
-    losses.append(loss.item())
+    last = {}
 
-    state = list(model.parameters()) + [
-        v for s in opt.state.values() for v in s.values() if isinstance(v, XlaTensor)
-    ]
-    arrays = [t._st.value for t in state]
-    per_device = sum(_shard_bytes(a) for a in arrays)
-    total = sum(int(t.numel()) * t.element_size() for t in state)
-    exe = run.executable() if mode == "compiled" else debug.last_executable()
-    mem = exe.memory_analysis()
-    return {
-        "first_s": first, "warmup_s": warm, "step_ms": step_s * 1e3, "host_ms": statistics.median(host) * 1e3,
-        "cpu_ms": statistics.median(cpu) * 1e3,
-        "per_device": per_device, "total": total, "args": mem.argument_size_in_bytes,
-        "temp": mem.temp_size_in_bytes, "losses": losses,
-        "compiles": debug.counter_value("UncachedCompile") - compiles0,
-    }
+    def run_block(steps):
+        spmdtorch.wait_device_ops()
+        for _ in range(steps):
+            last["loss"] = run(tok)
+        spmdtorch.wait_device_ops()
+
+    def finish():
+        host = []
+        for _ in range(HOST_STEPS):  # an idle device: tracing + launch, no back-pressure
+            spmdtorch.wait_device_ops()
+            h = now()
+            loss = run(tok)
+            host.append(now() - h)
+        losses.append(loss.item())
+        state = list(model.parameters()) + [
+            v for s in opt.state.values() for v in s.values() if isinstance(v, XlaTensor)
+        ]
+        per_device = sum(_shard_bytes(t._st.value) for t in state)
+        total = sum(int(t.numel()) * t.element_size() for t in state)
+        exe = run.executable() if mode == "compiled" else debug.last_executable()
+        mem = exe.memory_analysis()
+        return {"host_ms": statistics.median(host) * 1e3, "per_device": per_device, "total": total,
+                "args": mem.argument_size_in_bytes, "temp": mem.temp_size_in_bytes,
+                "compiles": debug.counter_value("UncachedCompile") - compiles0}
+
+    return _Session(first, warm, losses, run_block, finish)
 
 
 def worker_main(args) -> None:
+    """Serve the driver on stdin/stdout: set up, print READY, then time a block of
+    steps per ``BLOCK`` line, and on ``FINISH`` print the RESULT and exit."""
     # Lazy mode compiles twice (AdamW's state appears after step 1);
     # spmdtorch.compile replays from its fourth call.
     warmup = 4  # the same number of steps everywhere, so the final losses agree too
     if args.worker == "jax":
-        res = worker_jax(args.config, warmup, args.steps)
+        sess = session_jax(args.config, warmup)
     else:
-        res = worker_spmdtorch(args.config, args.worker, warmup, args.steps)
-    print("RESULT " + json.dumps(res), flush=True)
+        sess = session_spmdtorch(args.config, args.worker, warmup)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd and cmd[0] == "BLOCK":
+            wall, cpu = sess.block(int(cmd[1]))
+            print("BLOCK " + json.dumps([wall, cpu]), flush=True)
+        elif cmd and cmd[0] == "FINISH":
+            print("RESULT " + json.dumps(sess.finish()), flush=True)
+            return
 
 
 # =============================================================================
@@ -316,13 +348,80 @@ def worker_main(args) -> None:
 # =============================================================================
 
 
-def run_worker(mode: str, config: str, steps: int, timeout: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", mode, "--config", config, "--steps", str(steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"worker {mode}/{config} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+class Worker:
+    """One worker process (one config and mode), driven a block at a time."""
+
+    def __init__(self, mode: str, config: str, timeout: int):
+        self.mode, self.timeout = mode, timeout
+        self._err = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and stall the worker
+        cmd = [sys.executable, __file__, "--worker", mode, "--config", config]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                     text=True, bufsize=1)
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._expect("READY")
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _expect(self, tag: str):
+        deadline = now() + self.timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - now()))
+            except queue.Empty:
+                self.proc.kill()
+                raise RuntimeError(f"worker {self.mode} sent no {tag} within {self.timeout} s") from None
+            if line is None:
+                self.proc.wait()
+                self._err.seek(0)
+                raise RuntimeError(f"worker {self.mode} exited ({self.proc.returncode}) before {tag}:\n"
+                                   f"{self._err.read()[-3000:]}")
+            if line == tag + "\n" or line.startswith(tag + " "):
+                return json.loads(line[len(tag) + 1:]) if line.startswith(tag + " ") else None
+
+    def block(self, steps: int) -> tuple[float, float]:
+        self.proc.stdin.write(f"BLOCK {steps}\n")
+        self.proc.stdin.flush()
+        return tuple(self._expect("BLOCK"))
+
+    def finish(self) -> dict:
+        self.proc.stdin.write("FINISH\n")
+        self.proc.stdin.flush()
+        res = self._expect("RESULT")
+        self.proc.wait(timeout=self.timeout)
+        self._err.close()
+        return res
+
+
+def run_round(config: str, steps: int, blocks: int, timeout: int) -> dict:
+    """Every mode in its own process, set up one after the other, then their
+    blocks interleaved (twin, lazy, compiled, twin, ...) so that the machine's
+    drift over seconds (other tenants) hits each mode alike."""
+    workers = []
+    try:
+        for mode in MODES:  # one at a time: first steps and compiles do not overlap
+            workers.append(Worker(mode, config, timeout))
+        times = {mode: [] for mode in MODES}
+        for b in range(blocks):
+            order = MODES[b % len(MODES):] + MODES[:b % len(MODES)]  # who goes first rotates
+            for w in sorted(workers, key=lambda w: order.index(w.mode)):
+                times[w.mode].append(w.block(steps))
+        out = {}
+        for w in workers:
+            res = w.finish()
+            walls = [t[0] for t in times[w.mode]]
+            res["step_ms"] = statistics.median(walls) * 1e3
+            res["cpu_ms"] = statistics.median(t[1] for t in times[w.mode]) * 1e3
+            res["blocks_ms"] = [x * 1e3 for x in walls]
+            out[w.mode] = res
+        return out
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
 
 
 def machine_line() -> str:
@@ -346,7 +445,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="5 measured steps instead of 20")
     p.add_argument("--steps", type=int, default=None, help="measured steps per mode")
     p.add_argument("--rounds", type=int, default=3,
-                   help="run every mode this many times, in turn (ratios: the median over rounds)")
+                   help="fresh processes for every mode this many times (ratios: the median over rounds)")
+    p.add_argument("--blocks", type=int, default=BLOCKS,
+                   help="timed blocks of --steps steps per mode and round, interleaved across the modes")
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -371,10 +472,14 @@ def main(argv=None) -> int:
         # each ratio is taken against the twin of the same round.
         runs = {mode: [] for mode in MODES}
         for rnd in range(args.rounds):
+            console.print(f"  running {cfg}: round {rnd + 1} of {args.rounds} ({', '.join(MODES)}, "
+                          f"{args.blocks} interleaved blocks) ...")
+            res = run_round(cfg, args.steps, args.blocks, timeout=900)
             for mode in MODES:
-                console.print(f"  running {cfg} / {mode} (round {rnd + 1} of {args.rounds}) ...")
-                runs[mode].append(run_worker(mode, cfg, args.steps, timeout=900))
-        ratios = {mode: [r["step_ms"] / j["step_ms"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
+                runs[mode].append(res[mode])
+        # A round's ratio: the median over blocks of (block / the twin's block beside it).
+        ratios = {mode: [statistics.median(b / t for b, t in zip(r["blocks_ms"], j["blocks_ms"]))
+                         for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
         first_ratios = {mode: [r["first_s"] / j["first_s"] for r, j in zip(runs[mode], runs["jax"])]
                         for mode in MODES}
         # Each row shows the round whose step-time ratio is the median one.
@@ -382,7 +487,7 @@ def main(argv=None) -> int:
                for mode in MODES}
         batch, seq = CONFIGS[cfg]
         table = Table(title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW "
-                            f"({args.steps} measured steps x {BLOCKS} blocks, {args.rounds} rounds)")
+                            f"({args.steps} steps x {args.blocks} interleaved blocks, {args.rounds} rounds)")
         for col in ("mode", "step ms", "x twin", "x twin, all rounds", "first step s", "x twin (first)", "warm-up s",
                     "host ms/step", "CPU ms/step", "param+opt /device", "args / temp MiB", "compiles", "loss first -> last"):
             table.add_column(col, justify="left" if col == "mode" else "right")
