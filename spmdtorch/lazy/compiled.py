@@ -107,7 +107,7 @@ def _signature(flat_args, spec):
             storages.append(st)
             base = st.value
             sig.append(
-                ("T", tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.requires_grad, alias,
+                ("T", a._mk, a.requires_grad, alias,  # _mk: (shape, stride, offset, dtype)
                  tuple(base.shape), getattr(base, "sharding", None), len(a._chain))
             )
         elif isinstance(a, torch.Tensor):
