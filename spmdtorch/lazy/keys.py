@@ -11,8 +11,9 @@ Why this cannot return a wrong program: a signature is handed out once, from
 a counter that never goes back, for one exact ``(name, static_key)`` (found by
 full equality, never by hash alone, and with each number's type: Python finds
 ``2 == 2.0 == True`` and ``0.0 == -0.0``, which are different arguments to
-``torch.full`` or ``arange``). Equal signatures therefore mean equal content. When the intern table is full it is emptied; content seen again then
-gets a *new* signature, which can only cause a cache miss (a recompile),
+``torch.full`` or ``arange``). Equal signatures therefore mean equal content.
+When the intern table is full it is emptied; content seen again then gets a
+*new* signature, which can only cause a cache miss (a recompile),
 never a hit on another program.
 """
 
@@ -31,36 +32,29 @@ _SIGS: dict = {}
 _NEXT = itertools.count()
 
 
-_MARKED = (float, bool, complex)
-
-
 def _typed(x):
     """``x`` with every float and bool made distinct from the ints (and -0.0 from 0.0) it equals.
 
     Returns ``x`` itself when it holds none (the common case: no allocation).
     """
     t = type(x)
-    if t is tuple or t is list:
-        out = None
-        for i, v in enumerate(x):
-            tv = _typed(v) if type(v) in _CONTAINERS else v
-            if type(v) in _MARKED:
-                tv = (type(v), v.hex() if type(v) is float else repr(v))
-            if tv is not v:
-                if out is None:
-                    out = list(x[:i])
-                out.append(tv)
-            elif out is not None:
-                out.append(v)
-        return x if out is None else t(out)
     if t is float:
         return (float, x.hex())
     if t is bool or t is complex:
         return (t, repr(x))
-    return x
+    if t is not tuple and t is not list:
+        return x
+    out = None
+    for i, v in enumerate(x):
+        tv = _typed(v) if type(v) in _NOT_PLAIN else v  # skip the call for ints, Slots, names...
+        if out is None and tv is not v:
+            out = list(x[:i])
+        if out is not None:
+            out.append(tv)
+    return x if out is None else t(out)
 
 
-_CONTAINERS = (tuple, list)
+_NOT_PLAIN = (tuple, list, float, bool, complex)
 
 
 def node_sig(name, static_key) -> int:
