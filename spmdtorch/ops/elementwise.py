@@ -344,8 +344,6 @@ def _pow(self, exponent):
             return jnp.power(self, exponent)
         return jnp.power(_f32_if_low(self), exponent)
     a, b = _bin_operands(self, exponent)
-    if is_int(a) and is_int(b):
-        return jnp.power(a, b)
     return jnp.power(a, b)
 
 
