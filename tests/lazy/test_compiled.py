@@ -243,3 +243,26 @@ def test_signed_zero_argument_traces_again():
     x = torch.ones(3).to("xla")
     assert f(x, 0.0).cpu().tolist() == [1.0, 1.0, 1.0]
     assert f(x, -0.0).cpu().tolist() == [-1.0, -1.0, -1.0]
+
+
+def test_nested_and_keyword_arguments_replay_and_keep_their_structure():
+    """Flat positional calls take a fast path past torch's pytree; nested and
+    keyword arguments take the general one, and the two are different signatures."""
+
+    @spmdtorch.compile
+    def f(x, scale=1.0, pair=None):
+        out = x * scale
+        if pair is not None:
+            out = out + pair["a"] - pair["b"][0]
+        return out
+
+    x = torch.arange(4.0)
+    xx = x.to("xla")
+    pair = {"a": torch.ones(4), "b": [torch.full((4,), 2.0)]}
+    pair_x = {"a": pair["a"].to("xla"), "b": [pair["b"][0].to("xla")]}
+    for _ in range(4):  # traced twice, then replayed
+        torch.testing.assert_close(f(xx).cpu(), x)
+        torch.testing.assert_close(f(xx, 2.0).cpu(), x * 2)  # a positional non-tensor leaf
+        torch.testing.assert_close(f(xx, 3.0, pair=pair_x).cpu(), x * 3 + 1 - 2)
+        torch.testing.assert_close(f(xx, 3.0, pair_x).cpu(), x * 3 + 1 - 2)  # nested, positional
+    assert debug.counter_value("CompiledReplay") > 0
