@@ -22,9 +22,11 @@ counters live on the device), and a change in an optimizer's hyper-parameters
 from __future__ import annotations
 
 import functools
+import hashlib
 import warnings
 import weakref
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
@@ -413,8 +415,21 @@ def _role_key(role):
     if role[0] == "storage":
         return ("storage", id(role[1]()), tuple(id(r()) for r in role[2]))
     if role[0] == "const":
-        return ("const", id(role[1]))
+        return ("const",) + _const_key(role[1])
     return role
+
+
+def _const_key(arr) -> tuple:
+    """What makes two host-made constants of two traces the same: placement and contents.
+
+    Each trace makes its own array from the same host values (a rope table, a
+    mask built on the CPU): by identity no two traces would ever agree, and
+    ``fn`` would never replay. Read back only while tracing (a few calls).
+    """
+    if not arr.is_fully_addressable:  # another host holds part of it: keep it distinct
+        return (id(arr),)
+    data = np.asarray(arr)
+    return (data.shape, str(data.dtype), arr.sharding, hashlib.blake2b(data.tobytes(), digest_size=16).digest())
 
 
 def _res_key(leaf):

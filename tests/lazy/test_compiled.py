@@ -266,3 +266,33 @@ def test_nested_and_keyword_arguments_replay_and_keep_their_structure():
         torch.testing.assert_close(f(xx, 3.0, pair=pair_x).cpu(), x * 3 + 1 - 2)
         torch.testing.assert_close(f(xx, 3.0, pair_x).cpu(), x * 3 + 1 - 2)  # nested, positional
     assert debug.counter_value("CompiledReplay") > 0
+
+
+def test_host_made_constants_replay():
+    """A table built on the host inside ``fn`` and copied to the device is the same
+    constant on every trace: ``fn`` must reach replays, not trace forever."""
+
+    @spmdtorch.compile
+    def f(x):
+        table = torch.arange(4.0).cos().to("xla")  # a new array every trace, the same values
+        return x * table
+
+    x = torch.ones(4)
+    xx = x.to("xla")
+    replays = debug.counter_value("CompiledReplay")
+    for _ in range(5):
+        torch.testing.assert_close(f(xx).cpu(), x * torch.arange(4.0).cos())
+    assert debug.counter_value("CompiledReplay") - replays >= 2
+
+
+def test_host_made_constant_that_changes_is_not_replayed_stale():
+    """A host constant whose values differ between calls must not be frozen at the first one."""
+    values = iter(range(100))
+
+    @spmdtorch.compile
+    def f(x):
+        return x + torch.tensor(float(next(values))).to("xla")
+
+    xx = torch.zeros(2).to("xla")
+    for i in range(5):
+        assert f(xx).cpu().tolist() == [float(i), float(i)]
