@@ -426,7 +426,9 @@ def _const_key(arr) -> tuple:
     mask built on the CPU): by identity no two traces would ever agree, and
     ``fn`` would never replay. Read back only while tracing (a few calls).
     """
-    if not arr.is_fully_addressable:  # another host holds part of it: keep it distinct
+    if arr.is_deleted() or not arr.is_fully_addressable:
+        # Donated by the program itself (then the next trace makes another one
+        # anyway), or another host holds part of it: keep it distinct.
         return (id(arr),)
     data = np.asarray(arr)
     return (data.shape, str(data.dtype), arr.sharding, hashlib.blake2b(data.tobytes(), digest_size=16).digest())
