@@ -218,7 +218,7 @@ def _rehome(plan, mesh) -> None:
     from spmdtorch.tensor.transfer import replicated_sharding
 
     default_mesh = replicated_sharding().mesh
-    target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    target = _replicated_on(mesh)
     for i, leaf in enumerate(plan.leaves):
         if type(leaf) is Scalar:
             continue
@@ -515,14 +515,14 @@ def run_plan(plan: _Plan, storages):
     if mesh is not None:
         _rehome(plan, mesh)
         default_mesh = replicated_sharding().mesh
-        home = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        home = _replicated_on(mesh)
         out_shardings = tuple(
             home if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh else sh
             for sh in out_shardings
         )
     if not any(type(leaf) is not Scalar for leaf in plan.leaves):
         # No array inputs: without explicit shardings JAX would use one device.
-        fallback = replicated_sharding() if mesh is None else home
+        fallback = _replicated_on(mesh)
         out_shardings = tuple(fallback if sh is None else sh for sh in out_shardings)
     donate = tuple(
         type(leaf) is not Scalar and xla_tensor.holder_of(leaf) is None

@@ -215,7 +215,7 @@ def _record_view_step(step: ViewStep, value):
     # Every read of a view replays its chain (hundreds per step): what the
     # node needs besides its input is built once per ViewStep and reused
     # while the op's lowering stays the same one.
-    low = (_FACTS_BY_ID.get(id(step.op)) or _facts_with_route(step.op)).lowering
+    low = _facts(step.op).lowering
     rp = step.replay
     if rp is None or rp[0] is not low:
         rp = step.replay = _view_replay(step, low)
@@ -408,7 +408,7 @@ class _Args:
         if isinstance(a, (list, tuple)):
             return tuple(self._leaf(x, False, key, func, allow_cpu) for x in a)
         if (liftable and type(a) in (float, int) and _INT32[0] <= a <= _INT32[1]
-                and a not in (_FACTS_BY_ID.get(id(func)) or op_facts(func)).static_scalars):
+                and a not in _facts(func).static_scalars):
             key.append(type(a))
             self.inputs.append(interned_scalar(a, id(func)))  # equal numbers: one program input
             return Slot(len(self.inputs) - 1)
@@ -518,6 +518,11 @@ def meta_outputs(func, args, kwargs, facts, key):
     if hit is not None:
         _COUNTERS["MetaCacheHit"] += 1
         return hit
+    return _meta_miss(func, args, kwargs, facts, key)
+
+
+def _meta_miss(func, args, kwargs, facts, key):
+    """``meta_outputs`` after a cache miss (the hot paths look the cache up inline)."""
     out = _run_meta(func, args, kwargs, facts)
     spec = _meta_spec(out)
     if spec is None:
@@ -545,6 +550,11 @@ def reset_op_facts() -> None:
     """Forget every op's cached facts (after changing the lowering or decomposition tables)."""
     op_facts.cache_clear()
     _FACTS_BY_ID.clear()
+
+
+def _facts(func) -> OpFacts:
+    """``func``'s facts, route included (``dispatch`` inlines this lookup)."""
+    return _FACTS_BY_ID.get(id(func)) or _facts_with_route(func)
 
 
 def _facts_with_route(func) -> OpFacts:
@@ -622,7 +632,7 @@ def _dispatch_lowering(func, args, kwargs, facts):
     parsed = _Args(func, facts, args, kwargs)
     meta = _META_CACHE.get(parsed.key)  # meta_outputs' hit path, inline (one call less per op)
     if meta is None:
-        meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+        meta = _meta_miss(func, args, kwargs, facts, parsed.key)
     else:
         _COUNTERS["MetaCacheHit"] += 1
     if facts.mutable_pos:
@@ -669,7 +679,7 @@ def _dispatch_view(func, args, kwargs, facts):
     key = (facts, mk, statics, kw)
     meta = _META_CACHE.get(key)
     if meta is None:
-        meta = meta_outputs(func, args, kwargs, facts, key)
+        meta = _meta_miss(func, args, kwargs, facts, key)
     else:
         _COUNTERS["MetaCacheHit"] += 1
     specs, multi = meta.specs, meta.multi
@@ -759,7 +769,7 @@ def _inplace_twin_spec(func, twin, args, kwargs, parsed):
     its result needs a cast or broadcast before it can be written into self.
     """
     facts = op_facts(func)
-    tf = _FACTS_BY_ID.get(id(twin)) or _facts_with_route(twin)
+    tf = _facts(twin)
     low = tf.lowering
     if (low is None or low.random or tf.route is not None or tf.is_view or tf.mutable_pos
             or tf.lift_pos != facts.lift_pos or tf.lift_names != facts.lift_names
