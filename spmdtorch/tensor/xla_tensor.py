@@ -239,32 +239,27 @@ def _release_shared(st: Storage, array) -> None:
         del _CO_HOLDERS[id(array)]
 
 
-def holder_of(array) -> Storage | None:
-    """A storage that currently holds ``array`` (None if nobody does)."""
+def _live_holders(array):
+    """The storages that currently hold ``array``: the primary first, then the co-holders."""
     r = _HOLDERS.get(id(array))
     st = None if r is None else r()
     if st is not None and st.value is array:
-        return st
+        yield st
     if _CO_HOLDERS:
         for r in _CO_HOLDERS.get(id(array), {}).values():
-            st = r()
-            if st is not None and st.value is array:
-                return st
-    return None
+            s = r()
+            if s is not None and s.value is array and s is not st:
+                yield s
+
+
+def holder_of(array) -> Storage | None:
+    """A storage that currently holds ``array`` (None if nobody does)."""
+    return next(_live_holders(array), None)
 
 
 def holders_of(array) -> list:
     """Every storage that currently holds ``array`` (several when they share one program output)."""
-    out = []
-    r = _HOLDERS.get(id(array))
-    st = None if r is None else r()
-    if st is not None and st.value is array:
-        out.append(st)
-    for r in _CO_HOLDERS.get(id(array), {}).values():
-        s = r()
-        if s is not None and s.value is array and s is not st:
-            out.append(s)
-    return out
+    return list(_live_holders(array))
 
 
 class ViewStep:
