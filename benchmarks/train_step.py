@@ -50,6 +50,7 @@ Usage:
     python benchmarks/train_step.py            # tiny and small, 3 rounds, ~6 min on a quiet 2-core machine
     python benchmarks/train_step.py --quick    # fewer steps
     python benchmarks/train_step.py --configs tiny
+    python benchmarks/train_step.py --zero-grad-after   # the loop that ends with opt.zero_grad()
 """
 
 from __future__ import annotations
@@ -181,8 +182,13 @@ def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
     return JaxTwin(jitted, params, opt_state, tok, loss_fn)
 
 
-def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None):
-    """The model under FSDPv2 per decoder layer, its AdamW, the sharded tokens and the (uncompiled) step."""
+def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after: bool = False):
+    """The model under FSDPv2 per decoder layer, its AdamW, the sharded tokens and the (uncompiled) step.
+
+    ``zero_grad_after``: the step ends with ``opt.zero_grad()`` (as Hugging
+    Face's ``Trainer`` does) instead of starting with it: the gradients then
+    die inside the step, so the program need not return them.
+    """
     import numpy as np
     import torch
 
@@ -197,10 +203,13 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None):
     tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
 
     def train_step(tokens):
-        opt.zero_grad()
+        if not zero_grad_after:
+            opt.zero_grad()
         loss = causal_lm_loss(model(tokens), tokens)
         loss.backward()
         opt.step()
+        if zero_grad_after:
+            opt.zero_grad()
         return loss
 
     return model, opt, tok, train_step
@@ -270,13 +279,13 @@ def session_jax(cfg_name: str, warmup: int) -> _Session:
     return _Session(first, warm, losses, run_block, finish)
 
 
-def session_spmdtorch(cfg_name: str, mode: str, warmup: int) -> _Session:
+def session_spmdtorch(cfg_name: str, mode: str, warmup: int, zero_grad_after: bool = False) -> _Session:
     import spmdtorch
     from spmdtorch import debug
     from spmdtorch.tensor.xla_tensor import XlaTensor
 
     _, model, tokens = _setup(cfg_name)
-    model, opt, tok, train_step = spmdtorch_step(model, tokens)
+    model, opt, tok, train_step = spmdtorch_step(model, tokens, zero_grad_after=zero_grad_after)
 
     if mode == "compiled":
         run = spmdtorch.compile(train_step)
@@ -331,7 +340,7 @@ def worker_main(args) -> None:
     if args.worker == "jax":
         sess = session_jax(args.config, warmup)
     else:
-        sess = session_spmdtorch(args.config, args.worker, warmup)
+        sess = session_spmdtorch(args.config, args.worker, warmup, zero_grad_after=args.zero_grad_after)
     print("READY", flush=True)
     for line in sys.stdin:
         cmd = line.split()
@@ -351,10 +360,12 @@ def worker_main(args) -> None:
 class Worker:
     """One worker process (one config and mode), driven a block at a time."""
 
-    def __init__(self, mode: str, config: str, timeout: int):
+    def __init__(self, mode: str, config: str, timeout: int, zero_grad_after: bool = False):
         self.mode, self.timeout = mode, timeout
         self._err = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and stall the worker
         cmd = [sys.executable, __file__, "--worker", mode, "--config", config]
+        if zero_grad_after:
+            cmd.append("--zero-grad-after")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1)
         self._lines: queue.Queue = queue.Queue()
@@ -396,14 +407,14 @@ class Worker:
         return res
 
 
-def run_round(config: str, steps: int, blocks: int, timeout: int) -> dict:
+def run_round(config: str, steps: int, blocks: int, timeout: int, zero_grad_after: bool = False) -> dict:
     """Every mode in its own process, set up one after the other, then their
     blocks interleaved (twin, lazy, compiled, twin, ...) so that the machine's
     drift over seconds (other tenants) hits each mode alike."""
     workers = []
     try:
         for mode in MODES:  # one at a time: first steps and compiles do not overlap
-            workers.append(Worker(mode, config, timeout))
+            workers.append(Worker(mode, config, timeout, zero_grad_after))
         times = {mode: [] for mode in MODES}
         for b in range(blocks):
             order = MODES[b % len(MODES):] + MODES[:b % len(MODES)]  # who goes first rotates
@@ -448,6 +459,9 @@ def main(argv=None) -> int:
                    help="fresh processes for every mode this many times (ratios: the median over rounds)")
     p.add_argument("--blocks", type=int, default=BLOCKS,
                    help="timed blocks of --steps steps per mode and round, interleaved across the modes")
+    p.add_argument("--zero-grad-after", action="store_true",
+                   help="spmdtorch's step ends with opt.zero_grad() instead of starting with it (the gradients "
+                        "then never leave the program; the twin is unchanged)")
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -474,7 +488,7 @@ def main(argv=None) -> int:
         for rnd in range(args.rounds):
             console.print(f"  running {cfg}: round {rnd + 1} of {args.rounds} ({', '.join(MODES)}, "
                           f"{args.blocks} interleaved blocks) ...")
-            res = run_round(cfg, args.steps, args.blocks, timeout=900)
+            res = run_round(cfg, args.steps, args.blocks, timeout=900, zero_grad_after=args.zero_grad_after)
             for mode in MODES:
                 runs[mode].append(res[mode])
         # A round's ratio: the median over blocks of (block / the twin's block beside it).
@@ -486,7 +500,8 @@ def main(argv=None) -> int:
         res = {mode: runs[mode][sorted(range(args.rounds), key=lambda i: ratios[mode][i])[args.rounds // 2]]
                for mode in MODES}
         batch, seq = CONFIGS[cfg]
-        table = Table(title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW "
+        loop = "zero_grad() after opt.step()" if args.zero_grad_after else "zero_grad() first"
+        table = Table(title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW, {loop} "
                             f"({args.steps} steps x {args.blocks} interleaved blocks, {args.rounds} rounds)")
         for col in ("mode", "step ms", "x twin", "x twin, all rounds", "first step s", "x twin (first)", "warm-up s",
                     "host ms/step", "CPU ms/step", "param+opt /device", "args / temp MiB", "compiles", "loss first -> last"):
