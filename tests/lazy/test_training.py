@@ -133,3 +133,60 @@ def test_compiled_step_stops_tracing():
     # traces until two consecutive traces agree, then replays
     assert len(traced) <= 3
     assert debug.counter_value("CompiledReplay") >= STEPS - 3
+
+
+@pytest.mark.parametrize("mode", ["lazy", "compiled"])
+def test_zero_grad_after_step_keeps_gradients_inside_the_program(mode):
+    """A step that ends with ``opt.zero_grad()`` (Hugging Face Trainer's order) trains like
+    eager, leaves no gradient behind, and its program returns one array per parameter
+    fewer than the step that starts with ``zero_grad()``: the gradients die inside it."""
+    data = mlp_batches()
+    ref = make_mlp()
+    model = copy.deepcopy(ref).to("xla")
+    ref_losses = train_eager(ref, OPTIMIZERS["adamw"](ref.parameters()), data, mlp_loss)
+    opt = OPTIMIZERS["adamw"](model.parameters())
+
+    def step(*b):
+        loss = mlp_loss(model, b)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    replays = debug.counter_value("CompiledReplay")
+    run = spmdtorch.compile(step) if mode == "compiled" else None
+    losses = []
+    for b in data:
+        b = tuple(t.to("xla") for t in b)
+        if run is not None:
+            losses.append(run(*b))
+        else:
+            with spmdtorch.step():
+                losses.append(step(*b))
+        assert all(p.grad is None for p in model.parameters())
+    losses = [loss.item() for loss in losses]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    for (name, p_ref), (_, p) in zip(ref.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(p.cpu(), p_ref.detach(), rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    if run is None:
+        return
+    assert debug.counter_value("CompiledReplay") - replays >= STEPS - 3
+
+    # The same step with zero_grad() first returns the gradients (torch keeps them in p.grad).
+    model2 = copy.deepcopy(ref).to("xla")
+    opt2 = OPTIMIZERS["adamw"](model2.parameters())
+
+    @spmdtorch.compile
+    def step_first(*b):
+        opt2.zero_grad()
+        loss = mlp_loss(model2, b)
+        loss.backward()
+        opt2.step()
+        return loss
+
+    for b in data[:4]:
+        step_first(*(t.to("xla") for t in b))
+    n_params = len(list(model.parameters()))
+    outs_after = run.executable().out_tree.num_leaves
+    outs_first = step_first.executable().out_tree.num_leaves
+    assert outs_first - outs_after == n_params, (outs_first, outs_after, n_params)
