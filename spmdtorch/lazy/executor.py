@@ -85,30 +85,9 @@ class _Plan:
         # this walk has always had: the program's op order follows it, and
         # XLA's CPU scheduler keeps less alive with it than with creation
         # order (a test's FSDP step peaked at 1.19x vs 1.46x the parameters).
-        done: set = set()
-        nodes = []
-        for ref in refs:
-            root = ref.node
-            if id(root) in done:
-                continue
-            stack = [(root, reversed(root.inputs))]
-            while stack:
-                n, it = stack[-1]
-                for i in it:
-                    if type(i) is LazyRef:
-                        m = i.node
-                        if id(m) not in done:
-                            stack.append((m, reversed(m.inputs)))
-                            break
-                else:
-                    stack.pop()
-                    done.add(id(n))
-                    nodes.append(n)
-        node_ids: dict = {}
-        leaf_codes: dict = {}
-        leaves, codes = [], []
-        sigs = []
-        kept = []
+        # A node is coded as it is finished (its inputs are all coded by then),
+        # in one pass: this runs once per step over the whole graph.
+        #
         # Common subexpressions: a node with the same signature reading the
         # same inputs as an earlier one computes the same values (nodes are
         # pure; random nodes, which are not, are never merged), so it becomes
@@ -117,35 +96,54 @@ class _Plan:
         # share one buffer (``run_plan``). That is what lets AdamW's
         # per-parameter step counters (created equal, updated alike) stay one
         # array, so the bias corrections are computed once, not per parameter.
+        node_ids: dict = {}  # id(node) -> its index in ``kept`` (a merged node: the one it became)
+        leaf_codes: dict = {}
+        leaves, codes = [], []
+        sigs = []
+        kept = []
         seen: dict = {}
         has_random = False
-        for n in nodes:
-            c = []
-            for i in n.inputs:
-                if type(i) is LazyRef:
-                    c.append((node_ids[id(i.node)], i.index))
+        for ref in refs:
+            root = ref.node
+            if id(root) in node_ids:
+                continue
+            stack = [(root, reversed(root.inputs))]
+            while stack:
+                n, it = stack[-1]
+                for i in it:
+                    if type(i) is LazyRef:
+                        m = i.node
+                        if id(m) not in node_ids:
+                            stack.append((m, reversed(m.inputs)))
+                            break
                 else:
-                    code = leaf_codes.get(id(i))
-                    if code is None:
-                        code = leaf_codes[id(i)] = -1 - len(leaves)
-                        leaves.append(i)
-                    c.append(code)
-            c = tuple(c)
-            sig = n.sig
-            if sig is None:
-                sig = n.sig = keys.node_sig(n.name, n.static_key)
-            if n.random:
-                has_random = True
-            else:
-                same = seen.get((sig, c))
-                if same is not None:
-                    node_ids[id(n)] = same
-                    continue
-                seen[(sig, c)] = len(kept)
-            node_ids[id(n)] = len(kept)
-            kept.append(n)
-            codes.append(c)
-            sigs.append(sig)
+                    stack.pop()
+                    c = []
+                    for i in n.inputs:
+                        if type(i) is LazyRef:
+                            c.append((node_ids[id(i.node)], i.index))
+                        else:
+                            code = leaf_codes.get(id(i))
+                            if code is None:
+                                code = leaf_codes[id(i)] = -1 - len(leaves)
+                                leaves.append(i)
+                            c.append(code)
+                    c = tuple(c)
+                    sig = n.sig
+                    if sig is None:
+                        sig = n.sig = keys.node_sig(n.name, n.static_key)
+                    if n.random:
+                        has_random = True
+                    else:
+                        same = seen.get((sig, c))
+                        if same is not None:
+                            node_ids[id(n)] = same
+                            continue
+                        seen[(sig, c)] = len(kept)
+                    node_ids[id(n)] = len(kept)
+                    kept.append(n)
+                    codes.append(c)
+                    sigs.append(sig)
         nodes = kept
         # A random node's key is folded from its rank in recording order (see
         # graph.Node.draw), not from its position in the graph, so that the
