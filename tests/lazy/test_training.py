@@ -138,8 +138,8 @@ def test_compiled_step_stops_tracing():
 @pytest.mark.parametrize("mode", ["lazy", "compiled"])
 def test_zero_grad_after_step_keeps_gradients_inside_the_program(mode):
     """A step that ends with ``opt.zero_grad()`` (Hugging Face Trainer's order) trains like
-    eager, leaves no gradient behind, and its program returns one array per parameter
-    fewer than the step that starts with ``zero_grad()``: the gradients die inside it."""
+    eager and leaves no gradient behind; compiled, its program returns one array per
+    parameter fewer than the step that starts with ``zero_grad()``: the gradients die inside it."""
     data = mlp_batches()
     ref = make_mlp()
     model = copy.deepcopy(ref).to("xla")
