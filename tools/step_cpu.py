@@ -28,20 +28,11 @@ Usage:
 
 from __future__ import annotations
 
-import os
-import re
-import sys
-
-_NUM_DEVICES = 8
-if __name__ == "__main__":  # before jax starts
-    _flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
-    os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}"])
-    os.environ["NPROC"] = str(max(int(os.environ.get("NPROC", "0") or 0), 2 * _NUM_DEVICES))
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
 import collections
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -153,7 +144,9 @@ def main(argv=None) -> int:
     if not os.path.isdir("/proc/self/task"):
         p.error("per-thread CPU times come from /proc/self/task (Linux only)")
 
-    import step_time  # noqa: F401  (first: it checks that jax has not started, and the twin's code lives there)
+    # First: importing it sets up 8 simulated devices (XLA_FLAGS, NPROC) and
+    # checks that jax has not started; the twin's code lives there too.
+    import step_time  # noqa: F401
     from rich.console import Console
     from rich.table import Table
 
