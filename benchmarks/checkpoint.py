@@ -64,8 +64,14 @@ def _state(total_mib: int):
     n = 8
     rows = total_mib * 2**20 // 4 // n // 1024
     gen = torch.Generator().manual_seed(0)
-    return {"model": {f"w{i}": mark_sharding(torch.randn(rows, 1024, generator=gen).to("xla"), mesh,
-                                             ("a", "b") if i % 2 else ("b", "a")) for i in range(n)}}
+    return {
+        "model": {
+            f"w{i}": mark_sharding(
+                torch.randn(rows, 1024, generator=gen).to("xla"), mesh, ("a", "b") if i % 2 else ("b", "a")
+            )
+            for i in range(n)
+        }
+    }
 
 
 def _arrays(state):
@@ -121,33 +127,40 @@ def _repetition(rep: int, root: str, state, raw) -> dict:
             mgr.wait_until_finished()
 
     def orbax_async():
-        omgr = ocp.CheckpointManager(f"{root}/omgr{rep}", options=ocp.CheckpointManagerOptions(
-            enable_async_checkpointing=True))
+        omgr = ocp.CheckpointManager(
+            f"{root}/omgr{rep}", options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True)
+        )
         t["orbax_stall"] = _timed(omgr.save, 0, args=ocp.args.PyTreeSave({"model": arrays}))
         t["orbax_next"] = _next_step(arrays)
         omgr.wait_until_finished()
         omgr.close()
 
     pairs = [
-        (lambda: t.__setitem__("save", _timed(checkpoint.save, ours, state)),
-         lambda: t.__setitem__("orbax_save", _timed(raw.save, theirs, {"model": arrays}))),
-        (lambda: t.__setitem__("load", _timed(checkpoint.load, ours, state)),
-         lambda: t.__setitem__("orbax_load", _timed(_orbax_restore, raw, theirs, shardings))),
+        (
+            lambda: t.__setitem__("save", _timed(checkpoint.save, ours, state)),
+            lambda: t.__setitem__("orbax_save", _timed(raw.save, theirs, {"model": arrays})),
+        ),
+        (
+            lambda: t.__setitem__("load", _timed(checkpoint.load, ours, state)),
+            lambda: t.__setitem__("orbax_load", _timed(_orbax_restore, raw, theirs, shardings)),
+        ),
         (ours_async, orbax_async),
     ]
     for pair in pairs:
         # Alternate who goes first, and flush the page cache's dirty pages
         # before each (untimed): one side's writeback must not land in the
         # other's time.
-        for run in (pair if rep % 2 else pair[::-1]):
+        for run in pair if rep % 2 else pair[::-1]:
             os.sync()
             run()
-    t.update({
-        "d2h": _timed(_d2h, arrays),
-        "fp": _timed(lambda: jax.block_until_ready(fingerprint.device_fingerprints(list(arrays.values())))),
-        "f32_sum": _timed(lambda: jax.block_until_ready(_f32_sum(arrays))),
-        "idle_next": _next_step(arrays),
-    })
+    t.update(
+        {
+            "d2h": _timed(_d2h, arrays),
+            "fp": _timed(lambda: jax.block_until_ready(fingerprint.device_fingerprints(list(arrays.values())))),
+            "f32_sum": _timed(lambda: jax.block_until_ready(_f32_sum(arrays))),
+            "idle_next": _next_step(arrays),
+        }
+    )
     return t
 
 
@@ -164,8 +177,20 @@ def main() -> None:
     arrays = _arrays(state)
     nbytes = sum(a.nbytes for a in arrays.values())
     root = tempfile.mkdtemp(prefix="spmdtorch-ckpt-bench-")
-    keys = ("save", "orbax_save", "load", "orbax_load", "stall", "orbax_stall", "d2h", "next", "orbax_next",
-            "idle_next", "fp", "f32_sum")
+    keys = (
+        "save",
+        "orbax_save",
+        "load",
+        "orbax_load",
+        "stall",
+        "orbax_stall",
+        "d2h",
+        "next",
+        "orbax_next",
+        "idle_next",
+        "fp",
+        "f32_sum",
+    )
     times: dict = {k: [] for k in keys}
     raw = ocp.PyTreeCheckpointer()
     try:
@@ -181,31 +206,48 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     mbs = nbytes / 2**20
     console = Console()
-    console.print(f"[bold]spmdtorch.checkpoint vs raw Orbax[/bold]: {mbs:.0f} MiB in {len(arrays)} float32 arrays "
-                  f"sharded over a (4, 2) mesh of 8 CPU devices; {os.cpu_count()} cores; median of {reps} "
-                  f"(after 1 warm-up); orbax {ocp.__version__ if hasattr(ocp, '__version__') else ''} "
-                  f"jax {jax.__version__}")
+    console.print(
+        f"[bold]spmdtorch.checkpoint vs raw Orbax[/bold]: {mbs:.0f} MiB in {len(arrays)} float32 arrays "
+        f"sharded over a (4, 2) mesh of 8 CPU devices; {os.cpu_count()} cores; median of {reps} "
+        f"(after 1 warm-up); orbax {ocp.__version__ if hasattr(ocp, '__version__') else ''} "
+        f"jax {jax.__version__}"
+    )
     table = Table("operation", "spmdtorch", "raw Orbax", "spmdtorch / Orbax throughput", "target")
     for name, ours, theirs in (("save (blocking)", "save", "orbax_save"), ("restore", "load", "orbax_load")):
         ratio = med[theirs] / med[ours]
-        table.add_row(name, f"{med[ours]:.3f} s  ({mbs / med[ours]:.0f} MiB/s)",
-                      f"{med[theirs]:.3f} s  ({mbs / med[theirs]:.0f} MiB/s)", f"{ratio:.2f}×",
-                      "≥ 0.90×  " + ("[green]met[/green]" if ratio >= 0.9 else "[red]missed[/red]"))
+        table.add_row(
+            name,
+            f"{med[ours]:.3f} s  ({mbs / med[ours]:.0f} MiB/s)",
+            f"{med[theirs]:.3f} s  ({mbs / med[theirs]:.0f} MiB/s)",
+            f"{ratio:.2f}×",
+            "≥ 0.90×  " + ("[green]met[/green]" if ratio >= 0.9 else "[red]missed[/red]"),
+        )
     console.print(table)
-    stall = Table("async save", "save() blocks for", "vs device→host copy", "next step takes",
-                  "vs step with no save")
-    for name, key, step in (("spmdtorch manager", "stall", "next"), ("orbax manager", "orbax_stall", "orbax_next"),
-                            ("device→host copy", "d2h", None)):
-        stall.add_row(name, f"{med[key]:.3f} s", f"{med[key] / med['d2h']:.2f}×",
-                      "" if step is None else f"{med[step]:.3f} s",
-                      "" if step is None else f"{med[step] - med['idle_next']:+.3f} s")
+    stall = Table("async save", "save() blocks for", "vs device→host copy", "next step takes", "vs step with no save")
+    for name, key, step in (
+        ("spmdtorch manager", "stall", "next"),
+        ("orbax manager", "orbax_stall", "orbax_next"),
+        ("device→host copy", "d2h", None),
+    ):
+        stall.add_row(
+            name,
+            f"{med[key]:.3f} s",
+            f"{med[key] / med['d2h']:.2f}×",
+            "" if step is None else f"{med[step]:.3f} s",
+            "" if step is None else f"{med[step] - med['idle_next']:+.3f} s",
+        )
     console.print(stall)
     ok = med["stall"] <= med["d2h"]
-    console.print("stall target (≤ device→host copy): " + ("[green]met[/green]" if ok else "[red]missed[/red]")
-                  + f"; the next step (one pass over the arrays) takes {med['idle_next']:.3f} s with no save")
+    console.print(
+        "stall target (≤ device→host copy): "
+        + ("[green]met[/green]" if ok else "[red]missed[/red]")
+        + f"; the next step (one pass over the arrays) takes {med['idle_next']:.3f} s with no save"
+    )
     fps = Table("fingerprint of the state (on device)", "seconds", "GB/s")
-    for name, key in (("spmdtorch fingerprint (two uint32 lanes)", "fp"),
-                      ("jax: float32 sum of the same arrays (a memory-bound floor)", "f32_sum")):
+    for name, key in (
+        ("spmdtorch fingerprint (two uint32 lanes)", "fp"),
+        ("jax: float32 sum of the same arrays (a memory-bound floor)", "f32_sum"),
+    ):
         fps.add_row(name, f"{med[key]:.4f}", f"{nbytes / med[key] / 1e9:.1f}")
     console.print(fps)
 

@@ -29,8 +29,9 @@ import sys
 
 _NUM_DEVICES = 8
 _flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
-os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}",
-                                             "--xla_disable_hlo_passes=cse_barrier_expander"])
+os.environ["XLA_FLAGS"] = " ".join(
+    _flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}", "--xla_disable_hlo_passes=cse_barrier_expander"]
+)
 os.environ["NPROC"] = str(max(int(os.environ.get("NPROC", "0") or 0), 2 * _NUM_DEVICES))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -38,11 +39,10 @@ import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-import step_time  # noqa: E402,F401  (first: it checks that jax has not started)
-import train_step  # noqa: E402
-
 import jax  # noqa: E402
+import step_time  # noqa: E402,F401  (first: it checks that jax has not started)
 import torch  # noqa: E402
+import train_step  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -80,9 +80,11 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, nargs="+", default=[128, 256])
     args = parser.parse_args()
     console = Console()
-    console.print(f"[bold]Training-step temporaries per device[/bold]: LlamaConfig.small (4 layers, dim 256), "
-                  f"batch 8, FSDPv2 per layer on {_NUM_DEVICES} CPU devices, AdamW; jax {jax.__version__}, "
-                  f"torch {torch.__version__}; XLA_FLAGS={os.environ['XLA_FLAGS']!r}")
+    console.print(
+        f"[bold]Training-step temporaries per device[/bold]: LlamaConfig.small (4 layers, dim 256), "
+        f"batch 8, FSDPv2 per layer on {_NUM_DEVICES} CPU devices, AdamW; jax {jax.__version__}, "
+        f"torch {torch.__version__}; XLA_FLAGS={os.environ['XLA_FLAGS']!r}"
+    )
     table = Table("seq", "ours", "ours + ckpt", "saved", "JAX", "JAX + remat", "saved", "ckpt/remat")
     for seq in args.seqs:
         ours_plain, loss_a = spmdtorch_temp(seq, False)
@@ -92,13 +94,20 @@ def main() -> None:
         if not (abs(loss_a - loss_b) < 1e-4 * abs(loss_a) and abs(loss_a - loss_c) < 1e-4 * abs(loss_a)):
             raise SystemExit(f"the four steps do not compute the same loss: {loss_a}, {loss_b}, {loss_c}")
         table.add_row(
-            str(seq), f"{ours_plain / MIB:.2f}", f"{ours_remat / MIB:.2f}",
-            f"{1 - ours_remat / ours_plain:.0%}", f"{jax_plain / MIB:.2f}", f"{jax_remat / MIB:.2f}",
-            f"{1 - jax_remat / jax_plain:.0%}", f"{ours_remat / jax_remat:.2f}×",
+            str(seq),
+            f"{ours_plain / MIB:.2f}",
+            f"{ours_remat / MIB:.2f}",
+            f"{1 - ours_remat / ours_plain:.0%}",
+            f"{jax_plain / MIB:.2f}",
+            f"{jax_remat / MIB:.2f}",
+            f"{1 - jax_remat / jax_plain:.0%}",
+            f"{ours_remat / jax_remat:.2f}×",
         )
     console.print(table)
-    console.print("ours: spmdtorch; ckpt: every layer under checkpoint_module; JAX: the pure-JAX twin; remat: every "
-                  "layer under jax.checkpoint. MiB per device (XLA's temp_size_in_bytes).")
+    console.print(
+        "ours: spmdtorch; ckpt: every layer under checkpoint_module; JAX: the pure-JAX twin; remat: every "
+        "layer under jax.checkpoint. MiB per device (XLA's temp_size_in_bytes)."
+    )
 
 
 if __name__ == "__main__":

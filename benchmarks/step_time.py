@@ -44,9 +44,9 @@ if "jax" in sys.modules:
     raise RuntimeError("benchmarks/step_time.py must set XLA_FLAGS before jax is imported")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import copy  # noqa: E402
 import datetime  # noqa: E402
-import contextlib  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -135,7 +135,7 @@ def make_jax_llama_loss(cfg: LlamaConfig, act_sharding=None, remat=False):
         return xf.astype(x.dtype) * w
 
     def rope(x, cos, sin):  # x: (b, h, s, hd); two halves
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
     def loss_fn(p, tokens):
@@ -479,8 +479,11 @@ def machine_info():
         ("torch", torch.__version__),
         ("jax / jaxlib", f"{jax.__version__} / {jax.lib.__version__ if hasattr(jax.lib, '__version__') else '?'}"),
         ("spmdtorch", spmdtorch.__version__),
-        ("jax devices", f"{jax.device_count()} × {jax.devices()[0].platform} "
-                        f"(XLA_FLAGS={os.environ['XLA_FLAGS']!s}, NPROC={os.environ['NPROC']})"),
+        (
+            "jax devices",
+            f"{jax.device_count()} × {jax.devices()[0].platform} "
+            f"(XLA_FLAGS={os.environ['XLA_FLAGS']!s}, NPROC={os.environ['NPROC']})",
+        ),
     ]
 
 
@@ -502,8 +505,10 @@ def main(argv=None):
     for k, v in machine_info():
         info.add_row(k, v)
     console.print(info)
-    console.print(f"mode: {'--quick' if args.quick else 'full'}; warm-up {warmup} steps, "
-                  f"{steps} measured steps per mode (blocking) + {steps} (throughput)\n")
+    console.print(
+        f"mode: {'--quick' if args.quick else 'full'}; warm-up {warmup} steps, "
+        f"{steps} measured steps per mode (blocking) + {steps} (throughput)\n"
+    )
 
     workloads = [mlp_workload(), llama_workload()]
     results = {}
@@ -515,14 +520,22 @@ def main(argv=None):
         r_jax8 = run_jax(w, warmup, steps, replicated=True)
         r_lazy = run_lazy(w, warmup, steps)
         r_comp = run_compiled(w, warmup, steps)
-        init = {"torch eager (CPU)": ref, "spmdtorch lazy": r_lazy["losses"][0],
-                "spmdtorch compiled": r_comp["losses"][0], "JAX twin": r_jax["initial_loss"]}
+        init = {
+            "torch eager (CPU)": ref,
+            "spmdtorch lazy": r_lazy["losses"][0],
+            "spmdtorch compiled": r_comp["losses"][0],
+            "JAX twin": r_jax["initial_loss"],
+        }
         console.print("  initial loss: " + ", ".join(f"{k} {v:.6f}" for k, v in init.items()))
         for k, v in init.items():
             assert abs(v - r_jax["initial_loss"]) < 1e-4, f"{k} initial loss {v} != JAX twin {r_jax['initial_loss']}"
         k = warmup + steps - 1  # every mode read the loss of this step
-        later = {"lazy": r_lazy["losses"][k], "compiled": r_comp["losses"][k], "JAX twin": r_jax["losses"][k],
-                 "JAX twin 8-dev": r_jax8["losses"][k]}
+        later = {
+            "lazy": r_lazy["losses"][k],
+            "compiled": r_comp["losses"][k],
+            "JAX twin": r_jax["losses"][k],
+            "JAX twin 8-dev": r_jax8["losses"][k],
+        }
         console.print(f"  loss before AdamW step {k + 1}: " + ", ".join(f"{n} {v:.6f}" for n, v in later.items()))
         results[w.name] = {"lazy": r_lazy, "compiled": r_comp, "jax": r_jax, "jax8": r_jax8}
     r_chain = run_chain(chain_ops, chain_reps)
@@ -536,37 +549,71 @@ def main(argv=None):
 
     # -- table 1: tracing cost ---------------------------------------------------
     t1 = Table(title=f"1. Lazy tracing cost per ATen op (target < {TRACE_TARGET_US:.0f} µs/op)")
-    for col in ("workload", "ATen ops / step", "trace ms / step", "µs / op (median)", "µs / op (min)",
-                "sync host µs / op", "target"):
+    for col in (
+        "workload",
+        "ATen ops / step",
+        "trace ms / step",
+        "µs / op (median)",
+        "µs / op (min)",
+        "sync host µs / op",
+        "target",
+    ):
         t1.add_column(col, justify="left" if col == "workload" else "right")
     for suffix, key, chain in (("", "lazy", r_chain), (" (spmdtorch.step)", "lazy_block", r_chain_block)):
         for name, rs in results.items():
             r_lazy = rs[key]
             us = statistics.median(r_lazy["per_op"]) * 1e6
             n = statistics.median(r_lazy["ops"])
-            t1.add_row(f"{name.split(' (')[0].split(',')[0]} training step{suffix}", f"{n:.0f}", f"{median_ms(r_lazy['trace']):.2f}",
-                       f"{us:.1f}", f"{min(r_lazy['per_op']) * 1e6:.1f}",
-                       f"{statistics.median(r_lazy['sync_host']) / n * 1e6:.1f}", verdict(us < TRACE_TARGET_US))
+            t1.add_row(
+                f"{name.split(' (')[0].split(',')[0]} training step{suffix}",
+                f"{n:.0f}",
+                f"{median_ms(r_lazy['trace']):.2f}",
+                f"{us:.1f}",
+                f"{min(r_lazy['per_op']) * 1e6:.1f}",
+                f"{statistics.median(r_lazy['sync_host']) / n * 1e6:.1f}",
+                verdict(us < TRACE_TARGET_US),
+            )
         us = statistics.median(chain["per_op"]) * 1e6
-        t1.add_row(f"chain x = x*1.0001 + 0.5 (16×16){suffix}", f"{chain['ops']}",
-                   f"{statistics.median(chain['per_op']) * chain['ops'] * 1e3:.2f}", f"{us:.1f}",
-                   f"{min(chain['per_op']) * 1e6:.1f}", f"{statistics.median(chain['sync_per_op']) * 1e6:.1f}",
-                   verdict(us < TRACE_TARGET_US))
+        t1.add_row(
+            f"chain x = x*1.0001 + 0.5 (16×16){suffix}",
+            f"{chain['ops']}",
+            f"{statistics.median(chain['per_op']) * chain['ops'] * 1e3:.2f}",
+            f"{us:.1f}",
+            f"{min(chain['per_op']) * 1e6:.1f}",
+            f"{statistics.median(chain['sync_per_op']) * 1e6:.1f}",
+            verdict(us < TRACE_TARGET_US),
+        )
     console.print(t1)
 
     # -- table 2: step time ----------------------------------------------------
     t2 = Table(title=f"2. Host time per training step, steady state (target: compiled ≤ {COMPILED_TARGET}× JAX twin)")
-    for col in ("model", "mode", "first step s", "warm-up s (steps, compiles)", "blocking ms (median)", "min ms",
-                "× twin", "× twin 8-dev", "thru-put ms/step", "× twin", "× twin 8-dev", "target (twin / 8-dev)"):
+    for col in (
+        "model",
+        "mode",
+        "first step s",
+        "warm-up s (steps, compiles)",
+        "blocking ms (median)",
+        "min ms",
+        "× twin",
+        "× twin 8-dev",
+        "thru-put ms/step",
+        "× twin",
+        "× twin 8-dev",
+        "target (twin / 8-dev)",
+    ):
         t2.add_column(col, justify="left" if col in ("model", "mode") else "right")
     for name, rs in results.items():
         r_lazy, r_comp, r_jax, r_jax8 = rs["lazy"], rs["compiled"], rs["jax"], rs["jax8"]
         jb, jt = median_ms(r_jax["blocking"]), r_jax["throughput"] * 1e3
         jb8, jt8 = median_ms(r_jax8["blocking"]), r_jax8["throughput"] * 1e3
         short = name.split(" (")[0].split(",")[0]
-        rows = (("lazy", r_lazy), ("lazy, spmdtorch.step()", rs["lazy_block"]),
-                ("compiled", r_comp), ("JAX twin (dev 0)", r_jax),
-                ("JAX twin (8-dev repl.)", r_jax8))
+        rows = (
+            ("lazy", r_lazy),
+            ("lazy, spmdtorch.step()", rs["lazy_block"]),
+            ("compiled", r_comp),
+            ("JAX twin (dev 0)", r_jax),
+            ("JAX twin (8-dev repl.)", r_jax8),
+        )
         for mode, r in rows:
             b, t = median_ms(r["blocking"]), r["throughput"] * 1e3
             if r is r_comp:
@@ -578,8 +625,20 @@ def main(argv=None):
             target = ""
             if r is r_comp:
                 target = f"{verdict(b / jb <= COMPILED_TARGET)} / {verdict(b / jb8 <= COMPILED_TARGET)}"
-            t2.add_row(short, mode, f"{r['first']:.2f}", warm, f"{b:.2f}", f"{min(r['blocking']) * 1e3:.2f}",
-                       f"{b / jb:.2f}", f"{b / jb8:.2f}", f"{t:.2f}", f"{t / jt:.2f}", f"{t / jt8:.2f}", target)
+            t2.add_row(
+                short,
+                mode,
+                f"{r['first']:.2f}",
+                warm,
+                f"{b:.2f}",
+                f"{min(r['blocking']) * 1e3:.2f}",
+                f"{b / jb:.2f}",
+                f"{b / jb8:.2f}",
+                f"{t:.2f}",
+                f"{t / jt:.2f}",
+                f"{t / jt8:.2f}",
+                target,
+            )
         t2.add_section()
     console.print(t2)
 
@@ -590,17 +649,26 @@ def main(argv=None):
     for name, rs in results.items():
         r_lazy, r_comp = rs["lazy"], rs["compiled"]
         tr, sh, tot = median_ms(r_lazy["trace"]), median_ms(r_lazy["sync_host"]), median_ms(r_lazy["blocking"])
-        t3.add_row(name.split(" (")[0].split(",")[0], f"{tr:.2f}", f"{sh:.2f}", f"{tot - tr - sh:.2f}", f"{tot:.2f}",
-                   f"lazy {r_lazy['steady_compiles']}, compiled {r_comp['steady_compiles']} "
-                   f"(+{r_comp['steady_traces']} re-traces)")
+        t3.add_row(
+            name.split(" (")[0].split(",")[0],
+            f"{tr:.2f}",
+            f"{sh:.2f}",
+            f"{tot - tr - sh:.2f}",
+            f"{tot:.2f}",
+            f"lazy {r_lazy['steady_compiles']}, compiled {r_comp['steady_compiles']} "
+            f"(+{r_comp['steady_traces']} re-traces)",
+        )
     console.print(t3)
     ct = debug.metric_data("CompileTime")
     if ct is not None:
-        console.print(f"CompileTime metric (spmdtorch, whole run): {ct[0]} compiles, {ct[1]:.2f} s total, "
-                      f"max {ct[2]:.2f} s")
-    console.print(f"UncachedCompile {debug.counter_value('UncachedCompile')}, "
-                  f"CachedCompile {debug.counter_value('CachedCompile')}, "
-                  f"DispatchedOps {debug.counter_value('DispatchedOps')}")
+        console.print(
+            f"CompileTime metric (spmdtorch, whole run): {ct[0]} compiles, {ct[1]:.2f} s total, max {ct[2]:.2f} s"
+        )
+    console.print(
+        f"UncachedCompile {debug.counter_value('UncachedCompile')}, "
+        f"CachedCompile {debug.counter_value('CachedCompile')}, "
+        f"DispatchedOps {debug.counter_value('DispatchedOps')}"
+    )
     console.print(f"total benchmark wall time: {now() - t_start:.1f} s")
 
 

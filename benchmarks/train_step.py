@@ -150,12 +150,12 @@ def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
     ``remat``: every decoder layer under ``jax.checkpoint``.
     """
     sys.path.insert(0, str(Path(__file__).parent))
-    from step_time import make_jax_llama_loss  # first: it checks that jax has not started
-
     import jax
     import numpy as np
     import optax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from step_time import make_jax_llama_loss  # first: it checks that jax has not started
 
     mesh = Mesh(np.array(jax.devices()), ("fsdp",))
 
@@ -235,9 +235,8 @@ class _Session:
 
 def session_jax(cfg_name: str, warmup: int) -> _Session:
     sys.path.insert(0, str(Path(__file__).parent))
-    import step_time  # noqa: F401  (first: it checks that jax has not started)
-
     import jax
+    import step_time  # noqa: F401  (first: it checks that jax has not started)
 
     cfg, model, tokens = _setup(cfg_name)
     twin = jax_twin(cfg, model, tokens)
@@ -274,8 +273,14 @@ def session_jax(cfg_name: str, warmup: int) -> _Session:
             step()
             host.append(now() - h)
         losses.append(float(state["loss"]))
-        return {"host_ms": statistics.median(host) * 1e3, "per_device": per_device, "total": total,
-                "args": mem.argument_size_in_bytes, "temp": mem.temp_size_in_bytes, "compiles": 1}
+        return {
+            "host_ms": statistics.median(host) * 1e3,
+            "per_device": per_device,
+            "total": total,
+            "args": mem.argument_size_in_bytes,
+            "temp": mem.temp_size_in_bytes,
+            "compiles": 1,
+        }
 
     return _Session(first, warm, losses, run_block, finish)
 
@@ -291,6 +296,7 @@ def session_spmdtorch(cfg_name: str, mode: str, warmup: int, zero_grad_after: bo
     if mode == "compiled":
         run = spmdtorch.compile(train_step)
     else:
+
         def run(tokens):
             with spmdtorch.step():
                 return train_step(tokens)
@@ -325,9 +331,14 @@ def session_spmdtorch(cfg_name: str, mode: str, warmup: int, zero_grad_after: bo
         total = sum(int(t.numel()) * t.element_size() for t in state)
         exe = run.executable() if mode == "compiled" else debug.last_executable()
         mem = exe.memory_analysis()
-        return {"host_ms": statistics.median(host) * 1e3, "per_device": per_device, "total": total,
-                "args": mem.argument_size_in_bytes, "temp": mem.temp_size_in_bytes,
-                "compiles": debug.counter_value("UncachedCompile") - compiles0}
+        return {
+            "host_ms": statistics.median(host) * 1e3,
+            "per_device": per_device,
+            "total": total,
+            "args": mem.argument_size_in_bytes,
+            "temp": mem.temp_size_in_bytes,
+            "compiles": debug.counter_value("UncachedCompile") - compiles0,
+        }
 
     return _Session(first, warm, losses, run_block, finish)
 
@@ -367,8 +378,9 @@ class Worker:
         cmd = [sys.executable, __file__, "--worker", mode, "--config", config]
         if zero_grad_after:
             cmd.append("--zero-grad-after")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1
+        )
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self._expect("READY")
@@ -389,10 +401,11 @@ class Worker:
             if line is None:
                 self.proc.wait()
                 self._err.seek(0)
-                raise RuntimeError(f"worker {self.mode} exited ({self.proc.returncode}) before {tag}:\n"
-                                   f"{self._err.read()[-3000:]}")
+                raise RuntimeError(
+                    f"worker {self.mode} exited ({self.proc.returncode}) before {tag}:\n{self._err.read()[-3000:]}"
+                )
             if line == tag + "\n" or line.startswith(tag + " "):
-                return json.loads(line[len(tag) + 1:]) if line.startswith(tag + " ") else None
+                return json.loads(line[len(tag) + 1 :]) if line.startswith(tag + " ") else None
 
     def block(self, steps: int) -> tuple[float, float]:
         self.proc.stdin.write(f"BLOCK {steps}\n")
@@ -418,7 +431,7 @@ def run_round(config: str, steps: int, blocks: int, timeout: int, zero_grad_afte
             workers.append(Worker(mode, config, timeout, zero_grad_after))
         times = {mode: [] for mode in MODES}
         for b in range(blocks):
-            order = MODES[b % len(MODES):] + MODES[:b % len(MODES)]  # who goes first rotates
+            order = MODES[b % len(MODES) :] + MODES[: b % len(MODES)]  # who goes first rotates
             for w in sorted(workers, key=lambda w: order.index(w.mode)):
                 times[w.mode].append(w.block(steps))
         out = {}
@@ -440,9 +453,11 @@ def machine_line() -> str:
     import jax
     import torch
 
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; python "
-            f"{platform.python_version()}, torch {torch.__version__}, jax {jax.__version__}; "
-            f"{_NUM_DEVICES} simulated CPU devices; {datetime.date.today().isoformat()}")
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; python "
+        f"{platform.python_version()}, torch {torch.__version__}, jax {jax.__version__}; "
+        f"{_NUM_DEVICES} simulated CPU devices; {datetime.date.today().isoformat()}"
+    )
 
 
 def ratio_cell(ratio: float, target: float) -> str:
@@ -456,13 +471,24 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="tiny,small", help="comma-separated: tiny, small")
     p.add_argument("--quick", action="store_true", help="5 measured steps instead of 20")
     p.add_argument("--steps", type=int, default=None, help="measured steps per mode")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="fresh processes for every mode this many times (ratios: the median over rounds)")
-    p.add_argument("--blocks", type=int, default=BLOCKS,
-                   help="timed blocks of --steps steps per mode and round, interleaved across the modes")
-    p.add_argument("--zero-grad-after", action="store_true",
-                   help="spmdtorch's step ends with opt.zero_grad() instead of starting with it (the gradients "
-                        "then never leave the program; the twin is unchanged)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="fresh processes for every mode this many times (ratios: the median over rounds)",
+    )
+    p.add_argument(
+        "--blocks",
+        type=int,
+        default=BLOCKS,
+        help="timed blocks of --steps steps per mode and round, interleaved across the modes",
+    )
+    p.add_argument(
+        "--zero-grad-after",
+        action="store_true",
+        help="spmdtorch's step ends with opt.zero_grad() instead of starting with it (the gradients "
+        "then never leave the program; the twin is unchanged)",
+    )
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -487,26 +513,50 @@ def main(argv=None) -> int:
         # each ratio is taken against the twin of the same round.
         runs = {mode: [] for mode in MODES}
         for rnd in range(args.rounds):
-            console.print(f"  running {cfg}: round {rnd + 1} of {args.rounds} ({', '.join(MODES)}, "
-                          f"{args.blocks} interleaved blocks) ...")
+            console.print(
+                f"  running {cfg}: round {rnd + 1} of {args.rounds} ({', '.join(MODES)}, "
+                f"{args.blocks} interleaved blocks) ..."
+            )
             res = run_round(cfg, args.steps, args.blocks, timeout=900, zero_grad_after=args.zero_grad_after)
             for mode in MODES:
                 runs[mode].append(res[mode])
         # A round's ratio: the median over blocks of (block / the twin's block beside it).
-        ratios = {mode: [statistics.median(b / t for b, t in zip(r["blocks_ms"], j["blocks_ms"]))
-                         for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
+        ratios = {
+            mode: [
+                statistics.median(b / t for b, t in zip(r["blocks_ms"], j["blocks_ms"]))
+                for r, j in zip(runs[mode], runs["jax"])
+            ]
+            for mode in MODES
+        }
         cpu_ratios = {mode: [r["cpu_ms"] / j["cpu_ms"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
-        first_ratios = {mode: [r["first_s"] / j["first_s"] for r, j in zip(runs[mode], runs["jax"])]
-                        for mode in MODES}
+        first_ratios = {mode: [r["first_s"] / j["first_s"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
         # Each row shows the round whose step-time ratio is the median one.
-        res = {mode: runs[mode][sorted(range(args.rounds), key=lambda i: ratios[mode][i])[args.rounds // 2]]
-               for mode in MODES}
+        res = {
+            mode: runs[mode][sorted(range(args.rounds), key=lambda i: ratios[mode][i])[args.rounds // 2]]
+            for mode in MODES
+        }
         batch, seq = CONFIGS[cfg]
         loop = "zero_grad() after opt.step()" if args.zero_grad_after else "zero_grad() first"
-        table = Table(title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW, {loop} "
-                            f"({args.steps} steps x {args.blocks} interleaved blocks, {args.rounds} rounds)")
-        for col in ("mode", "step ms", "x twin", "x twin, all rounds", "first step s", "x twin (first)", "warm-up s",
-                    "host ms/step", "CPU ms/step", "CPU x twin", "param+opt /device", "args / temp MiB", "compiles", "loss first -> last"):
+        table = Table(
+            title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW, {loop} "
+            f"({args.steps} steps x {args.blocks} interleaved blocks, {args.rounds} rounds)"
+        )
+        for col in (
+            "mode",
+            "step ms",
+            "x twin",
+            "x twin, all rounds",
+            "first step s",
+            "x twin (first)",
+            "warm-up s",
+            "host ms/step",
+            "CPU ms/step",
+            "CPU x twin",
+            "param+opt /device",
+            "args / temp MiB",
+            "compiles",
+            "loss first -> last",
+        ):
             table.add_column(col, justify="left" if col == "mode" else "right")
         for mode in MODES:
             r = res[mode]

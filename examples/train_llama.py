@@ -62,31 +62,54 @@ DEFAULT_CPU_DEVICES = 8
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--size", choices=("tiny", "small"), default="tiny", help="LlamaConfig preset")
     p.add_argument("--steps", type=int, default=30, help="training steps")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    p.add_argument("--mode", choices=("lazy", "compiled"), default="compiled",
-                   help="compiled: spmdtorch.compile(train_step); lazy: spmdtorch.step() per step")
+    p.add_argument(
+        "--mode",
+        choices=("lazy", "compiled"),
+        default="compiled",
+        help="compiled: spmdtorch.compile(train_step); lazy: spmdtorch.step() per step",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for model init and data")
-    p.add_argument("--mesh", default=None,
-                   help='device mesh shape, e.g. "8" or "2,4" (product must equal the device count; '
-                        "default: all devices on one axis)")
-    p.add_argument("--cpu-devices", type=int, default=None,
-                   help=f"number of simulated CPU devices when running on CPU (default {DEFAULT_CPU_DEVICES})")
-    p.add_argument("--mixed-precision", choices=("none", "bf16"), default="none",
-                   help="bf16: compute in bfloat16, keep float32 master weights and optimizer state")
-    p.add_argument("--checkpoint-layers", action="store_true",
-                   help="activation checkpointing: recompute each decoder layer in backward")
-    p.add_argument("--checkpoint-dir", default=None,
-                   help="where the final sharded checkpoint (model, optimizer, step, RNG) is saved "
-                        "(default: a new checkpoints/train_llama-<date>-<time> per run)")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help='device mesh shape, e.g. "8" or "2,4" (product must equal the device count; '
+        "default: all devices on one axis)",
+    )
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help=f"number of simulated CPU devices when running on CPU (default {DEFAULT_CPU_DEVICES})",
+    )
+    p.add_argument(
+        "--mixed-precision",
+        choices=("none", "bf16"),
+        default="none",
+        help="bf16: compute in bfloat16, keep float32 master weights and optimizer state",
+    )
+    p.add_argument(
+        "--checkpoint-layers",
+        action="store_true",
+        help="activation checkpointing: recompute each decoder layer in backward",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where the final sharded checkpoint (model, optimizer, step, RNG) is saved "
+        "(default: a new checkpoints/train_llama-<date>-<time> per run)",
+    )
     p.add_argument("--no-save", action="store_true", help="do not save a checkpoint at the end")
-    p.add_argument("--log-every", type=int, default=1,
-                   help="read the loss back every k steps (each read waits for the device)")
+    p.add_argument(
+        "--log-every", type=int, default=1, help="read the loss back every k steps (each read waits for the device)"
+    )
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be at least 2 (the first and last loss are compared)")
@@ -219,7 +242,7 @@ def parse_mesh(spec, device_count: int) -> tuple[int, ...]:
     try:
         shape = tuple(int(s) for s in spec.split(","))
     except ValueError:
-        raise SystemExit(f"--mesh {spec!r}: expected comma-separated integers such as '8' or '2,4'")
+        raise SystemExit(f"--mesh {spec!r}: expected comma-separated integers such as '8' or '2,4'") from None
     if not shape or any(d < 1 for d in shape):
         raise SystemExit(f"--mesh {spec!r}: every axis must be a positive integer")
     prod = 1
@@ -254,12 +277,19 @@ def parameter_table(model: torch.nn.Module) -> tuple[Table, int]:
     table.add_column("shape", footer=f"{total:,} elements")
     table.add_column("sharding (HLO)", no_wrap=True)
     table.add_column("per-device block")
-    table.add_column("bytes/device", justify="right",
-                     footer=f"{plan.parameter_bytes / 2**20:.2f}/{full / 2**20:.2f} MiB; "
-                            f"{plan.optimizer_bytes / 2**20:.2f}")
+    table.add_column(
+        "bytes/device",
+        justify="right",
+        footer=f"{plan.parameter_bytes / 2**20:.2f}/{full / 2**20:.2f} MiB; {plan.optimizer_bytes / 2**20:.2f}",
+    )
     for t in plan.tensors:
-        table.add_row(t.name, str(t.shape), get_sharding_spec(params[t.name]) or "replicated",
-                      str(t.shard_shape), f"{t.bytes_per_device:,}")
+        table.add_row(
+            t.name,
+            str(t.shape),
+            get_sharding_spec(params[t.name]) or "replicated",
+            str(t.shard_shape),
+            f"{t.bytes_per_device:,}",
+        )
     return table, total
 
 
@@ -276,10 +306,12 @@ def main(args: argparse.Namespace) -> int:
     n_dev = spmdtorch.device_count()
     mesh = make_mesh(parse_mesh(args.mesh, n_dev))
     axes = " x ".join(f"{n}={k}" for n, k in zip(mesh.axis_names, mesh.mesh_shape))
-    console.print(f"[bold]devices:[/] {n_dev} x {spmdtorch.runtime.device_type()}  "
-                  f"[bold]mesh:[/] {axes}  [bold]mode:[/] {args.mode}  "
-                  f"[bold]precision:[/] {args.mixed_precision}  "
-                  f"[bold]activation checkpointing:[/] {'on' if args.checkpoint_layers else 'off'}")
+    console.print(
+        f"[bold]devices:[/] {n_dev} x {spmdtorch.runtime.device_type()}  "
+        f"[bold]mesh:[/] {axes}  [bold]mode:[/] {args.mode}  "
+        f"[bold]precision:[/] {args.mixed_precision}  "
+        f"[bold]activation checkpointing:[/] {'on' if args.checkpoint_layers else 'off'}"
+    )
 
     cfg = LlamaConfig.tiny() if args.size == "tiny" else LlamaConfig.small()
     if args.seq_len > cfg.max_seq_len:
@@ -292,8 +324,10 @@ def main(args: argparse.Namespace) -> int:
     # the root takes the embeddings, final norm and output head.
     wrap = FSDPv2
     if args.checkpoint_layers:
+
         def wrap(layer, **kwargs):
             return FSDPv2(checkpoint_module(layer), **kwargs)
+
     model = FSDPv2(
         LlamaForCausalLM(cfg),  # initialised on CPU (seeded); FSDPv2 moves and shards it
         mesh=mesh,
@@ -301,7 +335,8 @@ def main(args: argparse.Namespace) -> int:
         auto_wrapper_callable=wrap,
         extra_data_axis=data_axis,
         mixed_precision=MixedPrecision(torch.bfloat16, output_dtype=torch.float32)
-        if args.mixed_precision == "bf16" else None,
+        if args.mixed_precision == "bf16"
+        else None,
     )
     batch_spec = ((data_axis, "fsdp") if data_axis else "fsdp", None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -320,6 +355,7 @@ def main(args: argparse.Namespace) -> int:
     if args.mode == "compiled":
         run_step = spmdtorch.compile(train_step)
     else:
+
         def run_step(tokens):
             with spmdtorch.step():  # leaving the block is the barrier: the step runs (async)
                 loss = train_step(tokens)
@@ -338,9 +374,13 @@ def main(args: argparse.Namespace) -> int:
     # long queue of executions never builds up (see DESIGN.md, "CPU collective
     # deadlock").
     progress = Progress(
-        TextColumn("[bold blue]train"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-        TimeElapsedColumn(), console=console,
+        TextColumn("[bold blue]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TimeElapsedColumn(),
+        console=console,
     )
     print_every = max(1, args.steps // 10)  # ~10 log lines (they also show when stdout is not a terminal)
     printed = [-1]  # print_every bucket of the last printed line
@@ -407,14 +447,20 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_save:
         # A standard Orbax checkpoint, each device writing its own shards; it
         # restores onto any mesh (see docs/checkpoint.md).
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": args.steps,
-                 "torch_rng": torch.get_rng_state(), "data_rng": data.gen.get_state()}
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": args.steps,
+            "torch_rng": torch.get_rng_state(),
+            "data_rng": data.gen.get_state(),
+        }
         t0 = time.perf_counter()
         with checkpoint.CheckpointManager(args.checkpoint_dir, save_interval_steps=1, max_to_keep=2) as mgr:
             mgr.save(args.steps, state, force=True)
             mgr.wait_until_finished()
-        console.print(f"checkpoint: step {args.steps} saved to {mgr.step_path(args.steps)} "
-                      f"in {time.perf_counter() - t0:.2f} s")
+        console.print(
+            f"checkpoint: step {args.steps} saved to {mgr.step_path(args.steps)} in {time.perf_counter() - t0:.2f} s"
+        )
 
     if not last < first:
         console.print(f"[bold red]FAIL:[/] loss did not decrease ({first:.4f} -> {last:.4f})")

@@ -23,9 +23,13 @@ from spmdtorch.tensor import optim_hooks as _optim_hooks  # noqa: E402
 
 _optim_hooks.install()  # torch.optim takes its foreach path on xla tensors
 
-from spmdtorch import debug, mesh, partition  # noqa: E402
-from spmdtorch import checkpoint  # noqa: E402
-from spmdtorch import data  # noqa: E402  (after partition: it uses ShardingSpec)
+from spmdtorch import (  # noqa: E402
+    checkpoint,  # noqa: E402
+    data,  # noqa: E402  (after partition: it uses ShardingSpec)
+    debug,
+    mesh,
+    partition,
+)
 from spmdtorch.lazy.compiled import CompiledFunction, compile  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
@@ -37,6 +41,24 @@ from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileContractError", "CompiledFunction", "RandomGeneratorError", "XlaTensor", "checkpoint", "compile", "data", "debug", "device", "device_count", "devices", "manual_seed",
-    "mark_step", "materialize", "mesh", "partition", "runtime", "step", "sync", "wait_device_ops",
+    "CompileContractError",
+    "CompiledFunction",
+    "RandomGeneratorError",
+    "XlaTensor",
+    "checkpoint",
+    "compile",
+    "data",
+    "debug",
+    "device",
+    "device_count",
+    "devices",
+    "manual_seed",
+    "mark_step",
+    "materialize",
+    "mesh",
+    "partition",
+    "runtime",
+    "step",
+    "sync",
+    "wait_device_ops",
 ]

@@ -62,8 +62,7 @@ def to_jax_dtype(dtype: torch.dtype) -> jnp.dtype:
         return jnp.dtype(_TORCH_TO_JAX[dtype])
     except KeyError:
         raise UnsupportedDtypeError(
-            f"dtype {dtype} has no spmdtorch storage type; supported: "
-            f"{sorted(str(d) for d in _TORCH_TO_JAX)}"
+            f"dtype {dtype} has no spmdtorch storage type; supported: {sorted(str(d) for d in _TORCH_TO_JAX)}"
         ) from None
 
 

@@ -15,8 +15,16 @@ from spmdtorch.lazy import metrics
 from spmdtorch.lazy.graph import LazyRef
 
 __all__ = [
-    "metrics_report", "counter_names", "counter_value", "metric_names", "metric_data",
-    "clear_metrics", "get_hlo_text", "get_stablehlo", "last_executable", "log_recompiles",
+    "metrics_report",
+    "counter_names",
+    "counter_value",
+    "metric_names",
+    "metric_data",
+    "clear_metrics",
+    "get_hlo_text",
+    "get_stablehlo",
+    "last_executable",
+    "log_recompiles",
 ]
 
 
@@ -54,8 +62,10 @@ def metrics_report() -> str:
     lines = []
     for name in sorted(metrics.timers):
         count, total, peak = metrics.timers[name]
-        lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {total * 1e3:.3f}ms\n"
-                     f"  Mean: {total / count * 1e3:.3f}ms\n  Max: {peak * 1e3:.3f}ms")
+        lines.append(
+            f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {total * 1e3:.3f}ms\n"
+            f"  Mean: {total / count * 1e3:.3f}ms\n  Max: {peak * 1e3:.3f}ms"
+        )
     for name in sorted(metrics.counters):
         lines.append(f"Counter: {name}\n  Value: {metrics.counters[name]}")
     return "\n".join(lines) + ("\n" if lines else "")

@@ -461,9 +461,7 @@ def _env_device_ids(env, name: str) -> tuple | None:
     try:
         return tuple(int(x) for x in raw.split(","))
     except ValueError:
-        raise DistributedInitError(
-            f"{name}={raw!r} must be a comma-separated list of device ids, e.g. '0,1'"
-        ) from None
+        raise DistributedInitError(f"{name}={raw!r} must be a comma-separated list of device ids, e.g. '0,1'") from None
 
 
 def _torchrun_address(env) -> str:
@@ -539,8 +537,11 @@ def resolve_distributed_config(
     if None in given:
         if env.get(ENV_COORDINATOR_ADDRESS):
             source = "SPMDTORCH_*"
-            found = (env[ENV_COORDINATOR_ADDRESS], _env_int(env, ENV_NUM_PROCESSES, 1),
-                     _env_int(env, ENV_PROCESS_ID, 0))
+            found = (
+                env[ENV_COORDINATOR_ADDRESS],
+                _env_int(env, ENV_NUM_PROCESSES, 1),
+                _env_int(env, ENV_PROCESS_ID, 0),
+            )
             if local_device_ids is None:
                 local_device_ids = _env_device_ids(env, ENV_LOCAL_DEVICE_IDS)
         elif env.get("MASTER_ADDR") and env.get("WORLD_SIZE") and env.get("RANK"):
@@ -554,14 +555,19 @@ def resolve_distributed_config(
         else:
             source = "jax"
             found = (None, None, None)
-        coordinator_address, num_processes, process_id = (
-            g if g is not None else f for g, f in zip(given, found)
-        )
+        coordinator_address, num_processes, process_id = (g if g is not None else f for g, f in zip(given, found))
     if source != "jax" and None in (coordinator_address, num_processes, process_id):
-        missing = [n for n, v in zip(("coordinator_address", "num_processes", "process_id"),
-                                     (coordinator_address, num_processes, process_id)) if v is None]
-        names = {"SPMDTORCH_*": (ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID),
-                 "torchrun": ("MASTER_ADDR", "WORLD_SIZE", "RANK")}.get(source)
+        missing = [
+            n
+            for n, v in zip(
+                ("coordinator_address", "num_processes", "process_id"), (coordinator_address, num_processes, process_id)
+            )
+            if v is None
+        ]
+        names = {
+            "SPMDTORCH_*": (ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID),
+            "torchrun": ("MASTER_ADDR", "WORLD_SIZE", "RANK"),
+        }.get(source)
         hint = f" (environment: {', '.join(names)})" if names else ""
         raise DistributedInitError(
             f"initialize_distributed: {', '.join(missing)} not given and not found in the "
@@ -575,13 +581,15 @@ def resolve_distributed_config(
                 f"process_id must be an int in 0..{num_processes - 1} (num_processes={num_processes}), "
                 f"got {process_id!r}"
             )
-    if coordinator_address is not None and (":" not in coordinator_address
-                                            or not coordinator_address.rsplit(":", 1)[1].isdigit()):
+    if coordinator_address is not None and (
+        ":" not in coordinator_address or not coordinator_address.rsplit(":", 1)[1].isdigit()
+    ):
         raise DistributedInitError(
             f"coordinator_address {coordinator_address!r} must be 'host:port', e.g. '10.0.0.1:8476'"
         )
-    return DistributedConfig(coordinator_address, num_processes, process_id, local_device_ids, source,
-                             int(heartbeat_timeout_s))
+    return DistributedConfig(
+        coordinator_address, num_processes, process_id, local_device_ids, source, int(heartbeat_timeout_s)
+    )
 
 
 def is_distributed_initialized() -> bool:
@@ -646,12 +654,14 @@ def initialize_distributed(
         >>> xr.process_index(), xr.process_count()  # doctest: +SKIP
         (1, 2)
     """
-    cfg = resolve_distributed_config(coordinator_address, num_processes, process_id, local_device_ids,
-                                     heartbeat_timeout_s=heartbeat_timeout_s)
+    cfg = resolve_distributed_config(
+        coordinator_address, num_processes, process_id, local_device_ids, heartbeat_timeout_s=heartbeat_timeout_s
+    )
     done = _DISTRIBUTED[0]
     if done is not None:
         if (done.coordinator_address, done.num_processes, done.process_id) not in (
-            (cfg.coordinator_address, cfg.num_processes, cfg.process_id), (None, None, None)
+            (cfg.coordinator_address, cfg.num_processes, cfg.process_id),
+            (None, None, None),
         ) and cfg.source != "jax":
             raise DistributedInitError(
                 f"initialize_distributed was already called with {done}; it cannot be re-initialised "
@@ -659,8 +669,9 @@ def initialize_distributed(
             )
         return done
     if is_distributed_initialized():  # the user called jax.distributed.initialize directly
-        _DISTRIBUTED[0] = dataclasses.replace(cfg, source="jax", num_processes=jax.process_count(),
-                                              process_id=jax.process_index())
+        _DISTRIBUTED[0] = dataclasses.replace(
+            cfg, source="jax", num_processes=jax.process_count(), process_id=jax.process_index()
+        )
         return _DISTRIBUTED[0]
     if cfg.num_processes == 1 and cfg.source != "jax":
         _DISTRIBUTED[0] = cfg  # a job of one: nothing to join

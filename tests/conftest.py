@@ -20,9 +20,7 @@ NUM_DEVICES = 8
 
 # 8 host-platform (CPU) devices; replace any device count already in XLA_FLAGS.
 _flag = f"--xla_force_host_platform_device_count={NUM_DEVICES}"
-_xla_flags = re.sub(
-    r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")
-).split()
+_xla_flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
 # Keep optimisation barriers on XLA:CPU (its cse_barrier_expander pass drops
 # them), so activation checkpointing really lowers memory in the tests, as it
 # does on GPU/TPU (spmdtorch.partition.CPU_REMAT_XLA_FLAG).

@@ -25,8 +25,9 @@ def _modules():
 def test_every_docstring_example_runs(devices8):
     failed, attempted = {}, 0
     for name in _modules():
-        result = doctest.testmod(importlib.import_module(name),
-                                 optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        result = doctest.testmod(
+            importlib.import_module(name), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+        )
         attempted += result.attempted
         if result.failed:
             failed[name] = result.failed

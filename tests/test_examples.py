@@ -27,15 +27,23 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(
             [sys.executable, str(EXAMPLE), *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
         )
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"")
+        out = e.stdout or b""
         out = out.decode(errors="replace") if isinstance(out, bytes) else out
-        err = (e.stderr or b"")
+        err = e.stderr or b""
         err = err.decode(errors="replace") if isinstance(err, bytes) else err
-        pytest.fail(f"{EXAMPLE.name} {' '.join(args)} did not finish in {RUN_TIMEOUT_S}s\n"
-                    f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"{EXAMPLE.name} {' '.join(args)} did not finish in {RUN_TIMEOUT_S}s\n"
+            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}",
+            pytrace=False,
+        )
 
 
 # pytest-timeout (pyproject: 300 s) would kill the whole session first; give the
@@ -48,8 +56,11 @@ def _run(*args: str) -> subprocess.CompletedProcess:
         (("--mode", "compiled"), "fsdp=8", "{devices=[8,1]0,1,2,3,4,5,6,7}"),
         # Hybrid: fsdp=4 shards, replicated over data=2; bf16 compute and
         # checkpointed layers, lazily.
-        (("--mode", "lazy", "--mesh", "2,4", "--mixed-precision", "bf16", "--checkpoint-layers"),
-         "data=2 x fsdp=4", "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"),
+        (
+            ("--mode", "lazy", "--mesh", "2,4", "--mixed-precision", "bf16", "--checkpoint-layers"),
+            "data=2 x fsdp=4",
+            "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}",
+        ),
     ],
     ids=["fsdp8-compiled", "hybrid-bf16-remat-lazy"],
 )

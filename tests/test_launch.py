@@ -46,10 +46,11 @@ def test_every_rank_runs_with_its_environment_and_prefixed_output():
         prefix = f"[rank {rank}] {rank} 3 {rank} 3 {rank} cpu CPU "
         assert mine[0].startswith(prefix), mine[0]
         # The device count replaces the test run's own; its other XLA flags pass through.
-        flags = mine[0][len(prefix):].split()
+        flags = mine[0][len(prefix) :].split()
         assert [f for f in flags if "device_count" in f] == ["--xla_force_host_platform_device_count=4"]
         assert os.environ["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=8", "").split() == [
-            f for f in flags if "device_count" not in f]
+            f for f in flags if "device_count" not in f
+        ]
     coords = {line.split()[3] for line in lines if "coordinator" in line}
     assert len(coords) == 1  # one coordinator for the job ...
     (coord,) = coords
@@ -180,7 +181,10 @@ def test_child_env_replaces_the_device_count_and_keeps_other_flags():
     assert env["NPROC"] == "24"  # at least 2 x devices (DESIGN.md: CPU collective deadlock)
     assert env["KEEP"] == "1" and env["SPMDTORCH_HEARTBEAT_TIMEOUT"] == "7"
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["SPMDTORCH_COORDINATOR_ADDRESS"]) == (
-        "10.0.0.1", "5001", "10.0.0.1:5000")
+        "10.0.0.1",
+        "5001",
+        "10.0.0.1:5000",
+    )
     assert base["XLA_FLAGS"].endswith("=8")  # the caller's mapping is not modified
 
 

@@ -35,8 +35,10 @@ def test_readme_fsdp_snippet_runs(capsys):
 
 
 def test_readme_planning_snippet_runs(capsys):
-    exec(compile(_block_after("### Models that do not fit: plan, materialize, check the memory"), "README.md", "exec"),
-         {})
+    exec(
+        compile(_block_after("### Models that do not fit: plan, materialize, check the memory"), "README.md", "exec"),
+        {},
+    )
     out = capsys.readouterr().out
     assert "('fsdp', 'tp')" in out
     assert "layers.0.attention.wo.weight" in out and "optimizer state (adamw)" in out

@@ -130,9 +130,7 @@ def _run_fresh(code: str, env_updates: dict[str, str | None]) -> str:
             env.pop(key, None)
         else:
             env[key] = val
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p)
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
@@ -163,8 +161,12 @@ print(os.environ.get("JAX_PLATFORMS"), jax.config.jax_platforms,
 
 @pytest.mark.parametrize(
     "pjrt, expected",
-    [("GPU", "cuda cuda False CUDA"), ("CUDA", "cuda cuda False CUDA"),
-     ("TPU", "tpu tpu False TPU"), ("cpu", "cpu cpu False CPU")],
+    [
+        ("GPU", "cuda cuda False CUDA"),
+        ("CUDA", "cuda cuda False CUDA"),
+        ("TPU", "tpu tpu False TPU"),
+        ("cpu", "cpu cpu False CPU"),
+    ],
 )
 def test_apply_env_sets_jax_platforms(pjrt, expected):
     out = _run_fresh(_APPLY, {"PJRT_DEVICE": pjrt, "JAX_PLATFORMS": None})
@@ -263,9 +265,7 @@ def test_initialize_cache_writes_entries(devices8, tmp_path, restore_cache_confi
     assert len(_entries(cache_dir)) > len(first)
 
 
-def test_initialize_cache_accepts_pathlike_and_switches_dir(
-    devices8, tmp_path, restore_cache_config
-):
+def test_initialize_cache_accepts_pathlike_and_switches_dir(devices8, tmp_path, restore_cache_config):
     a, b = tmp_path / "a", tmp_path / "b"
     xr.initialize_cache(a)
     _program(7.0)(jnp.ones(8)).block_until_ready()

@@ -16,8 +16,11 @@ import spmdtorch.runtime as xr
 from spmdtorch.runtime import DistributedInitError, resolve_distributed_config
 
 TORCHRUN = {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500", "RANK": "3", "WORLD_SIZE": "4"}
-LAUNCHER = {"SPMDTORCH_COORDINATOR_ADDRESS": "127.0.0.1:4000", "SPMDTORCH_NUM_PROCESSES": "2",
-            "SPMDTORCH_PROCESS_ID": "1"}
+LAUNCHER = {
+    "SPMDTORCH_COORDINATOR_ADDRESS": "127.0.0.1:4000",
+    "SPMDTORCH_NUM_PROCESSES": "2",
+    "SPMDTORCH_PROCESS_ID": "1",
+}
 
 
 def test_arguments_win_over_the_environment():
@@ -34,7 +37,11 @@ def test_launcher_variables_come_before_torchrun_ones():
 def test_torchrun_variables():
     cfg = resolve_distributed_config(env=TORCHRUN)
     assert (cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.source) == (
-        "10.1.2.3:29500", 4, 3, "torchrun")
+        "10.1.2.3:29500",
+        4,
+        3,
+        "torchrun",
+    )
     assert cfg.local_device_ids is None
     # torchrun's agent holds MASTER_PORT with its own store: the coordinator takes the next port.
     agent = resolve_distributed_config(env={**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True"})
@@ -60,16 +67,25 @@ def test_heartbeat_timeout():
 @pytest.mark.parametrize(
     "args,env,match",
     [
-        ((None, None, None), {**LAUNCHER, "SPMDTORCH_NUM_PROCESSES": "two"},
-         "SPMDTORCH_NUM_PROCESSES='two' is not an integer"),
-        ((None, None, None), {"SPMDTORCH_COORDINATOR_ADDRESS": "h:1", "SPMDTORCH_NUM_PROCESSES": "2"},
-         r"process_id not given .*SPMDTORCH_PROCESS_ID"),
+        (
+            (None, None, None),
+            {**LAUNCHER, "SPMDTORCH_NUM_PROCESSES": "two"},
+            "SPMDTORCH_NUM_PROCESSES='two' is not an integer",
+        ),
+        (
+            (None, None, None),
+            {"SPMDTORCH_COORDINATOR_ADDRESS": "h:1", "SPMDTORCH_NUM_PROCESSES": "2"},
+            r"process_id not given .*SPMDTORCH_PROCESS_ID",
+        ),
         ((None, None, None), {**TORCHRUN, "MASTER_PORT": ""}, "MASTER_ADDR is set but MASTER_PORT is not"),
         (("h:1", 2, 2), {}, r"process_id must be an int in 0..1 \(num_processes=2\), got 2"),
         (("h:1", 0, 0), {}, "num_processes must be an int >= 1, got 0"),
         (("host-without-port", 2, 0), {}, "must be 'host:port'"),
-        ((None, None, None), {**LAUNCHER, "SPMDTORCH_LOCAL_DEVICE_IDS": "0;1"},
-         "SPMDTORCH_LOCAL_DEVICE_IDS='0;1' must be a comma-separated list"),
+        (
+            (None, None, None),
+            {**LAUNCHER, "SPMDTORCH_LOCAL_DEVICE_IDS": "0;1"},
+            "SPMDTORCH_LOCAL_DEVICE_IDS='0;1' must be a comma-separated list",
+        ),
     ],
 )
 def test_malformed_settings(args, env, match):
@@ -98,10 +114,14 @@ def test_no_cluster_found_means_one_process():
         "cfg = xr.initialize_distributed()\n"
         "print(cfg.source, cfg.num_processes, cfg.process_id, xr.process_count(), xr.is_distributed_initialized())\n"
     )
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SPMDTORCH_", "MASTER_", "JAX_COORDINATOR")) and k not in ("RANK", "WORLD_SIZE")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=False)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SPMDTORCH_", "MASTER_", "JAX_COORDINATOR")) and k not in ("RANK", "WORLD_SIZE")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["single-process", "1", "0", "1", "False"]
 

@@ -51,8 +51,22 @@ sys.path.insert(0, str(_ROOT / "benchmarks"))
 
 # The ops a reader of the two programs compares first: communication, data
 # movement and the fusions that on simulated CPU devices each cost a thunk.
-KEY_OPS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "dynamic-slice",
-           "fusion", "transpose", "copy", "convert", "reshape", "broadcast", "dot", "custom-call")
+KEY_OPS = (
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "all-to-all",
+    "collective-permute",
+    "dynamic-slice",
+    "fusion",
+    "transpose",
+    "copy",
+    "convert",
+    "reshape",
+    "broadcast",
+    "dot",
+    "custom-call",
+)
 
 _COMP = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
@@ -71,7 +85,7 @@ def _opcode(line: str) -> str | None:
             depth += ch == "("
             depth -= ch == ")"
             if depth == 0:
-                rhs = rhs[i + 1:]
+                rhs = rhs[i + 1 :]
                 break
     m = re.match(r"\s*(?:[\w\[\]{},:\s]*?\s)?([a-z][\w\-]*)\(", rhs)
     return m.group(1) if m else None
@@ -144,8 +158,9 @@ def distinct_fusion_kernels(text: str) -> int:
             bodies[current].append(line)
 
     def normalized(name):  # names and metadata differ between identical computations
-        return "\n".join(re.sub(r"%[\w.\-]+", "%", re.sub(r", metadata=\{[^}]*\}", "", ln)).strip()
-                         for ln in bodies[name])
+        return "\n".join(
+            re.sub(r"%[\w.\-]+", "%", re.sub(r", metadata=\{[^}]*\}", "", ln)).strip() for ln in bodies[name]
+        )
 
     called = [c for ln in bodies.get(entry, []) if " fusion(" in ln for c in _CALLS.findall(ln)]
     return len({normalized(c) for c in called if c in bodies})
@@ -277,18 +292,24 @@ def _print(cfg_name: str, res: dict) -> None:
         table.add_row(op, *map(str, row), style=style)
     totals = [sum(counts[(w, s)][0].values()) for s in ("pre-opt", "optimized") for w in ("spmdtorch", "twin")]
     table.add_row("(all top-level)", *map(str, totals), style="bold")
-    table.add_row("(inside fusions)", "", "", str(counts[("spmdtorch", "optimized")][1]),
-                  str(counts[("twin", "optimized")][1]))
-    table.add_row("(distinct fusion kernels)", "", "", str(res["kernels"]["spmdtorch"]), str(res["kernels"]["twin"]),
-                  style="bold")
+    table.add_row(
+        "(inside fusions)", "", "", str(counts[("spmdtorch", "optimized")][1]), str(counts[("twin", "optimized")][1])
+    )
+    table.add_row(
+        "(distinct fusion kernels)", "", "", str(res["kernels"]["spmdtorch"]), str(res["kernels"]["twin"]), style="bold"
+    )
     Console(width=120).print(table)
     t = res["compile_s"]
-    print(f"compile time of the pre-opt module: spmdtorch {t['spmdtorch']:.2f} s, twin {t['twin']:.2f} s "
-          f"({t['spmdtorch'] / t['twin']:.2f}x)")
+    print(
+        f"compile time of the pre-opt module: spmdtorch {t['spmdtorch']:.2f} s, twin {t['twin']:.2f} s "
+        f"({t['spmdtorch'] / t['twin']:.2f}x)"
+    )
     if res["step_ms"]:
         m = res["step_ms"]
-        print(f"blocking step, interleaved, median: spmdtorch {m['spmdtorch']:.2f} ms, twin {m['twin']:.2f} ms "
-              f"({m['spmdtorch'] / m['twin']:.2f}x)")
+        print(
+            f"blocking step, interleaved, median: spmdtorch {m['spmdtorch']:.2f} ms, twin {m['twin']:.2f} ms "
+            f"({m['spmdtorch'] / m['twin']:.2f}x)"
+        )
 
 
 def main(argv=None) -> int:
@@ -297,14 +318,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="tiny", help="comma-separated: tiny, small")
     p.add_argument("--dump", type=Path, default=None, help="write the four HLO texts per config here")
-    p.add_argument("--rounds", type=int, default=0,
-                   help="also time N blocking steps of each, alternating (median ms; not a benchmark)")
-    p.add_argument("--no-rewrites", action="store_true",
-                   help="record the graph without spmdtorch.lazy.rewrite's folds (to see what they change)")
-    p.add_argument("--no-interning", action="store_true",
-                   help="give every Python number its own program input (as before graph.interned_scalar)")
-    p.add_argument("--twin-per-param-adamw", action="store_true",
-                   help="the twin keeps one AdamW step count per parameter, as torch.optim.AdamW does")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="also time N blocking steps of each, alternating (median ms; not a benchmark)",
+    )
+    p.add_argument(
+        "--no-rewrites",
+        action="store_true",
+        help="record the graph without spmdtorch.lazy.rewrite's folds (to see what they change)",
+    )
+    p.add_argument(
+        "--no-interning",
+        action="store_true",
+        help="give every Python number its own program input (as before graph.interned_scalar)",
+    )
+    p.add_argument(
+        "--twin-per-param-adamw",
+        action="store_true",
+        help="the twin keeps one AdamW step count per parameter, as torch.optim.AdamW does",
+    )
     args = p.parse_args(argv)
     if args.no_rewrites:
         from spmdtorch.lazy import rewrite

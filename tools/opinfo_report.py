@@ -121,16 +121,42 @@ def _alarm(seconds: float):
 
 # Ops whose outputs are random draws or uninitialised memory: eager and xla
 # cannot agree on values (OpInfo skips them in TestCommon.test_compare_cpu).
-RANDOM_OPS = frozenset({
-    "bernoulli", "normal", "uniform", "cauchy", "exponential", "geometric", "log_normal",
-    "multinomial", "rand_like", "randn_like", "randint_like", "randint", "randn", "rand",
-    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
-    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
-    "nn.functional.rrelu", "nn.functional.fractional_max_pool2d",
-    "nn.functional.fractional_max_pool3d", "svd_lowrank", "pca_lowrank",
-    "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
-    "torch.ops.aten._flash_attention_forward", "torch.ops.aten._efficient_attention_forward",
-})
+RANDOM_OPS = frozenset(
+    {
+        "bernoulli",
+        "normal",
+        "uniform",
+        "cauchy",
+        "exponential",
+        "geometric",
+        "log_normal",
+        "multinomial",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randint",
+        "randn",
+        "rand",
+        "nn.functional.dropout",
+        "nn.functional.dropout2d",
+        "nn.functional.dropout3d",
+        "nn.functional.alpha_dropout",
+        "nn.functional.feature_alpha_dropout",
+        "nn.functional.rrelu",
+        "nn.functional.fractional_max_pool2d",
+        "nn.functional.fractional_max_pool3d",
+        "svd_lowrank",
+        "pca_lowrank",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "empty_permuted",
+        "new_empty",
+        "new_empty_strided",
+        "torch.ops.aten._flash_attention_forward",
+        "torch.ops.aten._efficient_attention_forward",
+    }
+)
 
 
 # -- tolerances ------------------------------------------------------------------
@@ -268,8 +294,11 @@ def _grad_pieces(sample, out):
 
     out = sample.output_process_fn_grad(out)
     outs = [t for t in _leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-    ins = [t for t in _leaves((sample.input, sample.args, sample.kwargs))
-           if isinstance(t, torch.Tensor) and t.requires_grad]
+    ins = [
+        t
+        for t in _leaves((sample.input, sample.args, sample.kwargs))
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
     return outs, ins
 
 
@@ -304,8 +333,11 @@ def _snapshot(sample):
     """CPU copies of a sample's tensors, taken BEFORE the eager run (which may
     write into its inputs: running stats of batch_norm); each xla run moves
     its own copy of them to the device."""
-    return (_tree_map(_clone_leaf, sample.input), _tree_map(_clone_leaf, tuple(sample.args)),
-            {k: _tree_map(_clone_leaf, v) for k, v in sample.kwargs.items()})
+    return (
+        _tree_map(_clone_leaf, sample.input),
+        _tree_map(_clone_leaf, tuple(sample.args)),
+        {k: _tree_map(_clone_leaf, v) for k, v in sample.kwargs.items()},
+    )
 
 
 def _run_xla(op, sample, cpu_res, snap):
@@ -314,8 +346,7 @@ def _run_xla(op, sample, cpu_res, snap):
     x_kwargs = _to_xla_kwargs(snap[2])
     from torch.testing._internal.opinfo.core import SampleInput
 
-    xsample = SampleInput(x_input, args=x_args, kwargs=x_kwargs,
-                          output_process_fn_grad=sample.output_process_fn_grad)
+    xsample = SampleInput(x_input, args=x_args, kwargs=x_kwargs, output_process_fn_grad=sample.output_process_fn_grad)
     out = op(xsample.input, *xsample.args, **xsample.kwargs)
     res = {"out": xsample.output_process_fn_grad(out)}
     if "gouts" in cpu_res:
@@ -382,8 +413,9 @@ def _at_least_eager_accuracy(op, sample, snap, cpu_res, xla_res):
         if g.shape != w.shape or g.dtype != w.dtype or r.shape != w.shape:
             return None
         gf, wf = torch.isfinite(g), torch.isfinite(w)
-        if not torch.equal(gf, wf) or not torch.equal(torch.where(gf, 0, g.double()).nan_to_num(7.0),
-                                                      torch.where(wf, 0, w.double()).nan_to_num(7.0)):
+        if not torch.equal(gf, wf) or not torch.equal(
+            torch.where(gf, 0, g.double()).nan_to_num(7.0), torch.where(wf, 0, w.double()).nan_to_num(7.0)
+        ):
             return None
         e_got, e_eager = _rmse(g, r), _rmse(w, r)
         if e_got > 2.0 * e_eager + 1e-5:
@@ -414,16 +446,20 @@ def _compare(cpu_res, xla_res, tol, shape_only):
         # random forward values: their gradients are random too
         for i, (g, w) in enumerate(zip(xla_res.get("grads", []), cpu_res["grads"])):
             if (g is None) != (w is None) or (w is not None and (g.shape != w.shape or g.dtype != w.dtype)):
-                raise AssertionError(f"grad {i}: got {None if g is None else (tuple(g.shape), g.dtype)}, "
-                                     f"expected {None if w is None else (tuple(w.shape), w.dtype)}")
+                raise AssertionError(
+                    f"grad {i}: got {None if g is None else (tuple(g.shape), g.dtype)}, "
+                    f"expected {None if w is None else (tuple(w.shape), w.dtype)}"
+                )
         return
     if "grads" in cpu_res:
         got = [None if g is None else g.detach().cpu() for g in xla_res.get("grads", [])]
         want = cpu_res["grads"]
         for i, (g, w) in enumerate(zip(got, want)):
             if (g is None) != (w is None):
-                raise AssertionError(f"grad {i}: got {'None' if g is None else 'a tensor'}, "
-                                     f"expected {'None' if w is None else 'a tensor'}")
+                raise AssertionError(
+                    f"grad {i}: got {'None' if g is None else 'a tensor'}, "
+                    f"expected {'None' if w is None else 'a tensor'}"
+                )
             if g is not None:
                 try:
                     torch.testing.assert_close(g, w, equal_nan=True, **kw)
@@ -595,7 +631,11 @@ class EntryRun:
         fails, eager, na = of("fail"), of("eager_error"), of("n/a")
         passed = sum(r == "pass" for r in results)
         rec.update(
-            samples=len(results), passed=passed, failed=len(fails), eager_error=len(eager), not_applicable=len(na),
+            samples=len(results),
+            passed=passed,
+            failed=len(fails),
+            eager_error=len(eager),
+            not_applicable=len(na),
             failing_samples=[i for i, _ in fails],
             failures=[{"sample": i, "reason": r[1], "detail": r[2]} for i, r in fails[:MAX_FAILURE_DETAILS]],
             eager_errors=[{"sample": i, "reason": r[1]} for i, r in eager[:MAX_FAILURE_DETAILS]],
@@ -613,8 +653,10 @@ class EntryRun:
         elif na and not eager:
             rec.update(status="n/a", reason="no sample can run on xla: " + "; ".join(sorted(rec["na_reasons"])))
         else:
-            rec.update(status="n/a", reason="every sample raised in eager torch or cannot run on xla"
-                       if results else "no samples")
+            rec.update(
+                status="n/a",
+                reason="every sample raised in eager torch or cannot run on xla" if results else "no samples",
+            )
         rec["seconds"] = round(time.perf_counter() - self.t0, 3)
         return rec
 
@@ -660,7 +702,7 @@ def run_entry(op, dtype, grad=False, sample_timeout=60.0, batch=True, chunk=48, 
         # than several of ~50 (max_pool3d: 2 min for 576 samples at once).
         batched = []
         for c in range(0, len(todo), chunk):
-            run.trace(todo[c:c + chunk])
+            run.trace(todo[c : c + chunk])
             batched += list(run.xres)
             _sync_or_fail([run], sample_timeout)
             run.compare()
@@ -735,9 +777,12 @@ def compare_cpu_xfails(op_db) -> list[str]:
     out = []
     for op in op_db:
         for info in list(op.skips or ()) + list(op.decorators or ()):
-            if (isinstance(info, DecorateInfo) and info.test_name == "test_compare_cpu"
-                    and info.device_type is None
-                    and any(getattr(d, "__name__", "") == "expectedFailure" for d in info.decorators)):
+            if (
+                isinstance(info, DecorateInfo)
+                and info.test_name == "test_compare_cpu"
+                and info.device_type is None
+                and any(getattr(d, "__name__", "") == "expectedFailure" for d in info.decorators)
+            ):
                 out.append(entry_name(op))
                 break
     return out
@@ -773,7 +818,7 @@ def save_db(db, out_json):
     lines = ['{"format": 2, "modes": {']
     modes = list(db["modes"].items())
     for mi, (m, body) in enumerate(modes):
-        lines.append(f" {json.dumps(m)}: {{\"meta\": {json.dumps(body.get('meta', {}), default=str)}, \"entries\": {{")
+        lines.append(f' {json.dumps(m)}: {{"meta": {json.dumps(body.get("meta", {}), default=str)}, "entries": {{')
         ents = list(body["entries"].items())
         for ei, (name, rec) in enumerate(ents):
             comma = "," if ei < len(ents) - 1 else ""
@@ -787,8 +832,10 @@ def save_db(db, out_json):
 
 def _totals(entries):
     c = collections.Counter(r["status"] for r in entries)
-    s = {k: sum(r.get(k, 0) or 0 for r in entries)
-         for k in ("samples", "passed", "failed", "eager_error", "not_applicable")}
+    s = {
+        k: sum(r.get(k, 0) or 0 for r in entries)
+        for k in ("samples", "passed", "failed", "eager_error", "not_applicable")
+    }
     return c, s
 
 
@@ -821,8 +868,10 @@ def render_markdown(db, out_md, op_db_len):
         "",
         "## Totals",
         "",
-        ("| mode | entries run | pass | fail | n/a | **pass rate** (pass / (pass + fail)) "
-         "| samples: pass / fail / eager error / n/a | sample pass rate |"),
+        (
+            "| mode | entries run | pass | fail | n/a | **pass rate** (pass / (pass + fail)) "
+            "| samples: pass / fail / eager error / n/a | sample pass rate |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for m in modes:
@@ -831,22 +880,29 @@ def render_markdown(db, out_md, op_db_len):
         lines.append(
             f"| {m} | {len(ents)} of {op_db_len} | {c['pass']} | {c['fail']} | {c['n/a']} | "
             f"**{_pct(c['pass'], c['pass'] + c['fail'])}** | {s['passed']} / {s['failed']} / {s['eager_error']} / "
-            f"{s['not_applicable']} | {_pct(s['passed'], s['passed'] + s['failed'])} |")
+            f"{s['not_applicable']} | {_pct(s['passed'], s['passed'] + s['failed'])} |"
+        )
     lines.append("")
-    lines.append("Each entry's record comes from the last run that included it: a full run per mode, then "
-                 "`--failed` re-runs after fixes (passing entries keep their full-run record; CI re-checks "
-                 "every entry's first samples with the current code).")
+    lines.append(
+        "Each entry's record comes from the last run that included it: a full run per mode, then "
+        "`--failed` re-runs after fixes (passing entries keep their full-run record; CI re-checks "
+        "every entry's first samples with the current code)."
+    )
     lines.append("")
-    lines.append("A known source of float32 mismatches: XLA's CPU compiler always contracts a multiply "
-                 "feeding an add into one fused multiply-add (one rounding; more accurate), eager rounds "
-                 "twice. Where a formula cancels (`1 - x*x` in the `asin`/`atanh` gradients near |x| = 1) "
-                 "the difference exceeds OpInfo's tolerance.")
+    lines.append(
+        "A known source of float32 mismatches: XLA's CPU compiler always contracts a multiply "
+        "feeding an add into one fused multiply-add (one rounding; more accurate), eager rounds "
+        "twice. Where a formula cancels (`1 - x*x` in the `asin`/`atanh` gradients near |x| = 1) "
+        "the difference exceeds OpInfo's tolerance."
+    )
     lines.append("")
     for m in modes:
         meta = db["modes"][m].get("meta", {})
-        lines.append(f"- {m}: torch {meta.get('torch')}, jax {meta.get('jax')}; last run "
-                     f"`{meta.get('command')}` ({meta.get('wall_s', 0):.0f} s, {meta.get('jobs')} worker(s), "
-                     f"XLA_FLAGS `{meta.get('xla_flags')}`)")
+        lines.append(
+            f"- {m}: torch {meta.get('torch')}, jax {meta.get('jax')}; last run "
+            f"`{meta.get('command')}` ({meta.get('wall_s', 0):.0f} s, {meta.get('jobs')} worker(s), "
+            f"XLA_FLAGS `{meta.get('xla_flags')}`)"
+        )
     xfail = set()
     for m in modes:
         xfail |= set(db["modes"][m].get("meta", {}).get("compare_cpu_xfails", ()))
@@ -856,8 +912,10 @@ def render_markdown(db, out_md, op_db_len):
         lines += ["", f"## {m}", ""]
         shape_only = sum(1 for r in ents if r.get("shape_only") and r["status"] == "pass")
         so_samples = sum(r.get("shape_only_samples", 0) or 0 for r in ents)
-        lines.append(f"{c['pass']} pass ({shape_only} of them random/uninitialised ops checked on shape and dtype "
-                     f"only; {so_samples} samples in all are checked that way), {c['fail']} fail, {c['n/a']} n/a.")
+        lines.append(
+            f"{c['pass']} pass ({shape_only} of them random/uninitialised ops checked on shape and dtype "
+            f"only; {so_samples} samples in all are checked that way), {c['fail']} fail, {c['n/a']} n/a."
+        )
         fp64 = [r for r in ents if (r.get("passed_vs_fp64") or 0) > 0]
         if fp64:
             lines.append("")
@@ -867,7 +925,9 @@ def render_markdown(db, out_md, op_db_len):
                 "OpInfo tolerance but pass as at least as accurate as eager against the op run in float64 "
                 "(RMS error ≤ 2 × eager's + 1e-5; eager CPU rounds intermediates to bf16 where XLA keeps "
                 "float32). Without this criterion these entries would fail: "
-                + ", ".join(f"`{r['name']}`" for r in fp64 if r["status"] == "pass") + ".")
+                + ", ".join(f"`{r['name']}`" for r in fp64 if r["status"] == "pass")
+                + "."
+            )
         cats = collections.Counter(category(r) for r in ents if r["status"] == "fail")
         if cats:
             lines += ["", "| failure category | entries |", "|---|---|"]
@@ -879,14 +939,23 @@ def render_markdown(db, out_md, op_db_len):
             lines += [f"| {v} | `{k.replace('|', '/')[:160]}` |" for k, v in common]
         fails = sorted((r for r in ents if r["status"] == "fail"), key=lambda r: (category(r), r["reason"], r["name"]))
         if fails:
-            lines += ["", ("Failing entries (samples: failing/total; the reason is the first failing sample's; "
-                           "\"OpInfo xfail\": OpInfo itself marks the entry expectedFailure in "
-                           "`TestCommon.test_compare_cpu`):"), "",
-                      "| entry | category | samples | reason |", "|---|---|---|---|"]
+            lines += [
+                "",
+                (
+                    "Failing entries (samples: failing/total; the reason is the first failing sample's; "
+                    '"OpInfo xfail": OpInfo itself marks the entry expectedFailure in '
+                    "`TestCommon.test_compare_cpu`):"
+                ),
+                "",
+                "| entry | category | samples | reason |",
+                "|---|---|---|---|",
+            ]
             for r in fails:
                 mark = " (OpInfo xfail)" if r["name"] in xfail else ""
-                lines.append(f"| `{r['name']}`{mark} | {category(r)} | {r.get('failed', '?')}/{r.get('samples', '?')} "
-                             f"| `{r['reason'].replace('|', '/')[:200]}` |")
+                lines.append(
+                    f"| `{r['name']}`{mark} | {category(r)} | {r.get('failed', '?')}/{r.get('samples', '?')} "
+                    f"| `{r['reason'].replace('|', '/')[:200]}` |"
+                )
         na = [r for r in ents if r["status"] == "n/a"]
         if na:
             by = collections.defaultdict(list)
@@ -900,8 +969,11 @@ def render_markdown(db, out_md, op_db_len):
             for k, v in (r.get("na_reasons") or {}).items():
                 na_samples[k] += v
         if na_samples:
-            lines += ["", "Samples that cannot run on xla (counted as n/a): "
-                      + "; ".join(f"{k}: {v}" for k, v in na_samples.most_common())]
+            lines += [
+                "",
+                "Samples that cannot run on xla (counted as n/a): "
+                + "; ".join(f"{k}: {v}" for k, v in na_samples.most_common()),
+            ]
     with open(out_md, "w") as f:
         f.write("\n".join(lines) + "\n")
     return out_md
@@ -993,11 +1065,16 @@ def worker_main(args):
         idx = int(line)
         op = op_db[idx]
         try:
-            rec = run_entry(op, dtype, grad=args.grad, sample_timeout=args.sample_timeout,
-                            max_samples=args.max_samples or None)
+            rec = run_entry(
+                op, dtype, grad=args.grad, sample_timeout=args.sample_timeout, max_samples=args.max_samples or None
+            )
         except BaseException as e:  # noqa: BLE001
-            rec = {"name": entry_name(op), "status": "fail", "reason": "HarnessError: " + _first_line(e),
-                   "detail": traceback.format_exc()[-1500:]}
+            rec = {
+                "name": entry_name(op),
+                "status": "fail",
+                "reason": "HarnessError: " + _first_line(e),
+                "detail": traceback.format_exc()[-1500:],
+            }
         rec["index"] = idx
         proto.write(json.dumps(rec, default=str) + "\n")
 
@@ -1024,9 +1101,16 @@ class _Worker:
 
     def start(self):
         nice = self.nice
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=self.env, text=True, bufsize=1,
-                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)  # noqa: PLW1509
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=self.env,
+            text=True,
+            bufsize=1,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )  # noqa: PLW1509
         self.lines = queue.Queue()
         proc, lines = self.proc, self.lines
 
@@ -1060,11 +1144,17 @@ class _Worker:
                 peak = max(peak, rss)
                 if rss > self.max_rss_gb:
                     self.kill()
-                    return {"status": "fail", "reason": f"WorkerCrash: worker memory {rss:.1f} GB passed "
-                            f"--max-rss-gb {self.max_rss_gb} (worker killed)"}
+                    return {
+                        "status": "fail",
+                        "reason": f"WorkerCrash: worker memory {rss:.1f} GB passed "
+                        f"--max-rss-gb {self.max_rss_gb} (worker killed)",
+                    }
                 if time.time() > deadline:
                     self.kill()
-                    return {"status": "fail", "reason": f"Timeout: entry ran longer than {timeout:.0f}s (worker killed)"}
+                    return {
+                        "status": "fail",
+                        "reason": f"Timeout: entry ran longer than {timeout:.0f}s (worker killed)",
+                    }
         if ln is None:
             rc = self.proc.wait()
             self.proc = None
@@ -1173,9 +1263,12 @@ def main(argv=None):
             partial_f.write(json.dumps(rec, default=str) + "\n")
             partial_f.flush()
             done[0] += 1
-            print(f"[{done[0]}/{len(entries)} {time.time() - t0:6.0f}s] {rec['name']:45s} {rec['status']:4s} "
-                  f"{rec.get('passed', 0)}/{rec.get('samples', 0)} {rec.get('seconds', '')}s "
-                  f"{rec.get('reason', '')[:90]}", flush=True)
+            print(
+                f"[{done[0]}/{len(entries)} {time.time() - t0:6.0f}s] {rec['name']:45s} {rec['status']:4s} "
+                f"{rec.get('passed', 0)}/{rec.get('samples', 0)} {rec.get('seconds', '')}s "
+                f"{rec.get('reason', '')[:90]}",
+                flush=True,
+            )
 
     if args.jobs == 0:
         import spmdtorch  # noqa: F401
@@ -1184,8 +1277,9 @@ def main(argv=None):
             if idx in finished:
                 records[k] = finished[idx]
                 continue
-            rec = run_entry(op, dtype, grad=args.grad, sample_timeout=args.sample_timeout,
-                            max_samples=args.max_samples or None)
+            rec = run_entry(
+                op, dtype, grad=args.grad, sample_timeout=args.sample_timeout, max_samples=args.max_samples or None
+            )
             rec["index"] = idx
             records[k] = rec
             progress(k, rec)
@@ -1197,8 +1291,17 @@ def main(argv=None):
                 done[0] += 1
             else:
                 work.put((k, idx, op))
-        wargv = [sys.executable, os.path.abspath(__file__), "--worker", "--dtype", args.dtype,
-                 "--sample-timeout", str(args.sample_timeout), "--max-samples", str(args.max_samples)]
+        wargv = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--dtype",
+            args.dtype,
+            "--sample-timeout",
+            str(args.sample_timeout),
+            "--max-samples",
+            str(args.max_samples),
+        ]
         wargv += ["--grad"] if args.grad else []
 
         def loop():
@@ -1230,13 +1333,21 @@ def main(argv=None):
 
     command = "python tools/opinfo_report.py " + " ".join(argv if argv is not None else sys.argv[1:])
     m = db["modes"].setdefault(mode, {"meta": {}, "entries": {}})
-    m["meta"].update({
-        "dtype": args.dtype, "grad": args.grad, "torch": torch.__version__, "jax": jax.__version__,
-        "op_db_entries": len(op_db), "jobs": args.jobs, "xla_flags": env["XLA_FLAGS"],
-        "wall_s": time.time() - t0, "command": command,
-        "max_samples": args.max_samples or None,
-        "compare_cpu_xfails": compare_cpu_xfails(op_db),
-    })
+    m["meta"].update(
+        {
+            "dtype": args.dtype,
+            "grad": args.grad,
+            "torch": torch.__version__,
+            "jax": jax.__version__,
+            "op_db_entries": len(op_db),
+            "jobs": args.jobs,
+            "xla_flags": env["XLA_FLAGS"],
+            "wall_s": time.time() - t0,
+            "command": command,
+            "max_samples": args.max_samples or None,
+            "compare_cpu_xfails": compare_cpu_xfails(op_db),
+        }
+    )
     for r in records:
         if r is not None:
             m["entries"][r["name"]] = r

@@ -82,13 +82,14 @@ def measure(run, steps: int, block_until_ready) -> dict:
 
 def build(cfg_name: str) -> dict:
     """The four step functions (each returns its loss, not yet waited on)."""
+    import hlo_compare
     import jax
     import optax
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    import hlo_compare
-    import spmdtorch
     import train_step as bench
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import spmdtorch
     from spmdtorch.models.llama import causal_lm_loss
 
     _, run_spmd = hlo_compare._build_spmdtorch(cfg_name)
@@ -146,11 +147,10 @@ def main(argv=None) -> int:
 
     # First: importing it sets up 8 simulated devices (XLA_FLAGS, NPROC) and
     # checks that jax has not started; the twin's code lives there too.
+    import hlo_compare
     import step_time  # noqa: F401
     from rich.console import Console
     from rich.table import Table
-
-    import hlo_compare
 
     runs = build(args.config)
 
@@ -164,16 +164,17 @@ def main(argv=None) -> int:
         for k, run in runs.items():
             blocks[k].append(measure(run, args.steps, ready))
     cols = ("wall", "process", "main", "intra-op pool", "other")
-    table = Table(title=f"Llama {args.config}, compiled step, ms per step (median of {args.turns} blocks "
-                        f"of {args.steps} steps, taken in turn)")
+    table = Table(
+        title=f"Llama {args.config}, compiled step, ms per step (median of {args.turns} blocks "
+        f"of {args.steps} steps, taken in turn)"
+    )
     table.add_column("step")
     for c in cols:
         table.add_column(c if c == "wall" else f"CPU {c}", justify="right")
     twin_wall = statistics.median(b["wall"] for b in blocks["twin"])
     for k, bs in blocks.items():
         med = {c: statistics.median(b.get(c, 0.0) for b in bs) for c in cols}
-        table.add_row(k, f"{med['wall']:.2f} ({med['wall'] / twin_wall:.2f}x)",
-                      *(f"{med[c]:.2f}" for c in cols[1:]))
+        table.add_row(k, f"{med['wall']:.2f} ({med['wall'] / twin_wall:.2f}x)", *(f"{med[c]:.2f}" for c in cols[1:]))
     Console(width=160).print(table)
     return 0
 

@@ -40,8 +40,23 @@ from spmdtorch.checkpoint.manager import CheckpointManager
 from spmdtorch.checkpoint.optim import init_optimizer_state
 
 __all__ = [
-    "CheckpointCorruptionError", "CheckpointError", "CheckpointExistsError", "CheckpointManager", "CheckpointSaveError",
-    "DtypeMismatchError", "KeyMismatchError", "MissingKeysError", "NotACheckpointError", "ShapeMismatchError",
-    "StepNotFoundError", "UnexpectedKeysError", "UnsupportedValueError", "ValueKindMismatchError", "export",
-    "import_state_dict", "init_optimizer_state", "load", "save",
+    "CheckpointCorruptionError",
+    "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointManager",
+    "CheckpointSaveError",
+    "DtypeMismatchError",
+    "KeyMismatchError",
+    "MissingKeysError",
+    "NotACheckpointError",
+    "ShapeMismatchError",
+    "StepNotFoundError",
+    "UnexpectedKeysError",
+    "UnsupportedValueError",
+    "ValueKindMismatchError",
+    "export",
+    "import_state_dict",
+    "init_optimizer_state",
+    "load",
+    "save",
 ]

@@ -31,9 +31,19 @@ __all__ = ["export", "read_arrays"]
 
 _FORMATS = ("safetensors", "torch")
 _ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
 }
 
 
@@ -66,8 +76,9 @@ def _read_batch(path, infos, batch):
     args_tree = tree.orbax_tree(items)
     try:
         with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-            restored = ckptr.restore(path / ARRAYS, args=ocp.args.PyTreeRestore(
-                item=args_tree, restore_args=args_tree, partial_restore=True))
+            restored = ckptr.restore(
+                path / ARRAYS, args=ocp.args.PyTreeRestore(item=args_tree, restore_args=args_tree, partial_restore=True)
+            )
     except Exception as e:
         raise CheckpointCorruptionError(
             f"the arrays of checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:500]})"
@@ -81,7 +92,9 @@ def _read_batch(path, infos, batch):
             key = tree.keystr(tuple(info["path"]))
             raise CheckpointCorruptionError(
                 f"checkpoint {path}: state{key} read back different from what was saved (fingerprint "
-                "mismatch); the data files were altered: export another checkpoint", [key])
+                "mismatch); the data files were altered: export another checkpoint",
+                [key],
+            )
         t = placement.to_torch(node)
         want = _torch_dtype(info["dtype"])
         yield i, (t.to(want) if t.dtype != want else t)
@@ -101,7 +114,7 @@ def _select(record: dict, prefix) -> tuple:
     for info_i, info in enumerate(record["arrays"]):
         p = tuple(info["path"])
         if p[: len(prefix)] == prefix:
-            names[info_i] = ".".join(str(k) for k in p[len(prefix):])
+            names[info_i] = ".".join(str(k) for k in p[len(prefix) :])
     return node, names
 
 
@@ -134,11 +147,16 @@ def _write_safetensors(out, path, record, names: dict, values: dict, max_host_by
     for i in order:
         dtype = _torch_dtype(infos[i]["dtype"])
         if dtype not in _ST_DTYPES:
-            raise TypeError(f"state{tree.keystr(tuple(infos[i]['path']))} has dtype {dtype}, which safetensors "
-                            "cannot store; export with format='torch'")
+            raise TypeError(
+                f"state{tree.keystr(tuple(infos[i]['path']))} has dtype {dtype}, which safetensors "
+                "cannot store; export with format='torch'"
+            )
         nbytes = int(np.prod(infos[i]["shape"], dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-        header[names[i]] = {"dtype": _ST_DTYPES[dtype], "shape": list(infos[i]["shape"]),
-                            "data_offsets": [offset, offset + nbytes]}
+        header[names[i]] = {
+            "dtype": _ST_DTYPES[dtype],
+            "shape": list(infos[i]["shape"]),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     meta = {"format": "pt"}
     meta.update({k: json.dumps(v) for k, v in values.items()})
@@ -148,7 +166,10 @@ def _write_safetensors(out, path, record, names: dict, values: dict, max_host_by
     with open(out, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        f.writelines(t.contiguous().view(torch.uint8).reshape(-1).numpy().data if t.numel() else b"" for _, t in read_arrays(path, record, order, max_host_bytes))
+        f.writelines(
+            t.contiguous().view(torch.uint8).reshape(-1).numpy().data if t.numel() else b""
+            for _, t in read_arrays(path, record, order, max_host_bytes)
+        )
 
 
 class _StorageRef:
@@ -169,8 +190,10 @@ class _TensorRef:
         for s in reversed(self.shape):
             stride.append(acc)
             acc *= s
-        return (torch._utils._rebuild_tensor_v2,
-                (self.ref, 0, torch.Size(self.shape), tuple(reversed(stride)), False, collections.OrderedDict()))
+        return (
+            torch._utils._rebuild_tensor_v2,
+            (self.ref, 0, torch.Size(self.shape), tuple(reversed(stride)), False, collections.OrderedDict()),
+        )
 
 
 def _write_torch(out, path, record, node, names: dict, max_host_bytes: int) -> None:
@@ -178,8 +201,9 @@ def _write_torch(out, path, record, node, names: dict, max_host_bytes: int) -> N
     refs = {}
     for n, i in enumerate(names):
         dtype = _torch_dtype(infos[i]["dtype"])
-        refs[i] = _TensorRef(_StorageRef(str(n), dtype, int(np.prod(infos[i]["shape"], dtype=np.int64))),
-                             infos[i]["shape"])
+        refs[i] = _TensorRef(
+            _StorageRef(str(n), dtype, int(np.prod(infos[i]["shape"], dtype=np.int64))), infos[i]["shape"]
+        )
 
     def fill(x):
         if isinstance(x, dict):

@@ -109,11 +109,15 @@ def import_state_dict(file_or_dict, model: torch.nn.Module, *, strict: bool = Tr
     if strict and missing:
         raise MissingKeysError(
             f"{where} has no entry for {len(missing)} key(s) of {type(model).__name__}: {missing[:10]}; "
-            "pass strict=False to leave them unchanged", missing)
+            "pass strict=False to leave them unchanged",
+            missing,
+        )
     if strict and unexpected:
         raise UnexpectedKeysError(
             f"{where} has {len(unexpected)} key(s) that {type(model).__name__} does not: {unexpected[:10]}; "
-            "pass strict=False to skip them", unexpected)
+            "pass strict=False to skip them",
+            unexpected,
+        )
     for key, target in targets.items():
         if key not in src_keys:
             continue
@@ -123,11 +127,13 @@ def import_state_dict(file_or_dict, model: torch.nn.Module, *, strict: bool = Tr
         if tuple(src.shape) != tuple(target.shape):
             raise ShapeMismatchError(
                 f"{where}[{key!r}] has shape {tuple(src.shape)}, {type(model).__name__}.{key} has shape "
-                f"{tuple(target.shape)}; build the model with the source's configuration")
+                f"{tuple(target.shape)}; build the model with the source's configuration"
+            )
         if src.dtype != target.dtype and not cast:
             raise DtypeMismatchError(
                 f"{where}[{key!r}] has dtype {src.dtype}, {type(model).__name__}.{key} is {target.dtype}; "
-                "pass cast=True to convert")
+                "pass cast=True to convert"
+            )
         if isinstance(target, XlaTensor):
             layout = placement.layout_of(target, (key,))
             placement.install(target, placement.device_put(_host(src, target.dtype), layout))

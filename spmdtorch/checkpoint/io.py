@@ -219,14 +219,16 @@ def save_args(state) -> tuple[ocp.args.Composite, SaveFingerprints]:
             arr = placement.host_array(e.value)
             fp = list(fingerprint.fingerprint_numpy(arr))
         to_save[e.path] = arr
-        infos.append({
-            "path": list(e.path),
-            "kind": e.kind,
-            "dtype": _dtype_name(e.value.dtype),
-            "storage_dtype": str(np.dtype(arr.dtype)),
-            "shape": list(e.value.shape),
-            "fingerprint": fp,
-        })
+        infos.append(
+            {
+                "path": list(e.path),
+                "kind": e.kind,
+                "dtype": _dtype_name(e.value.dtype),
+                "storage_dtype": str(np.dtype(arr.dtype)),
+                "shape": list(e.value.shape),
+                "fingerprint": fp,
+            }
+        )
     pending = SaveFingerprints(device_src, device_logical, device_idx)
     record = {"format": FORMAT, "version": VERSION, "tree": tree.encode(state, index), "arrays": infos}
     items: dict[str, Any] = {META: MetaSave(record, pending)}
@@ -285,9 +287,7 @@ def save(path, state, *, overwrite: bool = False) -> None:
     """
     path = checkpoint_path(path)
     if path.exists() and not overwrite:
-        raise CheckpointExistsError(
-            f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
-        )
+        raise CheckpointExistsError(f"checkpoint path {path} already exists; pick a new path or pass overwrite=True")
     args, pending = save_args(state)
     # Orbax's async checkpointer, waited for here: the fingerprints run while
     # Orbax writes (a blocking Checkpointer would wait for the record, hence
@@ -326,7 +326,7 @@ def read_record(path) -> dict:
     path = checkpoint_path(path)
     if not path.exists():
         tmp = [p.name for p in path.parent.glob(path.name + _TMP_MARK + "*")] if path.parent.exists() else []
-        hint = (f" (found the unfinished save {tmp[0]!r}: that save was interrupted)" if tmp else "")
+        hint = f" (found the unfinished save {tmp[0]!r}: that save was interrupted)" if tmp else ""
         raise NotACheckpointError(f"checkpoint path {path} does not exist{hint}")
     meta_file = path / META / META_FILE
     if not meta_file.exists():

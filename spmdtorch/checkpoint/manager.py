@@ -82,8 +82,14 @@ class CheckpointManager:
         ([0, 2, 4], 4, tensor([5., 5., 5., 5.]))
     """
 
-    def __init__(self, directory, save_interval_steps: int = 1, max_to_keep: int | None = None,
-                 async_save: bool = True, save_on_preemption: bool = True):
+    def __init__(
+        self,
+        directory,
+        save_interval_steps: int = 1,
+        max_to_keep: int | None = None,
+        async_save: bool = True,
+        save_on_preemption: bool = True,
+    ):
         self._directory = checkpoint_path(directory)
         self._async = bool(async_save)
         self._writing = None  # the step of the latest async save (maybe still being written)
@@ -117,8 +123,11 @@ class CheckpointManager:
             # save alone, waiting forever for the others.
             return
         if threading.current_thread() is not threading.main_thread():
-            warnings.warn("CheckpointManager built outside the main thread cannot catch SIGTERM; "
-                          "preemption saves are off", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "CheckpointManager built outside the main thread cannot catch SIGTERM; preemption saves are off",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return
         self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._handler_installed = True  # (the previous handler may be None: not set from Python)
@@ -172,8 +181,7 @@ class CheckpointManager:
             if preempted and self._preemption_step == step:
                 return True
             raise CheckpointExistsError(
-                f"step {step} is already saved in {self._directory}; save a later step "
-                f"(latest is {self.latest_step()})"
+                f"step {step} is already saved in {self._directory}; save a later step (latest is {self.latest_step()})"
             )
         args, pending = io.save_args(state)
         try:
@@ -233,8 +241,9 @@ class CheckpointManager:
         """The checkpoint directory of ``step`` (what ``spmdtorch.checkpoint.load`` takes)."""
         return self._directory / str(step)
 
-    def restore(self, state, step: int | None = None, *, strict: bool = True, cast: bool = False,
-                fallback: bool = True):
+    def restore(
+        self, state, step: int | None = None, *, strict: bool = True, cast: bool = False, fallback: bool = True
+    ):
         """Fill ``state`` from ``step`` (the newest when None); return the state.
 
         With ``step=None`` and ``fallback``, a damaged newest step

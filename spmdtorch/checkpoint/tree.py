@@ -26,7 +26,15 @@ from spmdtorch.checkpoint.errors import UnsupportedValueError
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
-    "ArrayRef", "Entry", "decode", "decode_state", "encode", "flatten", "keystr", "orbax_name", "orbax_tree",
+    "ArrayRef",
+    "Entry",
+    "decode",
+    "decode_state",
+    "encode",
+    "flatten",
+    "keystr",
+    "orbax_name",
+    "orbax_tree",
     "replace_values",
 ]
 
@@ -225,9 +233,7 @@ def orbax_tree(items: dict) -> dict:
     root: dict = {}
     for path, leaf in items.items():
         if not path:
-            raise UnsupportedValueError(
-                "the state is a single tensor; wrap it in a dict, e.g. {'weight': t}"
-            )
+            raise UnsupportedValueError("the state is a single tensor; wrap it in a dict, e.g. {'weight': t}")
         name = orbax_name(path)
         if name in names:
             raise UnsupportedValueError(

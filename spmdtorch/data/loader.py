@@ -116,8 +116,9 @@ class ParallelLoader:
         n_threads = _positive_int("host_to_device_transfer_threads", host_to_device_transfer_threads)
         self._shardings = transfer.InputShardings(input_sharding)
         self._loader = loader
-        self._loader_queue: queue.Queue = queue.Queue(maxsize=_positive_int("loader_prefetch_size",
-                                                                            loader_prefetch_size))
+        self._loader_queue: queue.Queue = queue.Queue(
+            maxsize=_positive_int("loader_prefetch_size", loader_prefetch_size)
+        )
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._ready: dict = {}  # batch index -> transferred batch (or _Failed)

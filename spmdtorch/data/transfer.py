@@ -56,8 +56,7 @@ class InputShardings:
             for key, spec in specs.items():
                 if not isinstance(spec, ShardingSpec):
                     raise InputShardingError(
-                        f"input_sharding[{key!r}] must be a spmdtorch.partition.ShardingSpec, got "
-                        f"{type(spec).__name__}"
+                        f"input_sharding[{key!r}] must be a spmdtorch.partition.ShardingSpec, got {type(spec).__name__}"
                     )
         else:
             raise InputShardingError(
@@ -219,6 +218,4 @@ def _check_device(device) -> None:
     except (TypeError, RuntimeError):
         dev = None
     if dev is None or dev.type != "xla":
-        raise InputShardingError(
-            f"device must be an xla device such as spmdtorch.device() or 'xla', got {device!r}"
-        )
+        raise InputShardingError(f"device must be an xla device such as spmdtorch.device() or 'xla', got {device!r}")

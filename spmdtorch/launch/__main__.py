@@ -25,13 +25,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nprocs", type=int, required=True, help="number of processes")
     p.add_argument("--devices-per-proc", type=int, default=1, help="simulated CPU devices per process")
-    p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD_S,
-                   help="seconds between the first failure and SIGKILL for the others")
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD_S,
+        help="seconds between the first failure and SIGKILL for the others",
+    )
     p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
-    p.add_argument("--heartbeat-timeout", type=int, default=None,
-                   help="seconds without a heartbeat before a peer counts as dead")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="stop every process after this many seconds (exit status 124)")
+    p.add_argument(
+        "--heartbeat-timeout", type=int, default=None, help="seconds without a heartbeat before a peer counts as dead"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="stop every process after this many seconds (exit status 124)"
+    )
     return p
 
 
@@ -59,9 +65,15 @@ def main(argv=None) -> int:
     if not command or command == ["-m"]:
         p.error("give a script to run (or -m module) after the launcher's options")
     try:
-        result = launch(command, nprocs=ns.nprocs, devices_per_proc=ns.devices_per_proc,
-                        grace_period_s=ns.grace_period, port=ns.port, heartbeat_timeout_s=ns.heartbeat_timeout,
-                        timeout_s=ns.timeout)
+        result = launch(
+            command,
+            nprocs=ns.nprocs,
+            devices_per_proc=ns.devices_per_proc,
+            grace_period_s=ns.grace_period,
+            port=ns.port,
+            heartbeat_timeout_s=ns.heartbeat_timeout,
+            timeout_s=ns.timeout,
+        )
     except KeyboardInterrupt:
         return 130
     return result.returncode

@@ -118,20 +118,22 @@ def child_env(
     """
     env = dict(os.environ if base is None else base)
     host = coordinator.rsplit(":", 1)[0]
-    env.update({
-        runtime.ENV_COORDINATOR_ADDRESS: coordinator,
-        runtime.ENV_NUM_PROCESSES: str(nprocs),
-        runtime.ENV_PROCESS_ID: str(rank),
-        "MASTER_ADDR": host,
-        "MASTER_PORT": str(master_port),
-        "RANK": str(rank),
-        "WORLD_SIZE": str(nprocs),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(nprocs),
-        "JAX_PLATFORMS": "cpu",
-        "PJRT_DEVICE": "CPU",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            runtime.ENV_COORDINATOR_ADDRESS: coordinator,
+            runtime.ENV_NUM_PROCESSES: str(nprocs),
+            runtime.ENV_PROCESS_ID: str(rank),
+            "MASTER_ADDR": host,
+            "MASTER_PORT": str(master_port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nprocs),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(nprocs),
+            "JAX_PLATFORMS": "cpu",
+            "PJRT_DEVICE": "CPU",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     flag = "--xla_force_host_platform_device_count"
     flags = re.sub(rf"{flag}=\S*", "", env.get("XLA_FLAGS", "")).split()
     env["XLA_FLAGS"] = " ".join(flags + [f"{flag}={devices_per_proc}"])
@@ -244,8 +246,15 @@ def launch(
         for rank in range(nprocs):
             proc = subprocess.Popen(
                 [python, *command],
-                env=child_env(rank, nprocs, devices_per_proc, coordinator, master_port,
-                              heartbeat_timeout_s=heartbeat_timeout_s, base=env),
+                env=child_env(
+                    rank,
+                    nprocs,
+                    devices_per_proc,
+                    coordinator,
+                    master_port,
+                    heartbeat_timeout_s=heartbeat_timeout_s,
+                    base=env,
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -265,8 +274,10 @@ def launch(
                     first_failure = rank
                     kill_at = now + grace_period_s
                     with lock:
-                        out.write(f"[launch] rank {rank} failed with exit status "
-                                  f"{_describe(proc.returncode)}; stopping the other processes\n")
+                        out.write(
+                            f"[launch] rank {rank} failed with exit status "
+                            f"{_describe(proc.returncode)}; stopping the other processes\n"
+                        )
                         out.flush()
                     for other, p in enumerate(procs):
                         if other not in ended and p.poll() is None:
@@ -305,9 +316,7 @@ def launch(
     finally:
         for pump in pumps:
             pump.join(timeout=5.0)
-    ranks = tuple(
-        RankResult(rank, proc.returncode, rank in stopped, ended[rank]) for rank, proc in enumerate(procs)
-    )
+    ranks = tuple(RankResult(rank, proc.returncode, rank in stopped, ended[rank]) for rank, proc in enumerate(procs))
     if first_failure is not None:
         code = _shell_code(procs[first_failure].returncode)
     else:

@@ -68,9 +68,7 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
             group["capturable"] = True
             for p in group["params"]:
                 state = optimizer.state.get(p)
-                if state and isinstance(state.get("step"), torch.Tensor) and not isinstance(
-                    state["step"], XlaTensor
-                ):
+                if state and isinstance(state.get("step"), torch.Tensor) and not isinstance(state["step"], XlaTensor):
                     state["step"] = state["step"].to("xla")
     _TraceState.optimizers[id(optimizer)] = (weakref.ref(optimizer), _hparams(optimizer))
     return None
@@ -92,7 +90,7 @@ def _hparams(optimizer):
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _install_optimizer_hook():
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -129,8 +127,15 @@ def _signature(flat_args, spec):
             storages.append(st)
             base = st.value
             sig.append(
-                ("T", a._mk, a.requires_grad, alias,  # _mk: (shape, stride, offset, dtype)
-                 tuple(base.shape), getattr(base, "sharding", None), len(a._chain))
+                (
+                    "T",
+                    a._mk,
+                    a.requires_grad,
+                    alias,  # _mk: (shape, stride, offset, dtype)
+                    tuple(base.shape),
+                    getattr(base, "sharding", None),
+                    len(a._chain),
+                )
             )
         elif isinstance(a, torch.Tensor):
             sig.append(("cpu", tuple(a.shape), a.dtype))
@@ -147,8 +152,17 @@ def _signature(flat_args, spec):
 class _Record:
     """What one trace computed: the program and the role of each input/output."""
 
-    __slots__ = ("prog", "plan_key", "leaf_roles", "out_targets", "result_spec", "result_leaves",
-                 "scalars", "optimizers", "compare_key")
+    __slots__ = (
+        "prog",
+        "plan_key",
+        "leaf_roles",
+        "out_targets",
+        "result_spec",
+        "result_leaves",
+        "scalars",
+        "optimizers",
+        "compare_key",
+    )
 
 
 class _Entry:

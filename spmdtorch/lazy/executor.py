@@ -250,8 +250,11 @@ def _leaf_sig(leaf):
 # AdamW step passed ~7,600 buffers). Inside the program each element becomes
 # the scalar ``jnp.asarray(value)`` would have been (weak-typed float32/int32,
 # or bool), so type promotion is unchanged.
-_SCALAR_KINDS = (("b", np.bool_, np.dtype(np.bool_), False), ("i", np.int32, np.dtype(np.int32), True),
-                 ("f", np.float32, np.dtype(np.float32), True))
+_SCALAR_KINDS = (
+    ("b", np.bool_, np.dtype(np.bool_), False),
+    ("i", np.int32, np.dtype(np.int32), True),
+    ("f", np.float32, np.dtype(np.float32), True),
+)
 
 
 def _scalar_kind(value):
@@ -297,8 +300,10 @@ class _Layout:
 
     def pack(self, leaf_args, mesh):
         """Caller side: per-leaf arguments (Python numbers for scalars) to program arguments."""
-        out = [leaf_args[p] if type(leaf_args[p]) is not Scalar else scalar_array(leaf_args[p].value, mesh)
-               for p in self.array_pos]
+        out = [
+            leaf_args[p] if type(leaf_args[p]) is not Scalar else scalar_array(leaf_args[p].value, mesh)
+            for p in self.array_pos
+        ]
         for kind, positions in self.groups:
             out.append(_packed_array(kind, tuple(leaf_args[p].value for p in positions), mesh))
         return out
@@ -322,8 +327,9 @@ def _packed_array(kind, values, mesh):
                     raise OverflowError(f"Python int {v} too large to convert to int32")
         from spmdtorch.tensor.transfer import replicated_sharding
 
-        sharding = (replicated_sharding() if mesh is None
-                    else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        sharding = (
+            replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        )
         arr = _PACKED_CACHE[key] = jax.device_put(np.array(values, dtype=np_dtype), sharding)
     return arr
 
@@ -480,8 +486,7 @@ def scalar_array(value, mesh=None):
         from spmdtorch.tensor.transfer import replicated_sharding
 
         sharding = (
-            replicated_sharding() if mesh is None
-            else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         )
         arr = _SCALAR_CACHE[key] = jax.device_put(jnp.asarray(value), sharding)
     return arr
@@ -523,7 +528,8 @@ def run_plan(plan: _Plan, storages):
         fallback = _replicated_on(mesh)
         out_shardings = tuple(fallback if sh is None else sh for sh in out_shardings)
     donate = tuple(
-        type(leaf) is not Scalar and xla_tensor.holder_of(leaf) is None
+        type(leaf) is not Scalar
+        and xla_tensor.holder_of(leaf) is None
         and (plan.donatable is None or i in plan.donatable)
         for i, leaf in enumerate(plan.leaves)
     )
@@ -569,7 +575,7 @@ def _run_owed() -> None:
             _BEFORE_NEXT.pop(0)
 
 
-def execute(prog: "_Program", args) -> list:
+def execute(prog: _Program, args) -> list:
     """Run a compiled program asynchronously, bounding executions in flight."""
     if _BEFORE_NEXT:
         with _BEFORE_NEXT_LOCK:
@@ -614,8 +620,7 @@ def _padded_output(st):
         st.logical_shape = None
         return ref
     st.logical_shape = shape
-    return record(padding.pad_to, "pad_to_shards", ((Slot(0),), (("shape", target),)), [ref],
-                  ((target, ref.dtype),))
+    return record(padding.pad_to, "pad_to_shards", ((Slot(0),), (("shape", target),)), [ref], ((target, ref.dtype),))
 
 
 def pending_storages() -> list:

@@ -121,8 +121,7 @@ class Node:
             (``lazy.keys.node_sig``), or None until one is assigned.
     """
 
-    __slots__ = ("fn", "name", "template", "inputs", "static_key", "out_avals", "random", "draw",
-                 "sig", "__weakref__")
+    __slots__ = ("fn", "name", "template", "inputs", "static_key", "out_avals", "random", "draw", "sig", "__weakref__")
 
     def __init__(self, fn, name, template, inputs, static_key, out_avals, random=False, sig=None):
         self.fn = fn

@@ -36,8 +36,17 @@ import contextlib
 import numpy as np
 import torch
 
-__all__ = ["RandomGeneratorError", "active_region", "check_generator", "keyed_region", "manual_seed",
-           "next_key_data", "placeholder_key_data", "program_boundary", "set_region"]
+__all__ = [
+    "RandomGeneratorError",
+    "active_region",
+    "check_generator",
+    "keyed_region",
+    "manual_seed",
+    "next_key_data",
+    "placeholder_key_data",
+    "program_boundary",
+    "set_region",
+]
 
 # The region that keys random ops as they are recorded (see keyed_region):
 # None uses the program's key. One per process, like torch's generators.

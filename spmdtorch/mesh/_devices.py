@@ -62,7 +62,4 @@ def device_records(devices=None) -> list[DeviceRecord]:
     """
     if devices is None:
         devices = global_devices()
-    return [
-        DeviceRecord(i, int(d.process_index), getattr(d, "slice_index", None))
-        for i, d in enumerate(devices)
-    ]
+    return [DeviceRecord(i, int(d.process_index), getattr(d, "slice_index", None)) for i, d in enumerate(devices)]

@@ -152,9 +152,7 @@ def _tpu_device_ids(devices: list, ici: tuple, dcn: tuple) -> np.ndarray:
     try:
         if math.prod(dcn) > 1:
             has_slices = len({getattr(d, "slice_index", None) for d in devices}) > 1
-            placed = mesh_utils.create_hybrid_device_mesh(
-                ici, dcn, devices, process_is_granule=not has_slices
-            )
+            placed = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=not has_slices)
         else:
             placed = mesh_utils.create_device_mesh(ici, devices)
     except (ValueError, NotImplementedError, AssertionError) as e:

@@ -59,21 +59,15 @@ def _is_int(x: Any) -> bool:
 def _validate_shape(value: Any, param: str) -> tuple:
     """Checks a mesh shape (a non-empty sequence of positive ints) → tuple of int."""
     if _is_int(value):
-        raise MeshShapeError(
-            f"{param} must be a tuple of ints, got the int {value!r}; use ({int(value)},)"
-        )
+        raise MeshShapeError(f"{param} must be a tuple of ints, got the int {value!r}; use ({int(value)},)")
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise MeshShapeError(
-            f"{param} must be a tuple of positive ints, got {type(value).__name__} {value!r}"
-        )
+        raise MeshShapeError(f"{param} must be a tuple of positive ints, got {type(value).__name__} {value!r}")
     shape = tuple(value)
     if not shape:
         raise MeshShapeError(f"{param} must have at least one axis, got {shape!r}")
     for i, size in enumerate(shape):
         if not _is_int(size):
-            raise MeshShapeError(
-                f"{param}[{i}] must be an int, got {type(size).__name__} {size!r} in {shape!r}"
-            )
+            raise MeshShapeError(f"{param}[{i}] must be an int, got {type(size).__name__} {size!r} in {shape!r}")
         if size < 1:
             raise MeshShapeError(
                 f"{param}[{i}] must be >= 1, got {size} in {shape!r}; every mesh axis "
@@ -97,14 +91,10 @@ def _validate_device_ids(value: Any) -> tuple:
                 f"{value.dtype}; e.g. np.arange(n)"
             )
         items = value.tolist()
-    elif (
-        isinstance(value, (str, bytes, set, frozenset, dict))
-        or not hasattr(value, "__iter__")
-    ):
+    elif isinstance(value, (str, bytes, set, frozenset, dict)) or not hasattr(value, "__iter__"):
         # Sets and dicts have no meaningful order; strings are never ids.
         raise DeviceIdsError(
-            f"device_ids must be an ordered list or 1-D numpy array of ints, got "
-            f"{type(value).__name__} {value!r}"
+            f"device_ids must be an ordered list or 1-D numpy array of ints, got {type(value).__name__} {value!r}"
         )
     else:
         items = list(value)
@@ -114,8 +104,7 @@ def _validate_device_ids(value: Any) -> tuple:
             if hasattr(d, "process_index") and hasattr(d, "platform"):
                 hint = "; pass logical ordinals (e.g. range(n)), not jax Device objects"
             raise DeviceIdsError(
-                f"device_ids[{pos}] must be an int logical device ordinal, got "
-                f"{type(d).__name__} {d!r}{hint}"
+                f"device_ids[{pos}] must be an int logical device ordinal, got {type(d).__name__} {d!r}{hint}"
             )
     return tuple(int(d) for d in items)
 
@@ -124,13 +113,9 @@ def _validate_axis_names(value: Any, mesh_shape: tuple) -> tuple | None:
     if value is None:
         return None
     if isinstance(value, (str, bytes)):
-        raise AxisNamesError(
-            f"axis_names must be a tuple of str, got the string {value!r}; use ({value!r},)"
-        )
+        raise AxisNamesError(f"axis_names must be a tuple of str, got the string {value!r}; use ({value!r},)")
     if not isinstance(value, (Sequence, np.ndarray)):
-        raise AxisNamesError(
-            f"axis_names must be a tuple of str (or None), got {type(value).__name__} {value!r}"
-        )
+        raise AxisNamesError(f"axis_names must be a tuple of str (or None), got {type(value).__name__} {value!r}")
     names = tuple(value)
     if len(names) != len(mesh_shape):
         raise AxisNamesError(
@@ -139,14 +124,10 @@ def _validate_axis_names(value: Any, mesh_shape: tuple) -> tuple | None:
         )
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:
-            raise AxisNamesError(
-                f"axis_names[{i}] must be a non-empty str, got {type(name).__name__} {name!r}"
-            )
+            raise AxisNamesError(f"axis_names[{i}] must be a non-empty str, got {type(name).__name__} {name!r}")
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise AxisNamesError(
-            f"axis_names {names!r} repeats {', '.join(map(repr, dupes))}; axis names must be unique"
-        )
+        raise AxisNamesError(f"axis_names {names!r} repeats {', '.join(map(repr, dupes))}; axis names must be unique")
     return tuple(str(n) for n in names)
 
 
@@ -173,8 +154,7 @@ def _check_permutation(ids: tuple, mesh_shape: tuple, num_devices: int) -> None:
     if dupes:
         shown = ", ".join(f"{d} ({counts[d]} times)" for d in dupes[:8])
         raise DeviceIdsError(
-            f"device_ids repeats {shown}; device_ids must be a permutation of "
-            f"0..{num_devices - 1}, each device once"
+            f"device_ids repeats {shown}; device_ids must be a permutation of 0..{num_devices - 1}, each device once"
         )
     bad = sorted(d for d in ids if not 0 <= d < num_devices)
     if bad:
@@ -257,9 +237,7 @@ class Mesh:
         dev_array[:] = [devices[i] for i in ids]
         # Auto axes: the GSPMD partitioner chooses layouts between annotations,
         # which is PyTorch/XLA's model (JAX's Explicit axes are a different one).
-        jmesh = jax.sharding.Mesh(
-            dev_array.reshape(shape), jax_names, axis_types=(AxisType.Auto,) * len(shape)
-        )
+        jmesh = jax.sharding.Mesh(dev_array.reshape(shape), jax_names, axis_types=(AxisType.Auto,) * len(shape))
         setattr_ = object.__setattr__
         setattr_(self, "_device_ids", id_array)
         setattr_(self, "_mesh_shape", shape)
@@ -430,9 +408,7 @@ class Mesh:
         return self._hash
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(
-            f"{type(self).__name__} is immutable: cannot set {name!r}; build a new mesh instead"
-        )
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot set {name!r}; build a new mesh instead")
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
@@ -457,7 +433,4 @@ class Mesh:
         return repr(ids)
 
     def __repr__(self) -> str:
-        return (
-            f"Mesh(device_ids={self._ids_repr()}, mesh_shape={self._mesh_shape!r}, "
-            f"axis_names={self._axis_names!r})"
-        )
+        return f"Mesh(device_ids={self._ids_repr()}, mesh_shape={self._mesh_shape!r}, axis_names={self._axis_names!r})"

@@ -61,9 +61,7 @@ def resolve_axis(ref: Any, axis_names: tuple | None, mesh_shape: tuple) -> int:
     if _is_int(ref):
         idx = int(ref)
         if not 0 <= idx < ndim:
-            raise UnknownAxisError(
-                f"mesh axis index {idx} is out of range; {_describe_axes(axis_names, mesh_shape)}"
-            )
+            raise UnknownAxisError(f"mesh axis index {idx} is out of range; {_describe_axes(axis_names, mesh_shape)}")
         return idx
     if isinstance(ref, str):
         if axis_names is None:

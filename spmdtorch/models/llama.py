@@ -46,11 +46,11 @@ class LlamaConfig:
             raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
 
     @classmethod
-    def tiny(cls) -> "LlamaConfig":
+    def tiny(cls) -> LlamaConfig:
         return cls()
 
     @classmethod
-    def small(cls) -> "LlamaConfig":
+    def small(cls) -> LlamaConfig:
         return cls(vocab_size=1024, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=688, max_seq_len=256)
 
     @property

@@ -4,7 +4,6 @@ Importing this package fills ``registry.LOWERINGS`` (and
 ``views.VIEW_INVERSES``). See ``registry`` for the calling convention.
 """
 
-from spmdtorch.ops import registry  # noqa: F401  (first: the others register into it)
 from spmdtorch.ops import (  # noqa: F401
     activations,
     attention,
@@ -18,6 +17,7 @@ from spmdtorch.ops import (  # noqa: F401
     norms,
     random,
     reductions,
+    registry,  # noqa: F401  (first: the others register into it)
     shape,
     special,
     views,

@@ -8,7 +8,7 @@ queries on JAX arrays that may be tracers or Python scalars.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np

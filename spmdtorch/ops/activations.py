@@ -6,7 +6,6 @@ ATen derivative definitions (``derivatives.yaml``) with the same arguments.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 

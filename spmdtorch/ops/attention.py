@@ -47,16 +47,16 @@ def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa=False)
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu.default", lift_scalars=False)
-def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
-                    scale=None):
+def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     _check_no_dropout(dropout_p)
     out, lse, _ = _attention(query, key, value, attn_mask, is_causal, scale)
     return out, lse
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu_backward.default", lift_scalars=False)
-def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
-                             *, attn_mask=None, scale=None):
+def _sdpa_flash_cpu_backward(
+    grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
+):
     _check_no_dropout(dropout_p)
     f = lambda q, k, v: _attention(q, k, v, attn_mask, is_causal, scale)[0]  # noqa: E731
     f32 = lambda t: t.astype(jnp.float32)  # noqa: E731
@@ -65,8 +65,18 @@ def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropou
 
 
 @register("_scaled_dot_product_attention_math.default", lift_scalars=False)
-def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-               dropout_mask=None, *, scale=None, enable_gqa=False):
+def _sdpa_math(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    dropout_mask=None,
+    *,
+    scale=None,
+    enable_gqa=False,
+):
     _check_no_dropout(dropout_p)
     out, _, probs = _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     # The second output is the attention-probability matrix.
@@ -77,4 +87,5 @@ def _check_no_dropout(dropout_p):
     if isinstance(dropout_p, (int, float)) and dropout_p > 0:
         raise NotImplementedError(
             "spmdtorch: fused attention with dropout_p > 0 has no lowering; "
-            "apply dropout outside scaled_dot_product_attention")
+            "apply dropout outside scaled_dot_product_attention"
+        )

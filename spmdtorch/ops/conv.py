@@ -41,10 +41,16 @@ def _conv(input, weight, bias, stride, padding, dilation, transposed, output_pad
     pet = jnp.float32 if is_float(x) else None
     if not transposed:
         out = lax.conv_general_dilated(
-            x, weight, window_strides=stride, padding=[(p, p) for p in padding],
-            rhs_dilation=dilation, feature_group_count=groups,
-            dimension_numbers=_dn(nsp), precision=linalg.MATMUL_PRECISION,
-            preferred_element_type=pet)
+            x,
+            weight,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            feature_group_count=groups,
+            dimension_numbers=_dn(nsp),
+            precision=linalg.MATMUL_PRECISION,
+            preferred_element_type=pet,
+        )
     else:
         # Transposed conv = conv of the stride-dilated input with the flipped
         # kernel, in/out channels swapped per group.
@@ -53,14 +59,19 @@ def _conv(input, weight, bias, stride, padding, dilation, transposed, output_pad
         w = weight.reshape((groups, cin // groups, cout_g) + k)
         w = jnp.swapaxes(w, 1, 2).reshape((groups * cout_g, cin // groups) + k)
         w = jnp.flip(w, axis=tuple(range(2, 2 + nsp)))
-        pads = [
-            (d * (kk - 1) - p, d * (kk - 1) - p + op)
-            for kk, d, p, op in zip(k, dilation, padding, output_padding)
-        ]
+        pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, d, p, op in zip(k, dilation, padding, output_padding)]
         out = lax.conv_general_dilated(
-            x, w, window_strides=(1,) * nsp, padding=pads, lhs_dilation=stride,
-            rhs_dilation=dilation, feature_group_count=groups, dimension_numbers=_dn(nsp),
-            precision=linalg.MATMUL_PRECISION, preferred_element_type=pet)
+            x,
+            w,
+            window_strides=(1,) * nsp,
+            padding=pads,
+            lhs_dilation=stride,
+            rhs_dilation=dilation,
+            feature_group_count=groups,
+            dimension_numbers=_dn(nsp),
+            precision=linalg.MATMUL_PRECISION,
+            preferred_element_type=pet,
+        )
     if bias is not None:
         out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * nsp)
     return out[0] if unbatched else out
@@ -72,18 +83,26 @@ def _dn(nsp):
 
 
 @register("convolution.default", "_convolution.default", "_convolution.deprecated")
-def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                 groups, *unused):
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *unused):
     # ``_convolution`` adds benchmark/deterministic/cudnn/tf32 flags: ignored.
-    return _conv(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                 groups)
+    return _conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
 @register("convolution_backward.default")
-def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
-                          transposed, output_padding, groups, output_mask):
-    f = lambda x, w: _conv(x, w, None, stride, padding, dilation, transposed,  # noqa: E731
-                           output_padding, groups)
+def _convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    f = lambda x, w: _conv(
+        x,
+        w,
+        None,
+        stride,
+        padding,
+        dilation,
+        transposed,  # noqa: E731
+        output_padding,
+        groups,
+    )
     pet = jnp.float32 if is_float(input) else input.dtype
     _, vjp = jax.vjp(f, input.astype(pet), weight.astype(pet))
     gx, gw = vjp(grad_output.astype(pet))
@@ -114,11 +133,9 @@ def _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
     p = _tuple(padding, nsp)
     d = _tuple(dilation, nsp)
     sp = x.shape[-nsp:]
-    out = tuple(_pool_out_size(n, kk, ss, pp, dd, ceil_mode)
-                for n, kk, ss, pp, dd in zip(sp, k, s, p, d))
+    out = tuple(_pool_out_size(n, kk, ss, pp, dd, ceil_mode) for n, kk, ss, pp, dd in zip(sp, k, s, p, d))
     # Right padding so that every window of the output fits.
-    hi = tuple(max(0, (o - 1) * ss + dd * (kk - 1) + 1 - n - pp)
-               for o, ss, dd, kk, n, pp in zip(out, s, d, k, sp, p))
+    hi = tuple(max(0, (o - 1) * ss + dd * (kk - 1) + 1 - n - pp) for o, ss, dd, kk, n, pp in zip(out, s, d, k, sp, p))
     return k, s, p, d, out, hi
 
 
@@ -128,15 +145,13 @@ def _windows(xp, k, s, d, out, nsp):
     slices = []
     for offs in np.ndindex(*k):
         start = (0,) * lead + tuple(o * dd for o, dd in zip(offs, d))
-        limit = tuple(xp.shape[:lead]) + tuple(
-            o * dd + (n - 1) * ss + 1 for o, dd, n, ss in zip(offs, d, out, s))
+        limit = tuple(xp.shape[:lead]) + tuple(o * dd + (n - 1) * ss + 1 for o, dd, n, ss in zip(offs, d, out, s))
         slices.append(lax.slice(xp, start, limit, (1,) * lead + tuple(s)))
     return jnp.stack(slices), list(np.ndindex(*k))
 
 
 def _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode, nsp):
-    k, s, p, d, out, hi = _pool_geometry(self, kernel_size, stride, padding, dilation,
-                                         ceil_mode, nsp)
+    k, s, p, d, out, hi = _pool_geometry(self, kernel_size, stride, padding, dilation, ceil_mode, nsp)
     lead = self.ndim - nsp
     if jnp.issubdtype(self.dtype, jnp.floating):
         lowest = -jnp.inf
@@ -149,8 +164,7 @@ def _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mo
     sp = self.shape[-nsp:]
     flat = []
     for offs in offsets:
-        coords = [np.arange(o) * ss - pp + off * dd
-                  for o, ss, pp, off, dd in zip(out, s, p, offs, d)]
+        coords = [np.arange(o) * ss - pp + off * dd for o, ss, pp, off, dd in zip(out, s, p, offs, d)]
         grid = np.meshgrid(*coords, indexing="ij")
         flat.append(np.ravel_multi_index(grid, sp, mode="clip"))
     flat = jnp.asarray(np.stack(flat).astype(np.int32))  # (K, *out)
@@ -159,8 +173,8 @@ def _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mo
     arg = jnp.argmax(key, axis=0)
     vals = jnp.take_along_axis(win, arg[None], axis=0)[0]
     idx = jnp.take_along_axis(
-        jnp.broadcast_to(flat.reshape((flat.shape[0],) + (1,) * lead + tuple(out)), win.shape),
-        arg[None], axis=0)[0]
+        jnp.broadcast_to(flat.reshape((flat.shape[0],) + (1,) * lead + tuple(out)), win.shape), arg[None], axis=0
+    )[0]
     return vals, idx
 
 
@@ -183,8 +197,7 @@ for _n in (1, 2, 3):
     def _mp(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False, _n=_n):
         return _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode, _n)
 
-    def _mpb(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices,
-             _n=_n):
+    def _mpb(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, _n=_n):
         return _max_pool_backward(grad_output, self, indices, _n)
 
     register(f"max_pool{_n}d_with_indices.default")(_mp)
@@ -197,8 +210,7 @@ def _max_pool(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fal
     return _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode, nsp)[0]
 
 
-def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
-              nsp):
+def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nsp):
     k, s, p, d, out, hi = _pool_geometry(self, kernel_size, stride, padding, 1, ceil_mode, nsp)
     lead = self.ndim - nsp
     x = upcast(self)
@@ -219,7 +231,7 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
         if count_include_pad:
             m[: min(n + 2 * pp, len(m))] = 1
         else:
-            m[pp: pp + n] = 1
+            m[pp : pp + n] = 1
         masks.append(m)
     mask = masks[0]
     for m in masks[1:]:
@@ -230,15 +242,24 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
 
 for _n in (1, 2, 3):
 
-    def _ap(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-            divisor_override=None, _n=_n):
-        return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                         divisor_override, _n)
+    def _ap(
+        self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None, _n=_n
+    ):
+        return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, _n)
 
-    def _apb(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-             divisor_override=None, _n=_n):
-        f = lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode,  # noqa: E731
-                                count_include_pad, divisor_override, _n)
+    def _apb(
+        grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None, _n=_n
+    ):
+        f = lambda x: _avg_pool(
+            x,
+            kernel_size,
+            stride,
+            padding,
+            ceil_mode,  # noqa: E731
+            count_include_pad,
+            divisor_override,
+            _n,
+        )
         return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
 
     register(f"avg_pool{_n}d.default")(_ap)
@@ -266,8 +287,7 @@ def _adaptive_avg(self, output_size, nsp):
     for i, o in enumerate(out_sz):
         ax = x.ndim - nsp + i
         m = jnp.asarray(_adaptive_matrix(x.shape[ax], o))
-        x = jnp.moveaxis(jnp.tensordot(x, m, axes=([ax], [1]),
-                                       precision=lax.Precision.HIGHEST), -1, ax)
+        x = jnp.moveaxis(jnp.tensordot(x, m, axes=([ax], [1]), precision=lax.Precision.HIGHEST), -1, ax)
     return x
 
 
@@ -347,8 +367,11 @@ def _fractional_max_pool(self, kernel_size, output_size, random_samples):
     # torch's sample order: 2-d (W, H); 3-d (T, H, W).
     order = (1, 0) if nsp == 2 else (0, 1, 2)
     # Per spatial dim d: absolute positions (N, C, out_d, k_d) of every window tap.
-    pos = [_fractional_starts(samples[..., order[d]], sp[d], output_size[d], kernel_size[d])[..., None]
-           + jnp.arange(kernel_size[d], dtype=jnp.int32) for d in range(nsp)]
+    pos = [
+        _fractional_starts(samples[..., order[d]], sp[d], output_size[d], kernel_size[d])[..., None]
+        + jnp.arange(kernel_size[d], dtype=jnp.int32)
+        for d in range(nsp)
+    ]
     # Flat in-plane index of every (output position, tap), shape (N, C, *out, *k).
     flat = jnp.zeros((), jnp.int32)
     for d in range(nsp):
@@ -378,7 +401,7 @@ def _fractional_max_pool_backward(grad_output, self, kernel_size, output_size, i
         return jnp.zeros(self.shape, upcast(grad_output).dtype)
     g = upcast(grad_output).reshape(lead + (-1,))
     idx = indices.reshape(lead + (-1,)).astype(jnp.int32)
-    plane = int(np.prod(self.shape[len(lead):]))
+    plane = int(np.prod(self.shape[len(lead) :]))
     out = jnp.zeros(lead + (plane,), g.dtype)
     if unbatched:
         out = jax.vmap(lambda o, i, v: o.at[i].add(v))(out, idx, g)
@@ -465,12 +488,12 @@ def _register_upsample(nsp, name, fwd):
 
     def default(self, output_size, *rest):
         ac = list(rest[:1]) if "linear" in name or "bicubic" in name else []
-        scales = list(rest[len(ac):]) + [None] * nsp
+        scales = list(rest[len(ac) :]) + [None] * nsp
         return fwd(self, tuple(output_size), scales[:nsp], *ac)
 
     def backward(grad_output, output_size, input_size, *rest):
         ac = list(rest[:1]) if "linear" in name or "bicubic" in name else []
-        scales = list(rest[len(ac):]) + [None] * nsp
+        scales = list(rest[len(ac) :]) + [None] * nsp
         x0 = jnp.zeros(tuple(input_size), jnp.float32)
         f = lambda x: fwd(x, tuple(output_size), scales[:nsp], *ac)  # noqa: E731
         return jax.vjp(f, x0)[1](upcast(grad_output))[0]
@@ -482,10 +505,8 @@ def _register_upsample(nsp, name, fwd):
 
 
 for _nsp, _suffix in ((1, "1d"), (2, "2d"), (3, "3d")):
-    _register_upsample(_nsp, f"upsample_nearest{_suffix}",
-                       lambda x, o, s: _nearest(x, o, s))
-    _register_upsample(_nsp, f"_upsample_nearest_exact{_suffix}",
-                       lambda x, o, s: _nearest(x, o, s, exact=True))
+    _register_upsample(_nsp, f"upsample_nearest{_suffix}", lambda x, o, s: _nearest(x, o, s))
+    _register_upsample(_nsp, f"_upsample_nearest_exact{_suffix}", lambda x, o, s: _nearest(x, o, s, exact=True))
 _register_upsample(1, "upsample_linear1d", lambda x, o, s, ac: _linear(x, o, ac, s))
 _register_upsample(2, "upsample_bilinear2d", lambda x, o, s, ac: _linear(x, o, ac, s))
 _register_upsample(3, "upsample_trilinear3d", lambda x, o, s, ac: _linear(x, o, ac, s))
@@ -715,7 +736,7 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
     lo = [lax.stop_gradient(jnp.floor(sv)) for sv in src]
     frac = [sv - l for sv, l in zip(src, lo)]  # weight of the upper neighbour
     out = 0.0
-    for corner in range(2 ** nsp):
+    for corner in range(2**nsp):
         bits = [(corner >> (nsp - 1 - k)) & 1 for k in range(nsp)]
         w = 1.0
         for b, f in zip(bits, frac):
@@ -733,10 +754,12 @@ def _cubic_coeffs_grad(t):
     """d coeff / d t of ``_cubic_coeffs``, in the 2-d CPU kernel's (negated) form."""
     a = -0.75
     x0, x1, x2, x3 = -1 - t, -t, 1 - t, 2 - t
-    return [(-3 * a * x0 - 10 * a) * x0 - 8 * a,
-            (-3 * (a + 2) * x1 - 2 * (a + 3)) * x1,
-            (3 * (a + 2) * x2 - 2 * (a + 3)) * x2,
-            (3 * a * x3 - 10 * a) * x3 + 8 * a]
+    return [
+        (-3 * a * x0 - 10 * a) * x0 - 8 * a,
+        (-3 * (a + 2) * x1 - 2 * (a + 3)) * x1,
+        (3 * (a + 2) * x2 - 2 * (a + 3)) * x2,
+        (3 * a * x3 - 10 * a) * x3 + 8 * a,
+    ]
 
 
 def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, padding_mode, align_corners):
@@ -762,8 +785,13 @@ def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, pad
         if interpolation_mode == 2:  # bicubic pads each tap, not the location
             fn = lambda c, sz=sz: _gs_unnormalize(c, sz, align_corners, 2)  # noqa: E731
         else:
-            fn = lambda c, sz=sz: _gs_pad(_gs_unnormalize(c, sz, align_corners, 2), sz,  # noqa: E731
-                                          padding_mode, align_corners, 2)
+            fn = lambda c, sz=sz: _gs_pad(
+                _gs_unnormalize(c, sz, align_corners, 2),
+                sz,  # noqa: E731
+                padding_mode,
+                align_corners,
+                2,
+            )
         loc, mult = jax.jvp(fn, (cd,), (jnp.ones_like(cd),))
         locs.append(loc)
         mults.append(mult)
@@ -784,9 +812,20 @@ def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, pad
         tx, ty = x_ - x_w, y - y_n
         cx, cy = _cubic_coeffs(tx), _cubic_coeffs(ty)
         cxg, cyg = _cubic_coeffs_grad(tx), _cubic_coeffs_grad(ty)
-        taps = [[_gs_gather(flat, sizes, [_gs_pad(y_n - 1 + j, sizes[0], padding_mode, align_corners, 2),
-                                          _gs_pad(x_w - 1 + i, sizes[1], padding_mode, align_corners, 2)])
-                 for j in range(4)] for i in range(4)]
+        taps = [
+            [
+                _gs_gather(
+                    flat,
+                    sizes,
+                    [
+                        _gs_pad(y_n - 1 + j, sizes[0], padding_mode, align_corners, 2),
+                        _gs_pad(x_w - 1 + i, sizes[1], padding_mode, align_corners, 2),
+                    ],
+                )
+                for j in range(4)
+            ]
+            for i in range(4)
+        ]
         vals = jnp.stack([jnp.stack(row) for row in taps])  # (4, 4, N, C, ...)
         vals = jnp.moveaxis(vals * go, 3, 0)  # (C, 4, 4, N, ...): channel-major, as the kernel loops
 
@@ -808,8 +847,7 @@ def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, pad
 
 
 @register("grid_sampler_2d_backward.default", "grid_sampler_3d_backward.default")
-def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-                           output_mask):
+def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
     """Input gradient: jax.vjp of the forward. Grid gradient: the 2-d kernel's own
     arrangement (see ``_grid_sampler_2d_grid_grad``); for 3-d the vjp too, which
     is as accurate as torch's kernel but not bit-close on large, cancelling sums."""

@@ -126,10 +126,10 @@ def _round_decimals(self, *, decimals=0):
         return self
     # torch scales by 10**decimals, rounds half-to-even, and scales back.
     x = upcast(self)
-    scale = 10.0 ** decimals
+    scale = 10.0**decimals
     if decimals >= 0:
         return jnp.round(x * scale) / scale
-    return jnp.round(x / (10.0 ** -decimals)) * (10.0 ** -decimals)
+    return jnp.round(x / (10.0**-decimals)) * (10.0**-decimals)
 
 
 @register("frac.default")
@@ -197,9 +197,7 @@ def _alpha_mul(other, alpha):
 
 def _bin_operands(self, other):
     """Upcast bf16/f16 operands so the op runs in float32, like torch."""
-    if (is_float(self) or is_float(other)) and not (
-        jnp.iscomplexobj(self) or jnp.iscomplexobj(other)
-    ):
+    if (is_float(self) or is_float(other)) and not (jnp.iscomplexobj(self) or jnp.iscomplexobj(other)):
         return _f32_if_low(self), _f32_if_low(other)
     return self, other
 
@@ -520,14 +518,24 @@ for _name, _fn in {
     register(f"{_name}.Tensor", f"{_name}.Scalar", f"{_name}.Scalar_Tensor")(_bitwise)
 
 
-@register("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar",
-          "bitwise_left_shift.Scalar_Tensor", "__lshift__.Tensor", "__lshift__.Scalar")
+@register(
+    "bitwise_left_shift.Tensor",
+    "bitwise_left_shift.Tensor_Scalar",
+    "bitwise_left_shift.Scalar_Tensor",
+    "__lshift__.Tensor",
+    "__lshift__.Scalar",
+)
 def _lshift(self, other):
     return jnp.left_shift(self, other)
 
 
-@register("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar",
-          "bitwise_right_shift.Scalar_Tensor", "__rshift__.Tensor", "__rshift__.Scalar")
+@register(
+    "bitwise_right_shift.Tensor",
+    "bitwise_right_shift.Tensor_Scalar",
+    "bitwise_right_shift.Scalar_Tensor",
+    "__rshift__.Tensor",
+    "__rshift__.Scalar",
+)
 def _rshift(self, other):
     # Arithmetic shift for signed types, as torch.
     return jnp.right_shift(self, other)

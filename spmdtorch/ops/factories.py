@@ -47,8 +47,7 @@ def _ones(size, *, dtype=None, layout=None, device=None, pin_memory=None, names=
 
 
 @register("empty.memory_format", "empty_permuted.default")
-def _empty(size, *args, dtype=None, layout=None, device=None, pin_memory=None,
-           memory_format=None):
+def _empty(size, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(tuple(size), jdtype(dtype, jnp.float32))
 
 
@@ -63,8 +62,7 @@ def _new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=N
 
 
 @register("new_empty_strided.default")
-def _new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None,
-                       pin_memory=None):
+def _new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), jdtype(dtype, self.dtype))
 
 
@@ -79,20 +77,17 @@ def _new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, p
 
 
 @register("full_like.default")
-def _full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None):
+def _full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.full(self.shape, fill_value, jdtype(dtype, self.dtype))
 
 
 @register("zeros_like.default", "empty_like.default")
-def _zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-                memory_format=None):
+def _zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(self.shape, jdtype(dtype, self.dtype))
 
 
 @register("ones_like.default")
-def _ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None):
+def _ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.ones(self.shape, jdtype(dtype, self.dtype))
 
 
@@ -133,8 +128,7 @@ def _arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memor
 
 
 @register("arange.start_step", lift_scalars=False)
-def _arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=None,
-                       pin_memory=None):
+def _arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     return _arange_values(start, end, step, dtype)
 
 
@@ -155,8 +149,7 @@ def _linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_me
 
 
 @register("logspace.default")
-def _logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None,
-              pin_memory=None):
+def _logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     dt = jdtype(dtype, jnp.float32)
     return jnp.power(base, _linspace(start, end, steps)).astype(dt)
 
@@ -185,8 +178,7 @@ def _triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, p
 
 
 @register("_to_copy.default")
-def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
-             memory_format=None):
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     if dtype is None:
         return self  # device moves are the engine's business
     return _convert(self, jdtype(dtype))

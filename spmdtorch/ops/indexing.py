@@ -37,14 +37,12 @@ def _index_tuple(indices):
     return tuple(slice(None) if i is None else i for i in _expand_bool_indices(indices))
 
 
-@register("index.Tensor", "_unsafe_index.Tensor", "index.Tensor_hacked_twin",
-          "_unsafe_index.Tensor_hacked_twin")
+@register("index.Tensor", "_unsafe_index.Tensor", "index.Tensor_hacked_twin", "_unsafe_index.Tensor_hacked_twin")
 def _index(self, indices):
     return self[_index_tuple(indices)]
 
 
-@register("index_put.default", "_unsafe_index_put.default", "index_put.hacked_twin",
-          "_unsafe_index_put.hacked_twin")
+@register("index_put.default", "_unsafe_index_put.default", "index_put.hacked_twin", "_unsafe_index_put.hacked_twin")
 def _index_put(self, indices, values, accumulate=False):
     idx = _index_tuple(indices)
     values = jnp.asarray(values).astype(self.dtype)
@@ -68,9 +66,7 @@ def _index_select(self, dim, index):
 def _full_index(index, dim):
     """Index tuple addressing ``out[i][j][k] -> self[i][index[i][j][k]][k]``."""
     nd = index.ndim
-    return tuple(
-        index if d == dim else lax.broadcasted_iota(jnp.int32, index.shape, d) for d in range(nd)
-    )
+    return tuple(index if d == dim else lax.broadcasted_iota(jnp.int32, index.shape, d) for d in range(nd))
 
 
 def _crop(x, shape):
@@ -104,8 +100,9 @@ def _scatter_apply(self, dim, index, src, how):
         return self
     if self.ndim == 0:
         self_ = jnp.reshape(self, (1,))
-        out = _scatter_apply(self_, 0, jnp.reshape(index, (1,)),
-                             src if jnp.ndim(src) == 0 else jnp.reshape(src, (1,)), how)
+        out = _scatter_apply(
+            self_, 0, jnp.reshape(index, (1,)), src if jnp.ndim(src) == 0 else jnp.reshape(src, (1,)), how
+        )
         return jnp.reshape(out, ())
     d = canon_dim(dim, self.ndim)
     idx = _full_index(_norm_index(index, self.shape[d]), d)
@@ -114,8 +111,16 @@ def _scatter_apply(self, dim, index, src, how):
     else:
         vals = _crop(src, index.shape).astype(self.dtype)
     ref = self.at[idx]
-    return {"set": ref.set, "add": ref.add, "multiply": ref.multiply, "mul": ref.multiply,
-            "max": ref.max, "min": ref.min, "amax": ref.max, "amin": ref.min}[how](vals)
+    return {
+        "set": ref.set,
+        "add": ref.add,
+        "multiply": ref.multiply,
+        "mul": ref.multiply,
+        "max": ref.max,
+        "min": ref.min,
+        "amax": ref.max,
+        "amin": ref.min,
+    }[how](vals)
 
 
 @register("scatter.src", "scatter.value")
@@ -201,8 +206,9 @@ def _index_fill(self, dim, index, value):
 @register("index_reduce.default")
 def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if self.ndim == 0:  # torch treats a 0-d self as 1-d of one element
-        out = _index_reduce(self.reshape(1), 0, jnp.reshape(index, (-1,)), jnp.reshape(source, (-1,)), reduce,
-                            include_self=include_self)
+        out = _index_reduce(
+            self.reshape(1), 0, jnp.reshape(index, (-1,)), jnp.reshape(source, (-1,)), reduce, include_self=include_self
+        )
         return out.reshape(())
     d = canon_dim(dim, self.ndim)
     # Express as scatter_reduce with index broadcast along the other dims.
@@ -298,12 +304,21 @@ def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sc
         counts = jnp.zeros((num_weights,), jnp.float32).at[idx].add(1.0)
         g = g / counts[idx][:, None]
     out = jnp.zeros((num_weights, g.shape[1]), jnp.float32).at[idx].add(g)
-    return out.reshape((num_weights,) + grad_output.shape[indices.ndim:]).astype(grad_output.dtype)
+    return out.reshape((num_weights,) + grad_output.shape[indices.ndim :]).astype(grad_output.dtype)
 
 
 @register("_embedding_bag.default", "_embedding_bag_forward_only.default")
-def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def _embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     """Returns (output, offset2bag, bag_size, max_indices) like the CPU kernel.
 
     mode: 0 sum, 1 mean, 2 max. 2-d ``indices`` (fixed-size bags) are
@@ -345,8 +360,18 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     return out.astype(weight.dtype), bag, cnt, max_idx
 
 
-def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+def _embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
     """Weight gradient of ``embedding_bag`` (the CPU kernel's dense path).
 
     sum/mean: each sample's bag gradient, times its per-sample weight, over
@@ -387,12 +412,34 @@ register("_embedding_bag_dense_backward.default")(_embedding_bag_dense_backward)
 
 
 @register("_embedding_bag_backward.default")
-def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+def _embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
     """``_embedding_bag_backward``: the dense gradient (xla holds no sparse tensors;
     ``sparse=True`` gets the same values, densely)."""
-    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return _embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @register("_embedding_bag_per_sample_weights_backward.default")

@@ -445,8 +445,9 @@ def _lu_solve_left(fac, B, adjoint):
         return lax.linalg.triangular_solve(U, y, left_side=True, lower=False)
     # A^H = U^H L^H P^T: X = P L^-H U^-H B
     y = lax.linalg.triangular_solve(U, B, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
-    y = lax.linalg.triangular_solve(L, y, left_side=True, lower=True, unit_diagonal=True,
-                                    transpose_a=True, conjugate_a=True)
+    y = lax.linalg.triangular_solve(
+        L, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True, conjugate_a=True
+    )
     return jnp.matmul(P, y)
 
 
@@ -487,8 +488,9 @@ def _cholesky_inverse(self, upper=False):
 
 @register("triangular_solve.default")
 def _triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
-    X = lax.linalg.triangular_solve(A, self, left_side=True, lower=not upper, transpose_a=transpose,
-                                    unit_diagonal=unitriangular)
+    X = lax.linalg.triangular_solve(
+        A, self, left_side=True, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+    )
     return X, A
 
 

@@ -268,9 +268,23 @@ def _lce_terms(input, linear_weight, target, linear_bias, weight, ignore_index):
     return -picked * w, w
 
 
-def _lce_chunked(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
-                 batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph, compute_input_grad,
-                 compute_linear_weight_grad, compute_linear_bias_grad):
+def _lce_chunked(
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    reduction,
+    ignore_index,
+    label_smoothing,
+    batch_chunk_size,
+    acc_policy,
+    acc_dtype,
+    allow_retain_graph,
+    compute_input_grad,
+    compute_linear_weight_grad,
+    compute_linear_bias_grad,
+):
     """``(loss, grad_input, grad_linear_weight, grad_linear_bias)``; a gradient that is not
     requested is an empty ``(0, 0)`` / ``(0,)`` array, as torch's op returns."""
     if label_smoothing != 0:
@@ -290,13 +304,17 @@ def _lce_chunked(input, linear_weight, target, linear_bias, weight, reduction, i
     dt = input.dtype
     gi = gi.astype(dt) if compute_input_grad else jnp.zeros((0, 0), dt)
     gw = gw.astype(dt) if compute_linear_weight_grad else jnp.zeros((0, 0), dt)
-    gb = gb.astype(dt) if compute_linear_bias_grad and has_bias else jnp.zeros(
-        linear_weight.shape[:-1] if compute_linear_bias_grad else (0,), dt)
+    gb = (
+        gb.astype(dt)
+        if compute_linear_bias_grad and has_bias
+        else jnp.zeros(linear_weight.shape[:-1] if compute_linear_bias_grad else (0,), dt)
+    )
     return loss.astype(dt), gi, gw, gb
 
 
-def _lce_chunked_no_reduction(input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size,
-                              acc_policy, acc_dtype):
+def _lce_chunked_no_reduction(
+    input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size, acc_policy, acc_dtype
+):
     nll, _ = _lce_terms(input, linear_weight, target, linear_bias, weight, ignore_index)
     return nll.astype(input.dtype)
 

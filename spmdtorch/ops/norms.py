@@ -57,14 +57,15 @@ def _native_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5
 
 
 @register("native_layer_norm_backward.default")
-def _native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
-                                output_mask):
+def _native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     x, dy = upcast(input), upcast(grad_out)
     k = len(normalized_shape)
     axes = tuple(range(x.ndim - k, x.ndim))
     batch_axes = tuple(range(x.ndim - k))
-    mean, rstd = upcast(mean).reshape(x.shape[: x.ndim - k] + (1,) * k), upcast(rstd).reshape(
-        x.shape[: x.ndim - k] + (1,) * k)
+    mean, rstd = (
+        upcast(mean).reshape(x.shape[: x.ndim - k] + (1,) * k),
+        upcast(rstd).reshape(x.shape[: x.ndim - k] + (1,) * k),
+    )
     xhat = (x - mean) * rstd
     g = dy * upcast(weight) if weight is not None else dy
     dx = _norm_input_grad(g, xhat, rstd, axes) if output_mask[0] else None
@@ -119,8 +120,7 @@ def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 
 
 @register("native_group_norm_backward.default")
-def _native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
-                                output_mask):
+def _native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
     x = upcast(input).reshape(N, C, HxW)
     dy = upcast(grad_out).reshape(N, C, HxW)
     m = upcast(mean).reshape(N, group, 1, 1)
@@ -192,10 +192,8 @@ def _native_batch_norm_no_training(input, weight, bias, running_mean, running_va
 
 
 @register("_native_batch_norm_legit_functional.default")
-def _native_batch_norm_functional(input, weight, bias, running_mean, running_var, training,
-                                  momentum, eps):
-    out, mean, invstd, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var,
-                                            training, momentum, eps)
+def _native_batch_norm_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, mean, invstd, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return out, mean, invstd, rm, rv
 
 
@@ -211,8 +209,9 @@ BATCH_NORM_RUNNING_STATS = {
 
 
 @register("native_batch_norm_backward.default")
-def _native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
-                                save_invstd, train, eps, output_mask):
+def _native_batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     x, dy = upcast(input), upcast(grad_out)
     axes, shp = _bn_axes(x), _bn_shape(x)
     if train:
@@ -232,33 +231,31 @@ def _native_batch_norm_backward(grad_out, input, weight, running_mean, running_v
 
 
 @register("batch_norm_backward.default")
-def _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
-                         update, eps, output_mask, reserve):
+def _batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
+):
     # ``save_var`` holds the saved inverse std (the name is historical).
-    return _native_batch_norm_backward(grad_out, input, weight, running_mean, running_var,
-                                       save_mean, save_var, update, eps, output_mask)
+    return _native_batch_norm_backward(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask
+    )
 
 
 @register("_batch_norm_with_update.default")
 def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
-    out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, True,
-                                          momentum, eps)
+    out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8)  # reserve: unused off cuDNN
 
 
 @register("_batch_norm_with_update_functional.default")
-def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum,
-                                       eps):
-    out, mean, invstd, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, True,
-                                            momentum, eps)
+def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8), rm, rv
 
 
 @register("_batch_norm_no_update.default")
 def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
     training = running_mean is None or running_var is None
-    out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var,
-                                          training, momentum, eps)
+    out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
 
 
@@ -266,5 +263,4 @@ def _running_stats_update(input, weight, bias, running_mean, running_var, moment
     return _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)[3:]
 
 
-BATCH_NORM_RUNNING_STATS.update(
-    {op: _running_stats_update for op in resolve_ops("_batch_norm_with_update.default")})
+BATCH_NORM_RUNNING_STATS.update({op: _running_stats_update for op in resolve_ops("_batch_norm_with_update.default")})

@@ -60,36 +60,29 @@ def _normal_tt(mean, std, *, generator=None, key):
 
 
 @register("normal.float_float", random=True)
-def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, device=None,
-               pin_memory=None, key):
+def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     z = jax.random.normal(key, tuple(size), jnp.float32)
     return (mean + z * std).astype(jdtype(dtype, jnp.float32))
 
 
-@register("rand.default", "rand.generator", "rand.names", "rand.generator_with_names",
-          random=True)
-def _rand(size, *, generator=None, names=None, dtype=None, layout=None, device=None,
-          pin_memory=None, key):
+@register("rand.default", "rand.generator", "rand.names", "rand.generator_with_names", random=True)
+def _rand(size, *, generator=None, names=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     return _uniform(key, tuple(size), jdtype(dtype, jnp.float32))
 
 
-@register("randn.default", "randn.generator", "randn.names", "randn.generator_with_names",
-          random=True)
-def _randn(size, *, generator=None, names=None, dtype=None, layout=None, device=None,
-           pin_memory=None, key):
+@register("randn.default", "randn.generator", "randn.names", "randn.generator_with_names", random=True)
+def _randn(size, *, generator=None, names=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     dt = jdtype(dtype, jnp.float32)
     return jax.random.normal(key, tuple(size), jnp.float32).astype(dt)
 
 
 @register("rand_like.default", random=True)
-def _rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None, key):
+def _rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     return _uniform(key, self.shape, jdtype(dtype, self.dtype))
 
 
 @register("randn_like.default", random=True)
-def _randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-                memory_format=None, key):
+def _randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     dt = jdtype(dtype, self.dtype)
     return jax.random.normal(key, self.shape, jnp.float32).astype(dt)
 
@@ -103,26 +96,24 @@ def _randint(key, low, high, shape, dt):
 
 
 @register("randint.default", "randint.generator", random=True, lift_scalars=False)
-def _randint_high(high, size, *, generator=None, dtype=None, layout=None, device=None,
-                  pin_memory=None, key):
+def _randint_high(high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     return _randint(key, 0, high, tuple(size), jdtype(dtype, jnp.int32))
 
 
 @register("randint.low", "randint.low_generator", random=True, lift_scalars=False)
-def _randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None,
-                 pin_memory=None, key):
+def _randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
     return _randint(key, low, high, tuple(size), jdtype(dtype, jnp.int32))
 
 
 @register("randint_like.default", random=True, lift_scalars=False)
-def _randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None,
-                  memory_format=None, key):
+def _randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     return _randint(key, 0, high, self.shape, jdtype(dtype, self.dtype))
 
 
 @register("randint_like.low_dtype", random=True, lift_scalars=False)
-def _randint_like_low(self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None,
-                      memory_format=None, key):
+def _randint_like_low(
+    self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return _randint(key, low, high, self.shape, jdtype(dtype, self.dtype))
 
 
@@ -227,8 +218,7 @@ def _native_dropout_backward(grad_output, mask, scale):
 
 
 @register("rrelu_with_noise.default", random=True)
-def _rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None,
-                      *, key):
+def _rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key):
     if not training:
         neg = (lower + upper) / 2
         return jnp.where(self >= 0, self, self * neg)

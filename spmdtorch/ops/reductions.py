@@ -201,8 +201,7 @@ def _logsumexp(self, dim=(), keepdim=False):
 
 # ``p``/``ord`` pick the formula (0 counts non-zeros, inf is a max), so they
 # stay Python numbers (not lifted to runtime inputs).
-@register("norm.ScalarOpt_dim", "norm.Scalar", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype",
-          lift_scalars=False)
+@register("norm.ScalarOpt_dim", "norm.Scalar", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype", lift_scalars=False)
 def _norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
     if not isinstance(dim, (list, tuple, int, type(None))):  # norm.ScalarOpt_dtype: dtype positional
         dim, dtype = None, dim
@@ -446,8 +445,7 @@ def _count_nonzero(self, dim=None):
 
 
 @register("segment_reduce.default", lift_scalars=False)
-def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
-                    initial=None):
+def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
     """Reduce consecutive runs of ``data`` along ``axis`` (1-d ``lengths`` or ``offsets``).
 
     Empty segments give ``initial`` or the reduction's identity (mean: nan);
@@ -467,8 +465,13 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
     x = jnp.moveaxis(upcast(data), a, 0)
     count = jax.ops.segment_sum(jnp.ones_like(seg), seg, num_segments=nseg)
     count = count.reshape((nseg,) + (1,) * (x.ndim - 1))
-    ops = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "max": jax.ops.segment_max,
-           "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}
+    ops = {
+        "sum": jax.ops.segment_sum,
+        "mean": jax.ops.segment_sum,
+        "max": jax.ops.segment_max,
+        "min": jax.ops.segment_min,
+        "prod": jax.ops.segment_prod,
+    }
     out = ops[reduce](x, seg, num_segments=nseg)
     identity = {"sum": 0.0, "mean": jnp.nan, "max": -jnp.inf, "min": jnp.inf, "prod": 1.0}[reduce]
     if initial is not None:

@@ -9,7 +9,7 @@ one table. Ops without a lowering fall back to torch's decomposition tables in
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -54,8 +54,9 @@ def _chebyshev(q1_of, edge, trig, trig_from):
         q1 = q1_of(x)
         rec = _recurrence(x, n, q1, lambda j, p, q: (x + x) * q - p)
         nf = n.astype(x.dtype)
-        return _finish(x, n, rec, q1, (jnp.abs(x) == 1, edge(x, n, nf)),
-                       ((n > trig_from) & (jnp.abs(x) < 1), trig(x, n, nf)))
+        return _finish(
+            x, n, rec, q1, (jnp.abs(x) == 1, edge(x, n, nf)), ((n > trig_from) & (jnp.abs(x) < 1), trig(x, n, nf))
+        )
 
     return lower
 
@@ -76,24 +77,36 @@ def _u_trig(x, n, nf):
 
 def _v_trig(x, n, nf):
     a = jnp.arccos(x)
-    return jnp.where(jnp.sin(a / 2) != 1, jnp.cos((nf + 0.5) * a) / jnp.cos(a / 2),
-                     jnp.where(_even(n), 2 * nf + 1, -(2 * nf + 1)))
+    return jnp.where(
+        jnp.sin(a / 2) != 1, jnp.cos((nf + 0.5) * a) / jnp.cos(a / 2), jnp.where(_even(n), 2 * nf + 1, -(2 * nf + 1))
+    )
 
 
 def _w_trig(x, n, nf):
     a = jnp.arccos(x)
     c = jnp.cos(a / 2)
-    return jnp.where(c != 1, jnp.sin((nf + 0.5) * a) / jnp.where(c != 1, jnp.sin(a / 2), 1),
-                     jnp.where(x > 0, 2 * nf + 1, jnp.where(_even(n), 1.0, -1.0)))
+    return jnp.where(
+        c != 1,
+        jnp.sin((nf + 0.5) * a) / jnp.where(c != 1, jnp.sin(a / 2), 1),
+        jnp.where(x > 0, 2 * nf + 1, jnp.where(_even(n), 1.0, -1.0)),
+    )
 
 
 _CHEBYSHEV = {
     "t": (lambda x: x, lambda x, n, nf: jnp.where((x > 0) | _even(n), 1.0, -1.0), _t_trig, 6),
     "u": (lambda x: x + x, lambda x, n, nf: jnp.where((x > 0) | _even(n), nf + 1, -(nf + 1)), _u_trig, 8),
-    "v": (lambda x: x + x - 1,
-          lambda x, n, nf: jnp.where(x > 0, 1.0, jnp.where(_even(n), 2 * nf + 1, -(2 * nf + 1))), _v_trig, 8),
-    "w": (lambda x: x + x + 1,
-          lambda x, n, nf: jnp.where(x > 0, 2 * nf + 1, jnp.where(_even(n), 1.0, -1.0)), _w_trig, 8),
+    "v": (
+        lambda x: x + x - 1,
+        lambda x, n, nf: jnp.where(x > 0, 1.0, jnp.where(_even(n), 2 * nf + 1, -(2 * nf + 1))),
+        _v_trig,
+        8,
+    ),
+    "w": (
+        lambda x: x + x + 1,
+        lambda x, n, nf: jnp.where(x > 0, 2 * nf + 1, jnp.where(_even(n), 1.0, -1.0)),
+        _w_trig,
+        8,
+    ),
 }
 for _k, (_q1, _edge, _trig, _from) in _CHEBYSHEV.items():
     _name = f"special_chebyshev_polynomial_{_k}"
@@ -120,10 +133,14 @@ for _name, _lower in {
     # H: torch's loop runs k = 2, 4, ..., i.e. 2j for j = 1 .. n-1
     "special_hermite_polynomial_h": _simple(lambda x: x + x, lambda x, j, p, q: (x + x) * q - 2 * j * p),
     "special_hermite_polynomial_he": _simple(lambda x: x, lambda x, j, p, q: x * q - j * p),
-    "special_laguerre_polynomial_l": _simple(lambda x: 1 - x, lambda x, j, p, q: ((2 * j + (1 - x)) * q - j * p) / (j + 1),
-                                             zero_x_is_one=True),
-    "special_legendre_polynomial_p": _simple(lambda x: x, lambda x, j, p, q: ((2 * j + 1) * x * q - j * p) / (j + 1),
-                                             edge=lambda x, n: jnp.where((x > 0) | _even(n), 1.0, -1.0)),
+    "special_laguerre_polynomial_l": _simple(
+        lambda x: 1 - x, lambda x, j, p, q: ((2 * j + (1 - x)) * q - j * p) / (j + 1), zero_x_is_one=True
+    ),
+    "special_legendre_polynomial_p": _simple(
+        lambda x: x,
+        lambda x, j, p, q: ((2 * j + 1) * x * q - j * p) / (j + 1),
+        edge=lambda x, n: jnp.where((x > 0) | _even(n), 1.0, -1.0),
+    ),
 }.items():
     register(f"{_name}.default", f"{_name}.x_scalar", f"{_name}.n_scalar")(_lower)
 
@@ -134,7 +151,8 @@ for _k, (_q1, _edge, _trig, _from) in _CHEBYSHEV.items():
     _plain = _chebyshev(_q1, _edge, _trig, _from)
     _name = f"special_shifted_chebyshev_polynomial_{_k}"
     register(f"{_name}.default", f"{_name}.x_scalar", f"{_name}.n_scalar")(
-        lambda x, n, _plain=_plain: _plain(upcast(x) * 2 - 1, n))
+        lambda x, n, _plain=_plain: _plain(upcast(x) * 2 - 1, n)
+    )
 
 
 # -- special functions JAX has -------------------------------------------------------
@@ -165,4 +183,3 @@ def _spherical_bessel_j0(x):
     x = upcast(x)
     safe = jnp.where(x == 0, 1.0, x)
     return jnp.where(x == 0, 1.0, jnp.sin(safe) / safe)
-

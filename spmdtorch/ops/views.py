@@ -14,7 +14,7 @@ a flat gather; its inverse is ``as_strided_scatter``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -107,8 +107,7 @@ def _strided_indices(size, stride, offset) -> np.ndarray:
 # Read side
 
 
-@register("view.default", "_unsafe_view.default", "view_copy.default", "reshape.default",
-          "_reshape_copy.default")
+@register("view.default", "_unsafe_view.default", "view_copy.default", "reshape.default", "_reshape_copy.default")
 def _view(self, size):
     return jnp.reshape(self, tuple(size))
 
@@ -185,8 +184,9 @@ def _narrow(self, dim, start, length):
     return lax.slice_in_dim(self, start, start + length, axis=d)
 
 
-@register("squeeze.default", "squeeze.dim", "squeeze.dims", "squeeze_copy.default",
-          "squeeze_copy.dim", "squeeze_copy.dims")
+@register(
+    "squeeze.default", "squeeze.dim", "squeeze.dims", "squeeze_copy.default", "squeeze_copy.dim", "squeeze_copy.dims"
+)
 def _squeeze(self, dim=None):
     return jnp.squeeze(self, _squeeze_dims(self.shape, dim))
 
@@ -201,8 +201,16 @@ def _expand(self, size, *, implicit=False):
     return jnp.broadcast_to(self, _expand_shape(self.shape, size))
 
 
-@register("alias.default", "alias_copy.default", "detach.default", "detach_copy.default",
-          "lift_fresh.default", "lift_fresh_copy.default", "lift.default", "view_as.default")
+@register(
+    "alias.default",
+    "alias_copy.default",
+    "detach.default",
+    "detach_copy.default",
+    "lift_fresh.default",
+    "lift_fresh_copy.default",
+    "lift.default",
+    "view_as.default",
+)
 def _alias(self, *args):
     return self
 
@@ -241,8 +249,7 @@ def _split(self, split_size, dim=0):
     return _split_with_sizes(self, _split_sizes_of(self.shape[d], split_size), d)
 
 
-@register("split_with_sizes.default", "split_with_sizes_copy.default",
-          "unsafe_split_with_sizes.default")
+@register("split_with_sizes.default", "split_with_sizes_copy.default", "unsafe_split_with_sizes.default")
 def _split_with_sizes(self, split_sizes, dim=0):
     d = canon_dim(dim, self.ndim)
     out, start = [], 0
@@ -308,9 +315,17 @@ def _cast(v, base):
     return jnp.asarray(v).astype(base.dtype)
 
 
-@register_inverse("view.default", "_unsafe_view.default", "_reshape_alias.default",
-                  "squeeze.default", "squeeze.dim", "squeeze.dims", "unsqueeze.default",
-                  "view_copy.default", "reshape.default")
+@register_inverse(
+    "view.default",
+    "_unsafe_view.default",
+    "_reshape_alias.default",
+    "squeeze.default",
+    "squeeze.dim",
+    "squeeze.dims",
+    "unsqueeze.default",
+    "view_copy.default",
+    "reshape.default",
+)
 def _inv_reshape(base, v, *args, **kwargs):
     return jnp.reshape(_cast(v, base), base.shape)
 
@@ -393,20 +408,19 @@ def _inv_expand(base, v, size, *, implicit=False):
     # every size can be written through.
     shape = _expand_shape(base.shape, size)
     lead = len(shape) - base.ndim
-    real = any(shape[i] != 1 for i in range(lead)) or any(
-        shape[lead + i] != base.shape[i] for i in range(base.ndim))
+    real = any(shape[i] != 1 for i in range(lead)) or any(shape[lead + i] != base.shape[i] for i in range(base.ndim))
     if real:
         raise RuntimeError(
             "unsupported operation: more than one element of the written-to tensor "
-            "refers to a single memory location (write through an expanded view)")
+            "refers to a single memory location (write through an expanded view)"
+        )
     return jnp.reshape(_cast(v, base), base.shape)
 
 
 @register_inverse("split.Tensor", "unsafe_split.Tensor")
 def _inv_split(base, v, split_size, dim=0, *, out_index):
     d = canon_dim(dim, base.ndim)
-    return _inv_split_with_sizes(base, v, _split_sizes_of(base.shape[d], split_size), d,
-                                 out_index=out_index)
+    return _inv_split_with_sizes(base, v, _split_sizes_of(base.shape[d], split_size), d, out_index=out_index)
 
 
 @register_inverse("split_with_sizes.default", "unsafe_split_with_sizes.default")

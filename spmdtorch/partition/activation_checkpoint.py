@@ -114,8 +114,7 @@ def optimization_barrier(*tensors: torch.Tensor) -> tuple:
             )
     values = [read_value(t) for t in tensors]
     avals = tuple((tuple(t.shape), _dtypes.to_jax_dtype(t.dtype)) for t in tensors)
-    refs = record(_barrier, "optimization_barrier", (tuple(Slot(i) for i in range(len(values))), ()),
-                  values, avals)
+    refs = record(_barrier, "optimization_barrier", (tuple(Slot(i) for i in range(len(values))), ()), values, avals)
     if len(tensors) == 1:
         refs = [refs]
     return tuple(new_base(r, t.dtype) for r, t in zip(refs, tensors))
@@ -179,7 +178,7 @@ class _Checkpoint(torch.autograd.Function):
         xla_args = [i for i, a in enumerate(args) if isinstance(a, XlaTensor)]
         tied = list(args)
         if live and xla_args:
-            out = optimization_barrier(*live, *(args[i] for i in xla_args))[len(live):]
+            out = optimization_barrier(*live, *(args[i] for i in xla_args))[len(live) :]
             for i, t in zip(xla_args, out):
                 tied[i] = t
         tied = [t.detach().requires_grad_(a.requires_grad) for t, a in zip(tied, args)]

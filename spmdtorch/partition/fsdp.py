@@ -267,9 +267,7 @@ class FSDPv2(nn.Module):
                 "the outer parent (or pass auto_wrap_policy)"
             )
         if not isinstance(module, nn.Module):
-            raise FSDPv2WrapError(
-                f"FSDPv2 wraps an nn.Module, got {type(module).__name__}"
-            )
+            raise FSDPv2WrapError(f"FSDPv2 wraps an nn.Module, got {type(module).__name__}")
         if not _defines_forward(module):
             raise FSDPv2WrapError(
                 f"FSDPv2 can only wrap a module that defines forward(), and "
@@ -373,8 +371,7 @@ class FSDPv2(nn.Module):
             return _annotate_output(t, self._mesh, spec)
         except ShardingError as e:
             raise FSDPv2OutputError(
-                f"FSDPv2 could not shard the {what} of {type(self.module).__name__} "
-                f"(shape {tuple(t.shape)}): {e}"
+                f"FSDPv2 could not shard the {what} of {type(self.module).__name__} (shape {tuple(t.shape)}): {e}"
             ) from e
 
     def __getattr__(self, name: str) -> Any:
@@ -427,9 +424,7 @@ def plain_state_dict(module: nn.Module, *args: Any, **kwargs: Any) -> dict[str, 
     return out
 
 
-def load_plain_state_dict(
-    module: nn.Module, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
-):
+def load_plain_state_dict(module: nn.Module, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
     """Load a state dict with unwrapped keys into a (possibly FSDPv2-wrapped) ``module``.
 
     Keys without a match are passed through unchanged, so ``strict=True``
@@ -448,6 +443,4 @@ def load_plain_state_dict(
         <All keys matched successfully>
     """
     names = {_plain_key(k): k for k in module.state_dict(keep_vars=True)}
-    return module.load_state_dict(
-        {names.get(k, k): v for k, v in state_dict.items()}, strict=strict, assign=assign
-    )
+    return module.load_state_dict({names.get(k, k): v for k, v in state_dict.items()}, strict=strict, assign=assign)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -60,7 +60,7 @@ class HloShardingError(ValueError):
 # --------------------------------------------------------------------------
 
 
-def logical_device_order(devices: Optional[Sequence[Any]] = None) -> list:
+def logical_device_order(devices: Sequence[Any] | None = None) -> list:
     """Returns devices in logical-ordinal order: sorted by ``(process_index, id)``.
 
     Ordinal ``i`` in a sharding string is the ``i``-th device of this list. Raw
@@ -106,7 +106,7 @@ def _device_key(d: Any) -> tuple:
     return (getattr(d, "platform", None), d.process_index, d.id)
 
 
-def _ordinal_map(assignment: Sequence[Any], device_order: Optional[Sequence[Any]]) -> list[int]:
+def _ordinal_map(assignment: Sequence[Any], device_order: Sequence[Any] | None) -> list[int]:
     """Maps each position of ``assignment`` to its logical ordinal.
 
     Raises:
@@ -152,16 +152,12 @@ def _hlo_and_assignment(sharding: Any, ndim: Any) -> tuple[Any, tuple]:
         HloShardingError: The sharding does not fit an array of rank ``ndim``.
     """
     if not isinstance(sharding, jax.sharding.Sharding):
-        raise TypeError(
-            f"expected a jax.sharding.Sharding, got {type(sharding).__name__}: {sharding!r}"
-        )
+        raise TypeError(f"expected a jax.sharding.Sharding, got {type(sharding).__name__}: {sharding!r}")
     ndim = _check_ndim(ndim)
     try:
         hlo = sharding._to_xla_hlo_sharding(ndim)
     except Exception as e:  # JAX raises IndexError/ValueError for a too-long spec
-        raise HloShardingError(
-            f"sharding {sharding} does not fit an array of rank {ndim}: {e}"
-        ) from e
+        raise HloShardingError(f"sharding {sharding} does not fit an array of rank {ndim}: {e}") from e
     assignment = tuple(sharding._device_assignment)
     if hlo.is_tiled():
         extra = int(hlo.replicate_on_last_tile_dim()) + len(hlo.subgroup_types())
@@ -199,7 +195,7 @@ def _format_tiled(
 def hlo_sharding_string(
     sharding: jax.sharding.Sharding,
     ndim: int,
-    device_order: Optional[Sequence[Any]] = None,
+    device_order: Sequence[Any] | None = None,
 ) -> str:
     """Returns the HLO sharding string PyTorch/XLA would print for ``sharding``.
 
@@ -301,7 +297,7 @@ class ParsedHloSharding(NamedTuple):
         return not self.tile_dims and len(self.devices) == 1
 
     @property
-    def tensor_rank(self) -> Optional[int]:
+    def tensor_rank(self) -> int | None:
         """Rank of the tensor a tiled sharding is for; None when not tiled."""
         if not self.tile_dims:
             return None
@@ -341,7 +337,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def _iota_devices(reshape: list[int], perm: Optional[list[int]], s: str) -> list[int]:
+def _iota_devices(reshape: list[int], perm: list[int] | None, s: str) -> list[int]:
     """Expands XLA's iota tile assignment ``<=[reshape]T(perm)``."""
     if perm is None:
         perm = list(range(len(reshape)))
@@ -400,9 +396,7 @@ def parse_hlo_sharding_string(s: str) -> ParsedHloSharding:
         raise HloShardingError(f"bad HLO sharding string {s!r}: {why}")
     tile_dims = _ints(m.group("dims"))
     if any(d < 1 for d in tile_dims):
-        raise HloShardingError(
-            f"bad HLO sharding string {s!r}: tile dimensions {tile_dims} must all be >= 1"
-        )
+        raise HloShardingError(f"bad HLO sharding string {s!r}: tile dimensions {tile_dims} must all be >= 1")
     if m.group("list") is not None:
         devices = _ints(m.group("list"))
     else:
@@ -411,8 +405,7 @@ def parse_hlo_sharding_string(s: str) -> ParsedHloSharding:
     expected = math.prod(tile_dims)
     if len(devices) != expected:
         raise HloShardingError(
-            f"bad HLO sharding string {s!r}: tile dimensions {tile_dims} need "
-            f"{expected} devices, got {len(devices)}"
+            f"bad HLO sharding string {s!r}: tile dimensions {tile_dims} need {expected} devices, got {len(devices)}"
         )
     if len(set(devices)) != len(devices):
         raise HloShardingError(f"bad HLO sharding string {s!r}: a device is listed twice")

@@ -25,13 +25,20 @@ from spmdtorch import _dtypes
 from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
 from spmdtorch.partition.marking import ShardingError
-from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor import xla_tensor
+from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
 __all__ = [
-    "shard_map", "enable_manual_sharding", "disable_manual_sharding", "ManualRegionError",
-    "all_reduce", "all_gather", "reduce_scatter", "ppermute", "axis_index",
+    "shard_map",
+    "enable_manual_sharding",
+    "disable_manual_sharding",
+    "ManualRegionError",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "ppermute",
+    "axis_index",
 ]
 
 
@@ -160,8 +167,11 @@ def _end(region: _Region, outs, out_specs):
         out_jspecs.append(jspec)
         out_avals.append((shape, _dtypes.to_jax_dtype(o.dtype)))
     body = jax.shard_map(
-        _ShardMapBody(plan, len(flat)), mesh=mesh.jax_mesh, in_specs=tuple(in_specs),
-        out_specs=tuple(out_jspecs), check_vma=False,
+        _ShardMapBody(plan, len(flat)),
+        mesh=mesh.jax_mesh,
+        in_specs=tuple(in_specs),
+        out_specs=tuple(out_jspecs),
+        check_vma=False,
     )
     name = ("shard_map", plan.key, tuple(in_specs), tuple(out_jspecs), mesh.jax_mesh)
     template = (tuple(Slot(i) for i in range(len(inputs))), ())
@@ -270,8 +280,13 @@ def _index(*, axis):
 
 
 def _collective(fn, name, t, shape, **static):
-    ref = record(fn, name, ((Slot(0),), tuple(sorted(static.items()))), [read_value(t)],
-                 ((tuple(shape), _dtypes.to_jax_dtype(t.dtype)),))
+    ref = record(
+        fn,
+        name,
+        ((Slot(0),), tuple(sorted(static.items()))),
+        [read_value(t)],
+        ((tuple(shape), _dtypes.to_jax_dtype(t.dtype)),),
+    )
     return new_base(ref, t.dtype)
 
 
@@ -309,8 +324,7 @@ def reduce_scatter(t, axis, dim: int = 0):
 def ppermute(t, axis, perm):
     """Send ``t`` from device i to device j for each ``(i, j)`` in ``perm`` along ``axis``."""
     region = _region("ppermute")
-    return _collective(_permute, "ppermute", t, t.shape, axis=_axis(region, axis),
-                       perm=tuple(tuple(p) for p in perm))
+    return _collective(_permute, "ppermute", t, t.shape, axis=_axis(region, axis), perm=tuple(tuple(p) for p in perm))
 
 
 def axis_index(axis):
@@ -318,4 +332,3 @@ def axis_index(axis):
     region = _region("axis_index")
     ref = record(_index, "axis_index", ((), (("axis", _axis(region, axis)),)), [], (((), jax.numpy.int32),))
     return new_base(ref, torch.int32)
-

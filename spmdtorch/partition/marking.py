@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import torch
@@ -112,8 +113,13 @@ def mark_sharding(t, mesh, partition_spec):
 
     value = base_value(st)
     if isinstance(value, LazyRef):
-        ref = record(_constrain, "sharding_constraint", ((Slot(0),), (("sharding", sharding),)),
-                     [value], ((tuple(value.shape), value.dtype),))
+        ref = record(
+            _constrain,
+            "sharding_constraint",
+            ((Slot(0),), (("sharding", sharding),)),
+            [value],
+            ((tuple(value.shape), value.dtype),),
+        )
         st.set(ref)
     else:
         metrics.inc("ReshardOnDevice")
@@ -146,8 +152,7 @@ def match_rules(names, rules: Mapping[str, Any], owner: str = "") -> dict[str, s
         hits = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
         if not hits:
             raise ShardingError(
-                f"sharding rule {pattern!r} matches no parameter{owner}; "
-                f"parameter names look like {names[:5]}"
+                f"sharding rule {pattern!r} matches no parameter{owner}; parameter names look like {names[:5]}"
             )
         for name in hits:
             if name in matched:
@@ -163,8 +168,7 @@ def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any
     """Apply glob ``rules`` to ``module.named_parameters()`` (see ``mark_sharding``)."""
     if not isinstance(rules, Mapping):
         raise ShardingError(
-            f"marking a module needs a dict of parameter-name patterns to partition specs, "
-            f"got {type(rules).__name__}"
+            f"marking a module needs a dict of parameter-name patterns to partition specs, got {type(rules).__name__}"
         )
     params = dict(module.named_parameters())
     matched = match_rules(params, rules, owner=f" of {type(module).__name__}")

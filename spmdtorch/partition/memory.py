@@ -169,9 +169,7 @@ class MemoryPlan:
         """
         if self.total_bytes <= budget_bytes:
             return self
-        worst = ", ".join(
-            f"{t.name} {t.shape} spec {t.spec}: {_fmt(t.bytes_per_device)}" for t in self.largest(5)
-        )
+        worst = ", ".join(f"{t.name} {t.shape} spec {t.spec}: {_fmt(t.bytes_per_device)}" for t in self.largest(5))
         parts = (
             f"parameters {_fmt(self.parameter_bytes)}, gradients {_fmt(self.gradient_bytes)}, "
             f"optimizer state {_fmt(self.optimizer_bytes)}, buffers {_fmt(self.buffer_bytes)}"
@@ -193,12 +191,21 @@ class MemoryPlan:
             table.add_column(col, justify="right" if col == "per device" else "left")
         for t in self.tensors:
             spec = "(" + ", ".join("None" if s is None else str(s) for s in t.spec) + ")"
-            table.add_row(t.name, str(t.shape), str(t.dtype).replace("torch.", ""), spec,
-                          str(t.shard_shape), _fmt(t.bytes_per_device))
+            table.add_row(
+                t.name,
+                str(t.shape),
+                str(t.dtype).replace("torch.", ""),
+                spec,
+                str(t.shard_shape),
+                _fmt(t.bytes_per_device),
+            )
         table.add_section()
-        rows = [("parameters", self.parameter_bytes), ("gradients", self.gradient_bytes),
-                (f"optimizer state ({self.optimizer or 'none'})", self.optimizer_bytes),
-                ("buffers", self.buffer_bytes)]
+        rows = [
+            ("parameters", self.parameter_bytes),
+            ("gradients", self.gradient_bytes),
+            (f"optimizer state ({self.optimizer or 'none'})", self.optimizer_bytes),
+            ("buffers", self.buffer_bytes),
+        ]
         if self.compiled is not None:
             rows.append(("activations + temporaries (XLA)", self.compiled.temp_bytes))
         rows.append(("total", self.total_bytes))
@@ -293,8 +300,15 @@ def _tensors(model_or_state):
 
 # Per trainable parameter: (parameter-sized state tensors, whether a step scalar is kept).
 _OPTIMIZERS = {
-    "sgd": (0, False), "adam": (2, True), "adamw": (2, True), "adamax": (2, True), "nadam": (2, True),
-    "radam": (2, True), "adagrad": (1, True), "rmsprop": (1, True), "adadelta": (2, True),
+    "sgd": (0, False),
+    "adam": (2, True),
+    "adamw": (2, True),
+    "adamax": (2, True),
+    "nadam": (2, True),
+    "radam": (2, True),
+    "adagrad": (1, True),
+    "rmsprop": (1, True),
+    "adadelta": (2, True),
 }
 
 
@@ -417,11 +431,18 @@ def memory_plan(
             device_counts.append(len(sharding.device_set))
         itemsize = jax.numpy.dtype(_dtypes.to_jax_dtype(t.dtype)).itemsize
         shard = _shard_shape(shape, sharding)
-        tensors.append(TensorMemory(
-            name=name, kind=kind, shape=shape, dtype=t.dtype, spec=_spec_of(sharding, len(shape)),
-            shard_shape=shard, bytes_per_device=math.prod(shard) * itemsize,
-            global_bytes=math.prod(shape) * itemsize,
-        ))
+        tensors.append(
+            TensorMemory(
+                name=name,
+                kind=kind,
+                shape=shape,
+                dtype=t.dtype,
+                spec=_spec_of(sharding, len(shape)),
+                shard_shape=shard,
+                bytes_per_device=math.prod(shard) * itemsize,
+                global_bytes=math.prod(shape) * itemsize,
+            )
+        )
     opt_name, n_state, step = _optimizer_state(optimizer)
     trainable = [t for t in tensors if t.kind == "parameter"]
     grad = sum(t.bytes_per_device for t in trainable)

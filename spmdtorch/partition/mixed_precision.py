@@ -51,9 +51,7 @@ def _check_dtype(name: str, value: Any, optional: bool) -> None:
 
 
 def _cast_floating(tree: Any, dtype: torch.dtype) -> Any:
-    return pytree.tree_map(
-        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree
-    )
+    return pytree.tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
 
 
 @dataclasses.dataclass(frozen=True)

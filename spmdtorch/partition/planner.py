@@ -120,7 +120,7 @@ def _module_roles(model: nn.Module) -> dict[str, tuple[str, str]]:
     vocab = {m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
     lin_roles = _linear_roles(model)
     owner = {}
-    for mod_name, mod in model.named_modules():
+    for _mod_name, mod in model.named_modules():
         for pname, p in mod.named_parameters(recurse=False):
             if id(p) in owner:
                 continue
@@ -177,7 +177,8 @@ def _compact(specs: dict[str, tuple]) -> dict[str, tuple]:
         groups.setdefault(_INDEX.sub("*", _escape(name)), []).append(name)
     names = list(specs)
     collapse = {
-        pattern for pattern, members in groups.items()
+        pattern
+        for pattern, members in groups.items()
         if len(members) > 1
         and len({specs[m] for m in members}) == 1
         and set(fnmatch.filter(names, pattern)) == set(members)

@@ -100,9 +100,7 @@ def load_local_shards_(t, shards) -> torch.Tensor:
         index = _trim(dst.index, arr.shape, tuple(t.shape))
         expected = tuple(sl.stop - sl.start for sl in index)
         if tuple(data.shape) != expected:
-            raise ShardingError(
-                f"shard {i} has shape {tuple(data.shape)}, expected {expected} for device {dst.device}"
-            )
+            raise ShardingError(f"shard {i} has shape {tuple(data.shape)}, expected {expected} for device {dst.device}")
         block = torch.zeros(dst.data.shape, dtype=t.dtype)
         block[tuple(slice(0, n) for n in expected)] = data.to(t.dtype)
         pieces.append(jax.device_put(transfer._host_numpy(block).copy(), dst.device))

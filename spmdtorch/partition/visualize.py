@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import numpy as np
@@ -107,9 +107,7 @@ def _shard_fractions(size: int, count: int) -> list[float]:
     return [max(0, min(chunk, size - i * chunk)) / size for i in range(count)]
 
 
-def _grid(
-    parsed: ParsedHloSharding, replicated_devices: Sequence[int], spec: str
-) -> np.ndarray:
+def _grid(parsed: ParsedHloSharding, replicated_devices: Sequence[int], spec: str) -> np.ndarray:
     """Returns a 2-D object array of device tuples, one per block.
 
     Raises:
@@ -133,7 +131,7 @@ def _grid(
         # One row of blocks for a 1-D (or 0-D) tensor, a rows x cols grid for 2-D;
         # the trailing axis is each block's replica group.
         tiles = list(parsed.tile_dims[:rank])
-        rows, cols = (tiles if rank == 2 else [1, tiles[0] if tiles else 1])
+        rows, cols = tiles if rank == 2 else [1, tiles[0] if tiles else 1]
         grid = grid.reshape(rows, cols, depth)
         cells = [[tuple(int(d) for d in grid[i, j]) for j in range(cols)] for i in range(rows)]
     out = np.empty((len(cells), len(cells[0])), dtype=object)
@@ -145,8 +143,8 @@ def _grid(
 
 def _render(
     grid: np.ndarray,
-    shape: Optional[Sequence[int]],
-    tensor_rank: Optional[int],
+    shape: Sequence[int] | None,
+    tensor_rank: int | None,
     device_kind: str,
     use_color: bool,
     scale: float,
@@ -167,8 +165,7 @@ def _render(
     if shape is not None and tensor_rank is not None:
         if len(shape) != tensor_rank:
             raise VisualizationError(
-                f"shape {tuple(shape)} has rank {len(shape)} but sharding {spec!r} "
-                f"tiles a rank-{tensor_rank} tensor"
+                f"shape {tuple(shape)} has rank {len(shape)} but sharding {spec!r} tiles a rank-{tensor_rank} tensor"
             )
         if tensor_rank == 2:
             row_frac = _shard_fractions(shape[0], rows)
@@ -179,10 +176,7 @@ def _render(
     # A column is at least as wide as its longest label (+1 space each side) and
     # min_width; beyond that, its share of cols * min_width * scale.
     naturals = [max(len(labels[i, j]) for i in range(rows)) + 2 for j in range(cols)]
-    widths = [
-        max(min_width, naturals[j], round(col_frac[j] * cols * min_width * scale))
-        for j in range(cols)
-    ]
+    widths = [max(min_width, naturals[j], round(col_frac[j] * cols * min_width * scale)) for j in range(cols)]
     # Too wide for max_width: shrink every column in proportion, but never below
     # its longest label, so labels stay on one line whenever they can.
     budget = max_width - (0 if use_color else cols + 1)
@@ -200,7 +194,7 @@ def _render(
         pad_edge=False,
         box=None if use_color else rich.box.SQUARE,
     )
-    for j in range(cols):
+    for _ in range(cols):
         table.add_column(justify="center", vertical="middle", overflow="fold")
     for i in range(rows):
         row = []
@@ -240,13 +234,13 @@ def _draw(
     replicated_devices: Sequence[int],
     spec: str,
     *,
-    shape: Optional[Sequence[int]],
+    shape: Sequence[int] | None,
     device_kind: str,
     use_color: bool,
     scale: float,
     min_width: int,
     max_width: int,
-    console: Optional[rich.console.Console],
+    console: rich.console.Console | None,
     print_: bool,
 ) -> rich.table.Table:
     _check_widths(scale, min_width, max_width)
@@ -259,9 +253,7 @@ def _draw(
         # box lines are what separates the blocks there.
         use_color = use_color and console.color_system is not None
     grid = _grid(parsed, replicated_devices, spec)
-    table = _render(
-        grid, shape, parsed.tensor_rank, device_kind, use_color, scale, min_width, max_width, spec
-    )
+    table = _render(grid, shape, parsed.tensor_rank, device_kind, use_color, scale, min_width, max_width, spec)
     if print_:
         console.print(table)
     return table
@@ -274,10 +266,10 @@ def visualize_sharding(
     min_width: int = 9,
     max_width: int = 80,
     *,
-    shape: Optional[Sequence[int]] = None,
-    device_kind: Optional[str] = None,
-    num_devices: Optional[int] = None,
-    console: Optional[rich.console.Console] = None,
+    shape: Sequence[int] | None = None,
+    device_kind: str | None = None,
+    num_devices: int | None = None,
+    console: rich.console.Console | None = None,
     print_: bool = True,
 ) -> rich.table.Table:
     """Draws an HLO sharding string as a grid of device blocks.
@@ -363,9 +355,9 @@ def visualize_array_sharding(
     scale: float = 1.0,
     min_width: int = 9,
     max_width: int = 80,
-    device_kind: Optional[str] = None,
-    device_order: Optional[Sequence[Any]] = None,
-    console: Optional[rich.console.Console] = None,
+    device_kind: str | None = None,
+    device_order: Sequence[Any] | None = None,
+    console: rich.console.Console | None = None,
     print_: bool = True,
 ) -> rich.table.Table:
     """Draws how a JAX sharding splits an array of ``shape`` over devices.
@@ -410,8 +402,7 @@ def visualize_array_sharding(
     spec = hlo_sharding_string(sharding, len(shape), device_order)
     if hlo.is_manual() or hlo.is_unreduced() or hlo.is_unknown() or hlo.subgroup_types():
         raise VisualizationError(
-            f"cannot draw sharding {spec!r}: manual, unreduced or unknown shardings "
-            "have no tile grid"
+            f"cannot draw sharding {spec!r}: manual, unreduced or unknown shardings have no tile grid"
         )
     ordinals = sorted(_ordinal_map(assignment, device_order))
     if device_kind is None:

@@ -202,8 +202,13 @@ def recursive_wrap(
         'Sequential'
     """
     return _wrap_tree(
-        module, auto_wrap_policy, wrapper_cls, set(ignored_modules),
-        {id(p) for p in ignored_params}, only_wrap_children, kwargs,
+        module,
+        auto_wrap_policy,
+        wrapper_cls,
+        set(ignored_modules),
+        {id(p) for p in ignored_params},
+        only_wrap_children,
+        kwargs,
     )
 
 

@@ -31,10 +31,10 @@ from spmdtorch.tensor.xla_tensor import (
     _PYTHON_KEY,
     XLA_DEVICE,
     Storage,
-    _MetaFlag,
     ViewStep,
     XlaTensor,
     _contiguous_strides,
+    _MetaFlag,
     dense_tensor,
     forget_meta_key,
     new_base,
@@ -75,16 +75,29 @@ class MetaFactoryLeak(DeviceMismatchError):
 
 class OpFacts:
     __slots__ = (
-        "lift_pos", "lift_names", "is_view", "mutable_pos", "mutable_names", "is_inplace",
-        "is_out", "lowering", "has_device", "arg_names", "implicit", "route", "allow_cpu", "identity_view",
-        "static_scalars", "twin",
+        "lift_pos",
+        "lift_names",
+        "is_view",
+        "mutable_pos",
+        "mutable_names",
+        "is_inplace",
+        "is_out",
+        "lowering",
+        "has_device",
+        "arg_names",
+        "implicit",
+        "route",
+        "allow_cpu",
+        "identity_view",
+        "static_scalars",
+        "twin",
     )
 
 
 _UNSET = object()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def op_facts(func) -> OpFacts:
     f = OpFacts()
     schema = func._schema
@@ -92,9 +105,7 @@ def op_facts(func) -> OpFacts:
     f.arg_names = [a.name for a in args]
     f.lowering = registry.get_lowering(func)
     lift = f.lowering is None or f.lowering.lift_scalars
-    f.lift_pos = frozenset(
-        i for i, a in enumerate(args) if lift and not a.kwarg_only and str(a.type) in _SCALAR_TYPES
-    )
+    f.lift_pos = frozenset(i for i, a in enumerate(args) if lift and not a.kwarg_only and str(a.type) in _SCALAR_TYPES)
     f.lift_names = frozenset(a.name for a in args if lift and str(a.type) in _SCALAR_TYPES)
     f.static_scalars = frozenset() if f.lowering is None else f.lowering.static_scalars
     f.twin = _UNSET  # functional_twin(func), looked up on first use (lru_cache hashes the op in Python)
@@ -116,7 +127,7 @@ def op_facts(func) -> OpFacts:
     return f
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def functional_twin(func):
     """``add_.Tensor`` → ``add.Tensor``; ``add.out`` → ``add.Tensor``; else None."""
     schema = func._schema
@@ -163,8 +174,13 @@ def base_value(st: Storage):
         return cache[1]
     from spmdtorch.lazy import padding
 
-    ref = record(padding.unpad, "unpad", ((Slot(0),), (("shape", st.logical_shape),)), [value],
-                 ((st.logical_shape, value.dtype),))
+    ref = record(
+        padding.unpad,
+        "unpad",
+        ((Slot(0),), (("shape", st.logical_shape),)),
+        [value],
+        ((st.logical_shape, value.dtype),),
+    )
     st.unpadded = (st.version, ref)
     return ref
 
@@ -262,8 +278,13 @@ def assign_value(t: XlaTensor, value) -> None:
         if step.out_index is not None:
             kwargs["out_index"] = step.out_index
         aval = (tuple(base.shape), base.dtype)
-        new = record(inv, ("inverse", step.op), ((Slot(0), Slot(1)) + step.args, tuple(sorted(kwargs.items()))),
-                     [base, new], (aval,))
+        new = record(
+            inv,
+            ("inverse", step.op),
+            ((Slot(0), Slot(1)) + step.args, tuple(sorted(kwargs.items()))),
+            [base, new],
+            (aval,),
+        )
     st.set(new)
     st.vcache = {t._chain: value}
 
@@ -380,9 +401,7 @@ class _Args:
                 t_args.append(self._leaf(a, i in lift_pos, key, func, allow_cpu))
         if kwargs:
             lift_names = facts.lift_names
-            t_kwargs = tuple(
-                (k, self._leaf(a, k in lift_names, key, func, allow_cpu)) for k, a in kwargs.items()
-            )
+            t_kwargs = tuple((k, self._leaf(a, k in lift_names, key, func, allow_cpu)) for k, a in kwargs.items())
         else:
             t_kwargs = ()
         self.template = (tuple(t_args), t_kwargs)
@@ -407,8 +426,12 @@ class _Args:
             return Slot(len(self.inputs) - 1)
         if isinstance(a, (list, tuple)):
             return tuple(self._leaf(x, False, key, func, allow_cpu) for x in a)
-        if (liftable and type(a) in (float, int) and _INT32[0] <= a <= _INT32[1]
-                and a not in _facts(func).static_scalars):
+        if (
+            liftable
+            and type(a) in (float, int)
+            and _INT32[0] <= a <= _INT32[1]
+            and a not in _facts(func).static_scalars
+        ):
             key.append(type(a))
             self.inputs.append(interned_scalar(a, id(func)))  # equal numbers: one program input
             return Slot(len(self.inputs) - 1)
@@ -738,6 +761,7 @@ _PREFER_DECOMPOSITION = frozenset(
     for op in registry.resolve_ops(n)
 )
 
+
 def _decompose_batch_norm(func, args, kwargs):
     """torch's decomposition, with eager CPU's eval-mode outputs: empty
     ``save_mean``/``save_invstd`` (the decomposition returns per-channel ones
@@ -771,9 +795,16 @@ def _inplace_twin_spec(func, twin, args, kwargs, parsed):
     facts = op_facts(func)
     tf = _facts(twin)
     low = tf.lowering
-    if (low is None or low.random or tf.route is not None or tf.is_view or tf.mutable_pos
-            or tf.lift_pos != facts.lift_pos or tf.lift_names != facts.lift_names
-            or tf.allow_cpu != facts.allow_cpu):
+    if (
+        low is None
+        or low.random
+        or tf.route is not None
+        or tf.is_view
+        or tf.mutable_pos
+        or tf.lift_pos != facts.lift_pos
+        or tf.lift_names != facts.lift_names
+        or tf.allow_cpu != facts.allow_cpu
+    ):
         return False
     spec = meta_outputs(twin, args, kwargs, tf, (tf,) + parsed.key[1:])
     self = args[0]
@@ -909,7 +940,7 @@ def _metadata_inplace_view(func, args, kwargs):
     return self
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _view_twin(func):
     """``transpose_.default`` → ``transpose.int``: the out-of-place view op with
     the same arguments (overload names differ between the two packets)."""
@@ -972,14 +1003,14 @@ def _match_overload(packet, want):
             continue  # an out= variant
         if len(cargs) < len(want) or any(str(c.type) != w[0] for c, w in zip(cargs, want)):
             continue
-        if not all(c.has_default_value() for c in cargs[len(want):]):
+        if not all(c.has_default_value() for c in cargs[len(want) :]):
             continue
         if best is None or len(cargs) < len(best._schema.arguments):
             best = cand
     return best
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _foreach_plan(func):
     """How ``_foreach_X`` maps onto the per-tensor op ``X``, or None if it cannot.
 
@@ -1002,7 +1033,7 @@ def _foreach_plan(func):
     if func._schema.name == "aten::_foreach_norm" and func._overloadname == "Scalar":
         # (self, ord=2, dtype=None): torch's slow path is linalg_vector_norm per tensor.
         return aten.linalg_vector_norm.default, ((1, None), (0, None), (0, "dtype")), False, False
-    name = schema.name.split("::")[-1][len("_foreach_"):]
+    name = schema.name.split("::")[-1][len("_foreach_") :]
     inplace = not schema.returns
     base = name[:-1] if inplace else name
     want = []
@@ -1014,7 +1045,7 @@ def _foreach_plan(func):
             want.append(("number", 2))
         else:
             want.append((t, 0))
-    for write_back in ((False, True) if inplace else (False,)):
+    for write_back in (False, True) if inplace else (False,):
         for pname in _FOREACH_ALIASES.get(base, (base,)):
             packet = getattr(aten, pname + ("_" if inplace and not write_back else ""), None)
             best = None if packet is None else _match_overload(packet, want)
@@ -1081,7 +1112,9 @@ def _equal(func, args, kwargs):
     a, b = args[0], args[1]
     if tuple(a.shape) != tuple(b.shape):
         return False
-    return bool(_local_scalar_dense(None, (dispatch(aten.all.default, (dispatch(aten.eq.Tensor, (a, b), {}),), {}),), {}))
+    return bool(
+        _local_scalar_dense(None, (dispatch(aten.all.default, (dispatch(aten.eq.Tensor, (a, b), {}),), {}),), {})
+    )
 
 
 def _allclose(func, args, kwargs):
@@ -1141,14 +1174,27 @@ for _name in ("t_", "transpose_", "squeeze_", "unsqueeze_", "swapdims_", "swapax
 _DATA_DEPENDENT = frozenset(
     op
     for n in (
-        "nonzero", "nonzero_numpy", "masked_select", "_unique", "_unique2", "unique_dim",
-        "unique_consecutive", "unique_dim_consecutive", "repeat_interleave.Tensor",
-        "bincount", "histc", "nonzero_static",
+        "nonzero",
+        "nonzero_numpy",
+        "masked_select",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "unique_dim_consecutive",
+        "repeat_interleave.Tensor",
+        "bincount",
+        "histc",
+        "nonzero_static",
         # histograms: bin edges and counts come from a data pass; the CPU
         # kernels are what torch_xla falls back to as well
-        "histogram", "_histogramdd_bin_edges", "_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors",
+        "histogram",
+        "_histogramdd_bin_edges",
+        "_histogramdd_from_bin_cts",
+        "_histogramdd_from_bin_tensors",
         # no meta kernel in torch, so no output shapes to record a node with
-        "geqrf", "linalg_lstsq",
+        "geqrf",
+        "linalg_lstsq",
     )
     for op in registry.resolve_ops(n)
 )
@@ -1298,7 +1344,6 @@ def wrap_jax_array(arr: jax.Array, dtype: torch.dtype | None = None, requires_gr
     if dtype is None:
         dtype = _dtypes.to_torch_dtype(arr.dtype)
     return new_base(arr, dtype, requires_grad=requires_grad)
-
 
 
 # XlaTensor.__torch_dispatch__ calls this module's dispatch without an import per call.

@@ -21,7 +21,7 @@ from spmdtorch.tensor import multihost
 __all__ = ["replicated_sharding", "to_device_array", "to_cpu", "array_to_torch"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def replicated_sharding() -> jax.sharding.NamedSharding:
     """Fully replicated over all devices of all processes."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("_all",))

@@ -37,6 +37,7 @@ class _MetaFlag:
 
     active = False
 
+
 _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 
 # id(jax.Array) -> a Storage currently holding it. Buffer donation rests on
@@ -138,8 +139,19 @@ class Storage:
             another sharding is an error until ``clear_sharding``).
     """
 
-    __slots__ = ("value", "version", "sharding", "annotated", "pseq", "logical_shape", "unpadded",
-                 "prev", "queued", "vcache", "__weakref__")
+    __slots__ = (
+        "value",
+        "version",
+        "sharding",
+        "annotated",
+        "pseq",
+        "logical_shape",
+        "unpadded",
+        "prev",
+        "queued",
+        "vcache",
+        "__weakref__",
+    )
 
     def __init__(self, value, sharding=None):
         self.value = None
@@ -467,9 +479,7 @@ class XlaTensor(torch.Tensor):
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
         # Only tracing stacks (torch.compile, torch.export) rebuild subclasses
         # from parts; spmdtorch's own tracer is spmdtorch.compile.
-        raise NotImplementedError(
-            "torch.compile/torch.export cannot trace xla tensors; use spmdtorch.compile"
-        )
+        raise NotImplementedError("torch.compile/torch.export cannot trace xla tensors; use spmdtorch.compile")
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -10,10 +10,10 @@ import torch
 from safetensors import safe_open
 
 from spmdtorch import checkpoint
-
-export_mod = importlib.import_module("spmdtorch.checkpoint.export")  # the package re-exports the function
 from spmdtorch.mesh import Mesh
 from spmdtorch.partition import mark_sharding
+
+export_mod = importlib.import_module("spmdtorch.checkpoint.export")  # the package re-exports the function
 
 
 @pytest.fixture
@@ -22,8 +22,13 @@ def saved(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3)).to("xla")
     model.load_state_dict(src.state_dict())
     mark_sharding(model[0].weight, Mesh(np.arange(8), (4, 2), ("a", "b")), ("a", "b"))  # uneven
-    state = {"model": model.state_dict(), "ids": torch.tensor([2**40, 3], device="cpu"),
-             "idx": torch.tensor([5, -1], device="xla"), "step": 12, "cfg": {"name": "x", "lr": 0.1}}
+    state = {
+        "model": model.state_dict(),
+        "ids": torch.tensor([2**40, 3], device="cpu"),
+        "idx": torch.tensor([5, -1], device="xla"),
+        "step": 12,
+        "cfg": {"name": "x", "lr": 0.1},
+    }
     checkpoint.save(tmp_path / "c", state)
     return tmp_path, src
 

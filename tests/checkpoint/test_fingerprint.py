@@ -22,8 +22,10 @@ def _dev(x, sharding=None):
     return _ints(device_fingerprints([arr]))[0]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16, np.int8, np.uint8, np.int32,
-                                   np.uint32, np.bool_, np.complex64])
+@pytest.mark.parametrize(
+    "dtype",
+    [np.float32, ml_dtypes.bfloat16, np.float16, np.int8, np.uint8, np.int32, np.uint32, np.bool_, np.complex64],
+)
 def test_device_matches_host(dtype):
     rng = np.random.default_rng(0)
     xs = []
@@ -42,8 +44,11 @@ def test_independent_of_sharding(devices8, shape):
     mesh = jax.sharding.Mesh(np.array(devices8).reshape(4, 2), ("a", "b"))
     mesh4 = jax.sharding.Mesh(np.array(devices8[:4]), ("x",))
     want = fingerprint_numpy(x)
-    specs = [P("a", "b"), P("b", "a"), P(None, ("a", "b")), P(), P(("a", "b"))] if len(shape) > 1 else [
-        P(("a", "b")), P("a"), P()]
+    specs = (
+        [P("a", "b"), P("b", "a"), P(None, ("a", "b")), P(), P(("a", "b"))]
+        if len(shape) > 1
+        else [P(("a", "b")), P("a"), P()]
+    )
     shardings = [NamedSharding(mesh, spec) for spec in specs] + [NamedSharding(mesh4, P("x"))]
     for sharding in shardings:
         assert _dev(x, sharding) == want, sharding
@@ -57,8 +62,10 @@ def test_padded_storage_hashes_the_logical_block(devices8):
     # both dims, (12, 8), over a (4, 2) mesh.
     padded = np.pad(x, [(0, 6), (0, 0)], constant_values=9.0)
     padded2 = np.pad(x, [(0, 2), (0, 2)], constant_values=9.0)
-    arrs = [jax.device_put(padded, NamedSharding(mesh, P("x"))),
-            jax.device_put(padded2, NamedSharding(mesh2, P("a", "b")))]
+    arrs = [
+        jax.device_put(padded, NamedSharding(mesh, P("x"))),
+        jax.device_put(padded2, NamedSharding(mesh2, P("a", "b"))),
+    ]
     assert _ints(device_fingerprints(arrs, [(10, 6), (10, 6)])) == [fingerprint_numpy(x)] * 2
 
 

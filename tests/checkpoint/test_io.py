@@ -39,6 +39,7 @@ def _layouts(on_devices):
     def marked(spec):
         def make(cpu):
             return mark_sharding(cpu.clone().to("xla"), mesh8, spec[: cpu.dim()] + (None,) * (cpu.dim() - len(spec)))
+
         return make
 
     return {
@@ -81,10 +82,17 @@ def test_training_state_round_trips_exactly(tmp_path):
     model(torch.randn(4, 6, device="xla")).pow(2).sum().backward()
     opt.step()
     rng = torch.get_rng_state()
-    state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 2**40 + 3, "rng": rng,
-             "ids": torch.tensor([2**40, -7]), "idx": torch.tensor([3, -2**31], device="xla"),
-             "half": torch.randn(3).bfloat16(), "x64": torch.tensor([0.1], dtype=torch.float64),
-             "misc": {"nan": math.nan, "none": None, "name": "run-1", "flags": (True, False)}}
+    state = {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "step": 2**40 + 3,
+        "rng": rng,
+        "ids": torch.tensor([2**40, -7]),
+        "idx": torch.tensor([3, -(2**31)], device="xla"),
+        "half": torch.randn(3).bfloat16(),
+        "x64": torch.tensor([0.1], dtype=torch.float64),
+        "misc": {"nan": math.nan, "none": None, "name": "run-1", "flags": (True, False)},
+    }
     checkpoint.save(tmp_path / "c", state)
     expected = {k: v.cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in state["model"].items()}
     exp_opt = {k: v.cpu().clone() for k, v in opt.state[model.weight].items()}
@@ -92,10 +100,17 @@ def test_training_state_round_trips_exactly(tmp_path):
     model2 = torch.nn.Linear(6, 10).to("xla")
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.5)
     checkpoint.init_optimizer_state(opt2)
-    target = {"model": model2.state_dict(), "optim": opt2.state_dict(), "step": 0, "rng": torch.zeros_like(rng),
-              "ids": torch.zeros(2, dtype=torch.int64), "idx": torch.zeros(2, dtype=torch.int64, device="xla"),
-              "half": torch.zeros(3, dtype=torch.bfloat16), "x64": torch.zeros(1, dtype=torch.float64),
-              "misc": {"nan": 0.0, "none": 1, "name": "", "flags": (False, False)}}
+    target = {
+        "model": model2.state_dict(),
+        "optim": opt2.state_dict(),
+        "step": 0,
+        "rng": torch.zeros_like(rng),
+        "ids": torch.zeros(2, dtype=torch.int64),
+        "idx": torch.zeros(2, dtype=torch.int64, device="xla"),
+        "half": torch.zeros(3, dtype=torch.bfloat16),
+        "x64": torch.zeros(1, dtype=torch.float64),
+        "misc": {"nan": 0.0, "none": 1, "name": "", "flags": (False, False)},
+    }
     out = checkpoint.load(tmp_path / "c", target)
     opt2.load_state_dict(out["optim"])
     for k, v in expected.items():
@@ -104,7 +119,7 @@ def test_training_state_round_trips_exactly(tmp_path):
         assert torch.equal(opt2.state[model2.weight][k].cpu(), v), k
     assert opt2.param_groups[0]["lr"] == 1e-3 and opt2.param_groups[0]["betas"] == (0.8, 0.95)
     assert out["step"] == 2**40 + 3 and torch.equal(out["rng"], rng)
-    assert torch.equal(out["ids"], state["ids"]) and out["idx"].tolist() == [3, -2**31]
+    assert torch.equal(out["ids"], state["ids"]) and out["idx"].tolist() == [3, -(2**31)]
     assert torch.equal(out["half"], state["half"]) and out["x64"].dtype == torch.float64
     assert out["x64"].item() == 0.1
     assert math.isnan(out["misc"]["nan"]) and out["misc"]["none"] is None and out["misc"]["name"] == "run-1"
@@ -129,11 +144,13 @@ def test_bad_input_names_the_key_and_both_values(tmp_path):
     with pytest.raises(ShapeMismatchError, match=r"state\['model'\]\['w'\].*\(3, 4\).*\(4, 3\)"):
         checkpoint.load(path, _target(model={"w": torch.zeros(4, 3, device="xla"), "b": torch.zeros(4)}))
     with pytest.raises(DtypeMismatchError, match=r"state\['model'\]\['w'\].*float32.*bfloat16.*cast=True"):
-        checkpoint.load(path, _target(model={"w": torch.zeros(3, 4, dtype=torch.bfloat16, device="xla"),
-                                             "b": torch.zeros(4)}))
+        checkpoint.load(
+            path, _target(model={"w": torch.zeros(3, 4, dtype=torch.bfloat16, device="xla"), "b": torch.zeros(4)})
+        )
     with pytest.raises(MissingKeysError, match=r"\['model'\]\['extra'\]") as e:
-        checkpoint.load(path, _target(model={"w": torch.zeros(3, 4, device="xla"), "b": torch.zeros(4),
-                                             "extra": torch.zeros(1)}))
+        checkpoint.load(
+            path, _target(model={"w": torch.zeros(3, 4, device="xla"), "b": torch.zeros(4), "extra": torch.zeros(1)})
+        )
     assert e.value.keys == ("['model']['extra']",)
     with pytest.raises(UnexpectedKeysError, match=r"\['model'\]\['b'\].*init_optimizer_state"):
         checkpoint.load(path, _target(model={"w": torch.zeros(3, 4, device="xla")}))
@@ -215,8 +232,9 @@ def test_truncated_and_deleted_files_raise(tmp_path):
         checkpoint.load(path2, _target())
 
 
-@pytest.mark.parametrize("name", ["arrays/_METADATA", "arrays/manifest.ocdbt", "_CHECKPOINT_METADATA",
-                                  "arrays/_sharding"])
+@pytest.mark.parametrize(
+    "name", ["arrays/_METADATA", "arrays/manifest.ocdbt", "_CHECKPOINT_METADATA", "arrays/_sharding"]
+)
 def test_deleted_metadata_file_never_gives_wrong_values(tmp_path, name):
     """Either a named error, or (Orbax not needing that file) exactly the saved values."""
     path = _saved(tmp_path)
@@ -235,8 +253,9 @@ def test_plain_orbax_reads_it(tmp_path):
     """The recipe of docs/checkpoint.md: no spmdtorch needed to read the arrays."""
     w = torch.randn(10, 6)
     mark = mark_sharding(w.clone().to("xla"), Mesh(np.arange(8), (4, 2), ("a", "b")), ("a", "b"))
-    checkpoint.save(tmp_path / "c", {"model": {"fc.weight": mark}, "optim": {"state": {0: {"m": torch.ones(3)}}},
-                                     "step": 9})
+    checkpoint.save(
+        tmp_path / "c", {"model": {"fc.weight": mark}, "optim": {"state": {0: {"m": torch.ones(3)}}}, "step": 9}
+    )
     arrays = ocp.PyTreeCheckpointer().restore(tmp_path / "c" / "arrays")
     assert np.array_equal(np.asarray(arrays["model"]["fc.weight"]), w.numpy())
     assert np.array_equal(np.asarray(arrays["optim"]["state"]["0"]["m"]), np.ones(3))
@@ -246,7 +265,7 @@ def test_plain_orbax_reads_it(tmp_path):
     assert record["arrays"][0]["path"] == ["model", "fc.weight"] and record["arrays"][0]["dtype"] == "float32"
 
 
-_CHILD = textwrap.dedent(r'''
+_CHILD = textwrap.dedent(r"""
     # A 4-device runtime: restore the 8-device checkpoint, save it, restore that
     # onto 1 device (a one-device slice), save again.
     import sys
@@ -277,7 +296,7 @@ _CHILD = textwrap.dedent(r'''
     out["step"] = 2
     checkpoint.save(root + "/on1", out)
     print("ok")
-''')
+""")
 
 
 def test_device_count_changes_8_4_1_8(tmp_path):
@@ -285,15 +304,20 @@ def test_device_count_changes_8_4_1_8(tmp_path):
     want = {"w": torch.randn(10, 6, generator=gen), "v": torch.randn(13, generator=gen)}
     torch.save(want, tmp_path / "want.pt")
     mesh = Mesh(np.arange(8), (4, 2), ("a", "b"))
-    checkpoint.save(tmp_path / "on8", {"w": mark_sharding(want["w"].clone().to("xla"), mesh, ("a", "b")),
-                                       "v": mark_sharding(want["v"].clone().to("xla"), mesh, (("a", "b"),)),
-                                       "step": 0})
+    checkpoint.save(
+        tmp_path / "on8",
+        {
+            "w": mark_sharding(want["w"].clone().to("xla"), mesh, ("a", "b")),
+            "v": mark_sharding(want["v"].clone().to("xla"), mesh, (("a", "b"),)),
+            "step": 0,
+        },
+    )
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PJRT_DEVICE="CPU")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], check=False, env=env, capture_output=True,
-                          text=True, timeout=240)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu", PJRT_DEVICE="CPU")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], check=False, env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
     w = mark_sharding(torch.zeros(10, 6).to("xla"), mesh, ("b", "a"))
     out = checkpoint.load(tmp_path / "on1", {"w": w, "v": torch.zeros(13), "step": -1})
@@ -348,8 +372,12 @@ def test_equal_restored_scalars_share_one_array_and_stay_independent(tmp_path):
     share a buffer); a restore keeps them one, so the bias corrections stay shared."""
     from spmdtorch.tensor.dispatch import read_value
 
-    saved = {"a": torch.tensor(3.0, device="xla"), "b": torch.tensor(3.0, device="xla"),
-             "c": torch.tensor(4.0, device="xla"), "i": torch.tensor(3, device="xla")}
+    saved = {
+        "a": torch.tensor(3.0, device="xla"),
+        "b": torch.tensor(3.0, device="xla"),
+        "c": torch.tensor(4.0, device="xla"),
+        "i": torch.tensor(3, device="xla"),
+    }
     checkpoint.save(tmp_path / "c", saved)
     target = {k: torch.zeros_like(v) for k, v in saved.items()}
     checkpoint.load(tmp_path / "c", target)

@@ -23,8 +23,8 @@ from spmdtorch.checkpoint import (
     CheckpointManager,
     StepNotFoundError,
     fingerprint,
+    io,
 )
-from spmdtorch.checkpoint import io
 from spmdtorch.mesh import Mesh
 from spmdtorch.partition import mark_sharding
 
@@ -98,7 +98,7 @@ def test_sigterm_saves_the_next_boundary_and_close_restores_the_handler(tmp_path
     assert out["step"] == 4 and torch.equal(w.cpu(), torch.full((3,), 4.0))
 
 
-_KILLED_CHILD = textwrap.dedent(r'''
+_KILLED_CHILD = textwrap.dedent(r"""
     import os, sys, time
     import torch
     import orbax.checkpoint._src.path.atomicity as atomicity
@@ -120,17 +120,17 @@ _KILLED_CHILD = textwrap.dedent(r'''
     mgr.save(2, {"w": big, "step": 2})
     print("save returned", flush=True)
     time.sleep(600)
-''')
+""")
 
 
 def test_kill_9_during_async_save_keeps_the_previous_step(tmp_path):
     root = tmp_path / "ckpts"
     script = tmp_path / "child.py"
     script.write_text(_KILLED_CHILD)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PJRT_DEVICE="CPU")
-    proc = subprocess.Popen([sys.executable, str(script), str(root)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu", PJRT_DEVICE="CPU")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(root)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.time() + 240
         while not (tmp_path / "at_finalize").exists():
@@ -162,15 +162,17 @@ def _train(model, opt, batches, mgr=None, start=0):
         spmdtorch.sync()
         losses.append(loss.item())
         if mgr is not None:
-            mgr.save(i, {"model": model.state_dict(), "optim": opt.state_dict(), "step": i,
-                         "rng": torch.get_rng_state()})
+            mgr.save(
+                i, {"model": model.state_dict(), "optim": opt.state_dict(), "step": i, "rng": torch.get_rng_state()}
+            )
     return losses
 
 
 def _model():
     mesh = Mesh(np.arange(8), (4, 2), ("a", "b"))
-    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Dropout(0.25), torch.nn.Tanh(),
-                                torch.nn.Linear(10, 3)).to("xla")
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 10), torch.nn.Dropout(0.25), torch.nn.Tanh(), torch.nn.Linear(10, 3)
+    ).to("xla")
     mark_sharding(model[0].weight, mesh, ("a", "b"))  # (10, 6): uneven over 4
     mark_sharding(model[3].weight, mesh, (None, "a"))
     return model, torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
@@ -178,8 +180,9 @@ def _model():
 
 def test_resumed_training_matches_uninterrupted_bit_for_bit(tmp_path):
     gen = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(8, 6, generator=gen).to("xla"), torch.randn(8, 3, generator=gen).to("xla"))
-               for _ in range(6)]
+    batches = [
+        (torch.randn(8, 6, generator=gen).to("xla"), torch.randn(8, 3, generator=gen).to("xla")) for _ in range(6)
+    ]
     torch.manual_seed(1)
     init = {k: v.cpu() for k, v in _model()[0].state_dict().items()}
 
@@ -197,8 +200,9 @@ def test_resumed_training_matches_uninterrupted_bit_for_bit(tmp_path):
     model, opt = _model()
     checkpoint.init_optimizer_state(opt)
     with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
-        state = mgr.restore({"model": model.state_dict(), "optim": opt.state_dict(), "step": -1,
-                             "rng": torch.get_rng_state()})
+        state = mgr.restore(
+            {"model": model.state_dict(), "optim": opt.state_dict(), "step": -1, "rng": torch.get_rng_state()}
+        )
     opt.load_state_dict(state["optim"])
     torch.set_rng_state(state["rng"])
     assert state["step"] == 2

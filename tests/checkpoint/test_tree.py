@@ -22,18 +22,33 @@ from spmdtorch.checkpoint.tree import (
 
 def test_flatten_kinds_and_paths():
     x = torch.ones(2, device="xla")
-    state = {"model": {"w": x}, "opt": {"state": {0: {"step": torch.tensor(3.0)}}, "groups": [{"lr": 0.1}]},
-             "step": 7}
+    state = {"model": {"w": x}, "opt": {"state": {0: {"step": torch.tensor(3.0)}}, "groups": [{"lr": 0.1}]}, "step": 7}
     got = [(e.path, e.kind) for e in flatten(state)]
-    assert got == [(("model", "w"), "xla"), (("opt", "state", 0, "step"), "cpu"), (("opt", "groups", 0, "lr"), "value"),
-                   (("step",), "value")]
+    assert got == [
+        (("model", "w"), "xla"),
+        (("opt", "state", 0, "step"), "cpu"),
+        (("opt", "groups", 0, "lr"), "value"),
+        (("step",), "value"),
+    ]
     assert keystr(("opt", "state", 0, "step")) == "['opt']['state'][0]['step']"
 
 
 def test_record_round_trips_plain_values_exactly():
     Pair = collections.namedtuple("Pair", "a b")
-    values = {"big": 2**70 + 1, "f": 0.1, "nan": math.nan, "inf": -math.inf, "negzero": -0.0, "s": "é\n",
-              "none": None, "b": True, "t": (1, (2.5, "x")), "l": [1, [None]], 3: "int key", "nt": Pair(1, 2)}
+    values = {
+        "big": 2**70 + 1,
+        "f": 0.1,
+        "nan": math.nan,
+        "inf": -math.inf,
+        "negzero": -0.0,
+        "s": "é\n",
+        "none": None,
+        "b": True,
+        "t": (1, (2.5, "x")),
+        "l": [1, [None]],
+        3: "int key",
+        "nt": Pair(1, 2),
+    }
     record = json.loads(json.dumps(encode(values, {}), allow_nan=False))  # strict JSON
     saved = decode(record)
     for e in flatten(values):
@@ -47,12 +62,15 @@ def test_record_round_trips_plain_values_exactly():
                 assert math.copysign(1, got) == math.copysign(1, e.value)
 
 
-@pytest.mark.parametrize("bad, where", [
-    ({"a": {"b": object()}}, "['a']['b']"),
-    ({"a": [1, torch.zeros(2, device="meta")]}, "['a'][1]"),
-    ({"a": {True: 1}}, "['a']"),
-    ({"a": {(1, 2): 1}}, "['a']"),
-])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"a": {"b": object()}}, "['a']['b']"),
+        ({"a": [1, torch.zeros(2, device="meta")]}, "['a'][1]"),
+        ({"a": {True: 1}}, "['a']"),
+        ({"a": {(1, 2): 1}}, "['a']"),
+    ],
+)
 def test_unsupported_entries_name_their_path(bad, where):
     with pytest.raises(UnsupportedValueError, match=__import__("re").escape(where)):
         flatten(bad)

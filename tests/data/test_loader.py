@@ -74,8 +74,13 @@ def test_tuple_batches_sharded_where_the_spec_applies(mesh):
 
 
 def test_dict_batches_with_per_key_specs(mesh):
-    batch = {"tokens": torch.arange(32).reshape(16, 2), "mask": torch.ones(16, 2, dtype=torch.bool),
-             "weights": torch.rand(3), "name": "b0", "step": 7}
+    batch = {
+        "tokens": torch.arange(32).reshape(16, 2),
+        "mask": torch.ones(16, 2, dtype=torch.bool),
+        "weights": torch.rand(3),
+        "name": "b0",
+        "step": 7,
+    }
     specs = {"tokens": ShardingSpec(mesh, ("data", None)), "mask": ShardingSpec(mesh, (None, None))}
     (out,) = list(MpDeviceLoader([batch], "xla", input_sharding=specs))
     assert list(out) == list(batch) and out["name"] == "b0" and out["step"] == 7
@@ -89,7 +94,10 @@ def test_dict_batches_with_per_key_specs(mesh):
 
 def test_minibatch_on_one_process_is_the_whole_batch(mesh):
     data = [{"x": torch.arange(24.0).reshape(8, 3) + i, "y": torch.arange(8) * i} for i in range(2)]
-    specs = {"x": ShardingSpec(mesh, ("data", None), minibatch=True), "y": ShardingSpec(mesh, ("data",), minibatch=True)}
+    specs = {
+        "x": ShardingSpec(mesh, ("data", None), minibatch=True),
+        "y": ShardingSpec(mesh, ("data",), minibatch=True),
+    }
     got = list(MpDeviceLoader(data, "xla", input_sharding=specs))
     for out, ref in zip(got, data):
         assert get_sharding_spec(out["x"]) == ROWS
@@ -237,10 +245,16 @@ def test_construction_errors(mesh):
     [
         ((torch.zeros(8, 2),), "dict", "input_sharding is a dict .* but batch 0 is a tuple"),
         ({"tokens": torch.zeros(8, 2)}, "dict", r"names key\(s\) \['labels'\] that batch 0 does not have"),
-        ({"tokens": torch.zeros(8, 2), "labels": torch.zeros(8)}, "dict",
-         r"tensor \['labels'\] has shape \(8,\) \(1 dims\) but its input_sharding"),
-        ({"tokens": torch.zeros(8, 2), "extra": torch.zeros(8)}, "minibatch",
-         r"tensor \['extra'\] \(shape \(8,\)\) has no input_sharding that applies.*minibatch=True"),
+        (
+            {"tokens": torch.zeros(8, 2), "labels": torch.zeros(8)},
+            "dict",
+            r"tensor \['labels'\] has shape \(8,\) \(1 dims\) but its input_sharding",
+        ),
+        (
+            {"tokens": torch.zeros(8, 2), "extra": torch.zeros(8)},
+            "minibatch",
+            r"tensor \['extra'\] \(shape \(8,\)\) has no input_sharding that applies.*minibatch=True",
+        ),
     ],
 )
 def test_batch_errors_name_the_batch_and_tensor(mesh, batch, specs, match):

@@ -53,7 +53,7 @@ def test_returning_an_input_or_state_aliases_it():
         state.add_(x)
         return x, state
 
-    for i in range(5):
+    for _ in range(5):
         x = torch.full((2,), 1.0, device="xla")
         a, s = f(x)
         assert a is not None and a.cpu().tolist() == [1.0, 1.0]
@@ -63,8 +63,13 @@ def test_returning_an_input_or_state_aliases_it():
 
 @pytest.mark.parametrize(
     "body",
-    [lambda x: x.sum().item(), lambda x: bool(x.sum() > 0), lambda x: print(x), lambda x: spmdtorch.sync(),
-     lambda x: torch.nonzero(x)],
+    [
+        lambda x: x.sum().item(),
+        lambda x: bool(x.sum() > 0),
+        lambda x: print(x),
+        lambda x: spmdtorch.sync(),
+        lambda x: torch.nonzero(x),
+    ],
 )
 def test_contract_violation_raises_clear_error(body):
     @spmdtorch.compile

@@ -149,9 +149,7 @@ def test_thousand_steps_without_reading_never_deadlock():
     env = dict(os.environ)
     env.pop("NPROC", None)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    proc = subprocess.run(
-        [sys.executable, "-c", _LOOP], env=env, capture_output=True, text=True, timeout=240
-    )
+    proc = subprocess.run([sys.executable, "-c", _LOOP], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done" in proc.stdout
 

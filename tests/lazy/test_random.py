@@ -168,9 +168,7 @@ def test_compiled_replays_draw_fresh_numbers():
 
 def _dropout_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(32, 4)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(32, 4))
 
 
 def _dropout_batches(n=4):
@@ -256,8 +254,9 @@ def test_sharded_random_tensors_do_not_depend_on_the_mesh(layout):
     spmdtorch.sync()
     for name, t in ts.items():
         assert _n_shards(t) == shards, f"{name} on {layout}: {_n_shards(t)} shards, expected {shards}"
-        torch.testing.assert_close(t.cpu(), refs[name].cpu(), rtol=0, atol=0,
-                                   msg=lambda m, n=name: f"{n} on {layout}: {m}")
+        torch.testing.assert_close(
+            t.cpu(), refs[name].cpu(), rtol=0, atol=0, msg=lambda m, n=name: f"{n} on {layout}: {m}"
+        )
 
 
 def test_in_place_draw_into_an_annotated_tensor_matches():
@@ -349,8 +348,10 @@ def test_randint_range_and_uniformity():
 def test_dropout_and_bernoulli_rates():
     torch.manual_seed(0)
     for p in (0.1, 0.5):
-        for y in (F.dropout(torch.ones(N, device="xla"), p, training=True),
-                  torch.nn.Dropout(p).train()(torch.ones(N, device="xla"))):
+        for y in (
+            F.dropout(torch.ones(N, device="xla"), p, training=True),
+            torch.nn.Dropout(p).train()(torch.ones(N, device="xla")),
+        ):
             y = y.cpu()
             kept = y != 0
             assert abs(1 - kept.double().mean().item() - p) < 6 * _sigma(p * (1 - p))

@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from training_helpers import train_eager
 
 import spmdtorch
-from training_helpers import train_eager
 from spmdtorch import debug
 from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss
 
@@ -17,8 +17,12 @@ STEPS = 20
 def make_mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32),
-        torch.nn.ReLU(), torch.nn.Linear(32, 4),
+        torch.nn.Linear(16, 32),
+        torch.nn.GELU(),
+        torch.nn.LayerNorm(32),
+        torch.nn.Linear(32, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 4),
     )
 
 
@@ -167,7 +171,9 @@ def test_zero_grad_after_step_keeps_gradients_inside_the_program(mode):
     losses = [loss.item() for loss in losses]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     for (name, p_ref), (_, p) in zip(ref.named_parameters(), model.named_parameters()):
-        torch.testing.assert_close(p.cpu(), p_ref.detach(), rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            p.cpu(), p_ref.detach(), rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
     if run is None:
         return
     assert debug.counter_value("CompiledReplay") - replays >= STEPS - 3

@@ -71,11 +71,7 @@ def test_hybrid_validation(devices8):
 
 
 def _hosts(n_proc: int, per: int, slices: bool = False) -> list[DeviceRecord]:
-    return [
-        DeviceRecord(p * per + k, p, p if slices else None)
-        for p in range(n_proc)
-        for k in range(per)
-    ]
+    return [DeviceRecord(p * per + k, p, p if slices else None) for p in range(n_proc) for k in range(per)]
 
 
 def test_two_processes_dcn_rows():
@@ -166,18 +162,12 @@ def test_matches_jax_create_hybrid_device_mesh(n_gran, per, ici, dcn, granule):
     """Same placement as jax's mesh_utils on (non-TPU) devices, for both granule kinds."""
     by_slice = granule == "slice"
     fakes = [
-        _FakeDevice(id=g * 100 + k, process_index=g if not by_slice else g * per + k,
-                    slice_index=g)
+        _FakeDevice(id=g * 100 + k, process_index=g if not by_slice else g * per + k, slice_index=g)
         for g in range(n_gran)
         for k in range(per)
     ]
-    expected = mesh_utils.create_hybrid_device_mesh(
-        ici, dcn, fakes, process_is_granule=not by_slice
-    )
-    recs = [
-        DeviceRecord(i, d.process_index, d.slice_index if by_slice else None)
-        for i, d in enumerate(fakes)
-    ]
+    expected = mesh_utils.create_hybrid_device_mesh(ici, dcn, fakes, process_is_granule=not by_slice)
+    recs = [DeviceRecord(i, d.process_index, d.slice_index if by_slice else None) for i, d in enumerate(fakes)]
     ids = hybrid_device_ids(recs, ici, dcn)
     got = np.vectorize(lambda i: fakes[i], otypes=[object])(ids)
     assert got.shape == expected.shape

@@ -44,8 +44,15 @@ def test_pytorch_xla_doc_example():
 
 @pytest.mark.parametrize(
     "ids",
-    [list(range(8)), tuple(range(8)), range(8), np.arange(8), np.arange(8, dtype=np.int32),
-     np.arange(8, dtype=np.uint8), [np.int64(i) for i in range(8)]],
+    [
+        list(range(8)),
+        tuple(range(8)),
+        range(8),
+        np.arange(8),
+        np.arange(8, dtype=np.int32),
+        np.arange(8, dtype=np.uint8),
+        [np.int64(i) for i in range(8)],
+    ],
     ids=["list", "tuple", "range", "int64", "int32", "uint8", "np-scalars"],
 )
 def test_device_ids_accepted_forms(ids):

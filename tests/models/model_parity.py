@@ -44,8 +44,19 @@ def train_xla(model, opt, batches, loss_fn, mode, prepare=None):
     return [float(loss.item()) for loss in losses]
 
 
-def check_training_parity(make_model, make_opt, batches, loss_fn, mode, *, wrap=None, prepare=None,
-                          loss_rtol=1e-5, param_rtol=1e-5, param_atol=1e-5):
+def check_training_parity(
+    make_model,
+    make_opt,
+    batches,
+    loss_fn,
+    mode,
+    *,
+    wrap=None,
+    prepare=None,
+    loss_rtol=1e-5,
+    param_rtol=1e-5,
+    param_atol=1e-5,
+):
     """Train a model eagerly on CPU and on xla from the same init; assert equal numbers.
 
     Compares the per-step losses, then every parameter and buffer (batch-norm
@@ -69,8 +80,13 @@ def check_training_parity(make_model, make_opt, batches, loss_fn, mode, *, wrap=
     model = (wrap or (lambda m: m.to("xla")))(copy.deepcopy(ref))
     ref_losses = train_eager(ref, make_opt(ref.parameters()), batches, loss_fn)
     losses = train_xla(model, make_opt(model.parameters()), batches, loss_fn, mode, prepare)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=loss_rtol, atol=1e-6,
-                               msg=lambda m: f"losses {losses} vs eager {ref_losses}: {m}")
+    torch.testing.assert_close(
+        torch.tensor(losses),
+        torch.tensor(ref_losses),
+        rtol=loss_rtol,
+        atol=1e-6,
+        msg=lambda m: f"losses {losses} vs eager {ref_losses}: {m}",
+    )
     ours = dict(model.named_parameters())
     ours.update(model.named_buffers())
     theirs = dict(ref.named_parameters())
@@ -79,6 +95,11 @@ def check_training_parity(make_model, make_opt, batches, loss_fn, mode, *, wrap=
     ours = {k.replace("_orig_module.", ""): v for k, v in ours.items()}
     assert sorted(ours) == sorted(theirs), f"parameter names differ: {sorted(set(ours) ^ set(theirs))}"
     for name, ref_t in theirs.items():
-        torch.testing.assert_close(ours[name].detach().cpu(), ref_t.detach(), rtol=param_rtol, atol=param_atol,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            ours[name].detach().cpu(),
+            ref_t.detach(),
+            rtol=param_rtol,
+            atol=param_atol,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
     return ref, model

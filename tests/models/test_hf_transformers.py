@@ -74,8 +74,14 @@ def causal_lm_loss(model, batch):
 def make_llama(attn_implementation):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, attn_implementation=attn_implementation,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation=attn_implementation,
     )
     return transformers.LlamaForCausalLM(config)
 
@@ -83,8 +89,16 @@ def make_llama(attn_implementation):
 def make_gpt2():
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
         attn_implementation="eager",
     )
     return transformers.GPT2LMHeadModel(config)
@@ -93,8 +107,15 @@ def make_gpt2():
 def make_bert():
     torch.manual_seed(0)
     config = transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=3,
         attn_implementation="sdpa",
     )
     return transformers.BertForSequenceClassification(config)
@@ -106,7 +127,8 @@ def bert_loss(model, batch):
 
 
 @pytest.mark.parametrize(
-    "attn,mode", [("eager", "lazy"), ("sdpa", "compiled")],
+    "attn,mode",
+    [("eager", "lazy"), ("sdpa", "compiled")],
 )
 def test_llama_trains_like_eager(attn, mode):
     check_training_parity(functools.partial(make_llama, attn), adamw, token_batches(), causal_lm_loss, mode)
@@ -152,8 +174,13 @@ def test_llama_fsdpv2_on_8_devices_trains_like_eager():
         return tuple(mark_sharding(t.to("xla"), mesh, ("fsdp", None)) for t in batch)
 
     _, model = check_training_parity(
-        functools.partial(make_llama, "sdpa"), adamw, token_batches(batch=8), causal_lm_loss, "lazy",
-        wrap=wrap, prepare=prepare,
+        functools.partial(make_llama, "sdpa"),
+        adamw,
+        token_batches(batch=8),
+        causal_lm_loss,
+        "lazy",
+        wrap=wrap,
+        prepare=prepare,
     )
     # The weights really are split 8 ways (FSDPv2 shards each on its largest dim).
     w = model.model.embed_tokens.weight

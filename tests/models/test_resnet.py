@@ -46,7 +46,9 @@ class ResNet(nn.Module):
     def __init__(self, num_classes=5, width=8):
         super().__init__()
         self.stem = nn.Sequential(
-            nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(3, width, 3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
             nn.MaxPool2d(3, stride=2, padding=1),
         )
         self.layer1 = BasicBlock(width, width)
@@ -77,7 +79,11 @@ def loss_fn(model, batch):
 @pytest.mark.parametrize("mode", ["lazy", "compiled"])
 def test_resnet_trains_like_eager(mode):
     ref, model = check_training_parity(
-        make_resnet, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-4), batches(), loss_fn, mode,
+        make_resnet,
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-4),
+        batches(),
+        loss_fn,
+        mode,
     )
     # Eval mode normalises with the running statistics the training updated.
     ref.eval()

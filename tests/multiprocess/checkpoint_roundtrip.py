@@ -145,8 +145,9 @@ def load(directory: str, mesh_desc: str, expected_file: str, save_to: str | None
         for k, v in s.items():
             g = got["optim"][i][k]
             if g.dtype != v.dtype or not torch.equal(g, v):
-                mismatches.append(f"optim[{i}][{k!r}]: got {g.dtype} {g.flatten()[:4]}, expected {v.dtype} "
-                                  f"{v.flatten()[:4]}")
+                mismatches.append(
+                    f"optim[{i}][{k!r}]: got {g.dtype} {g.flatten()[:4]}, expected {v.dtype} {v.flatten()[:4]}"
+                )
     if mismatches:
         raise SystemExit("restored values differ from the saved ones:\n" + "\n".join(mismatches))
     after = {name: get_sharding_spec(p) for name, p in model.named_parameters()}
@@ -166,8 +167,13 @@ def load(directory: str, mesh_desc: str, expected_file: str, save_to: str | None
 def main(argv: list[str]) -> dict:
     xr.initialize_distributed()
     mode, directory, mesh_desc, *rest = argv
-    out = {"process_index": xr.process_index(), "process_count": xr.process_count(),
-           "devices": xr.global_runtime_device_count(), "mode": mode, "mesh": mesh_desc}
+    out = {
+        "process_index": xr.process_index(),
+        "process_count": xr.process_count(),
+        "devices": xr.global_runtime_device_count(),
+        "mode": mode,
+        "mesh": mesh_desc,
+    }
     if mode == "save":
         out.update(save(directory, mesh_desc))
     elif mode == "load":

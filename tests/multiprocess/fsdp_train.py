@@ -83,7 +83,7 @@ def train_eager() -> list[float]:
     tokens_all = dataset().tensors[0]
     losses = []
     for k in range(STEPS):
-        tokens = tokens_all[k * GLOBAL_BATCH:(k + 1) * GLOBAL_BATCH]
+        tokens = tokens_all[k * GLOBAL_BATCH : (k + 1) * GLOBAL_BATCH]
         opt.zero_grad()
         loss = causal_lm_loss(model(tokens), tokens)
         loss.backward()

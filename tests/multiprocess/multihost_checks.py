@@ -25,8 +25,13 @@ def main() -> dict:
     pid = xr.process_index()
     out: dict = {
         "source": cfg.source,
-        "counts": [pid, xr.process_count(), xr.global_runtime_device_count(),
-                   xr.addressable_runtime_device_count(), len(spmdtorch.devices())],
+        "counts": [
+            pid,
+            xr.process_count(),
+            xr.global_runtime_device_count(),
+            xr.addressable_runtime_device_count(),
+            len(spmdtorch.devices()),
+        ],
     }
     # HybridMesh: each DCN row must be one process's devices.
     mesh = HybridMesh(ici_mesh_shape=(1, 4), dcn_mesh_shape=(2, 1), axis_names=("dcn", "ici"))

@@ -21,7 +21,7 @@ from spmdtorch.launch import launch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import fsdp_train  # this folder, put on sys.path above
+import fsdp_train  # noqa: E402  this folder, put on sys.path above
 
 LAUNCH_TIMEOUT_S = 110  # each test's hard limit; the launcher SIGKILLs everything after it
 
@@ -37,7 +37,7 @@ def run_job(script: str, *args: str, **kwargs):
     reports = {}
     for line in text.splitlines():
         if line.startswith("[rank ") and "] RESULT " in line:
-            rank = int(line[len("[rank "):line.index("]")])
+            rank = int(line[len("[rank ") : line.index("]")])
             reports[rank] = json.loads(line.split("] RESULT ", 1)[1])
     return result, text, reports
 
@@ -117,13 +117,17 @@ def test_checkpoint_saved_by_two_processes_restores_in_one_and_back(devices8, tm
     expected = a + ".expected.pt"  # the saved values as CPU tensors, written by the saver's process 0
 
     def job(nprocs, devices_per_proc, *args):
-        result, text, reports = run_job("checkpoint_roundtrip.py", *args, nprocs=nprocs,
-                                        devices_per_proc=devices_per_proc)
+        result, text, reports = run_job(
+            "checkpoint_roundtrip.py", *args, nprocs=nprocs, devices_per_proc=devices_per_proc
+        )
         assert result.returncode == 0, _tail(text)
         assert sorted(reports) == list(range(nprocs)), _tail(text)
         for rank, rep in reports.items():
             assert (rep["process_index"], rep["process_count"], rep["devices"]) == (
-                rank, nprocs, nprocs * devices_per_proc)
+                rank,
+                nprocs,
+                nprocs * devices_per_proc,
+            )
         return reports[0]
 
     # (1) 2 processes x 4 devices save a sharded model + AdamW state (uneven dims: 10 rows over 8).

@@ -25,7 +25,9 @@ CASES = {
     "rearrange_transpose": (lambda x: einops.rearrange(x, "b h w c -> b c h w"), [(2, 3, 4, 5)]),
     "rearrange_merge": (lambda x: einops.rearrange(x, "b h w c -> (b h) (w c)"), [(2, 3, 4, 5)]),
     "rearrange_split_patches": (
-        lambda x: einops.rearrange(x, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=2, p2=2), [(2, 3, 4, 6)]),
+        lambda x: einops.rearrange(x, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=2, p2=2),
+        [(2, 3, 4, 6)],
+    ),
     "rearrange_list_of_tensors": (lambda x, y: einops.rearrange([x, y], "n b d -> b n d"), [(3, 4), (3, 4)]),
     "repeat_new_axis": (lambda x: einops.repeat(x, "h w -> h w c", c=3), [(4, 5)]),
     "repeat_upsample": (lambda x: einops.repeat(x, "b h w -> b (h 2) (w 3)"), [(2, 3, 4)]),
@@ -35,10 +37,11 @@ CASES = {
     "reduce_prod": (lambda x: einops.reduce(x, "b d -> d", "prod"), [(3, 4)]),
     "einsum_matmul": (lambda a, b: einops.einsum(a, b, "b i j, b j k -> b i k"), [(2, 3, 4), (2, 4, 5)]),
     "einsum_attention_scores": (
-        lambda q, k: einops.einsum(q, k, "b h i d, b h j d -> b h i j"), [(2, 2, 3, 4), (2, 2, 5, 4)]),
+        lambda q, k: einops.einsum(q, k, "b h i d, b h j d -> b h i j"),
+        [(2, 2, 3, 4), (2, 2, 5, 4)],
+    ),
     "einsum_trace_outer": (lambda a, b: einops.einsum(a, b, "i i, j -> j"), [(4, 4), (3,)]),
-    "pack_unpack": (
-        lambda x, y: einops.unpack(*einops.pack([x, y], "b *"), "b *")[1] * 2, [(2, 3, 4), (2, 5)]),
+    "pack_unpack": (lambda x, y: einops.unpack(*einops.pack([x, y], "b *"), "b *")[1] * 2, [(2, 3, 4), (2, 5)]),
 }
 
 
@@ -113,8 +116,8 @@ def test_einops_layers_train_like_eager(mode):
     for x, y in data:
         with spmdtorch.step():
             losses.append(run(x.to("xla"), y.to("xla")))
-    torch.testing.assert_close(torch.tensor([l.item() for l in losses]), torch.tensor(ref_losses),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor([l.item() for l in losses]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     for (name, p_ref), (_, p) in zip(ref.named_parameters(), model.named_parameters()):
-        torch.testing.assert_close(p.cpu(), p_ref.detach(), rtol=1e-5, atol=1e-5,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            p.cpu(), p_ref.detach(), rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )

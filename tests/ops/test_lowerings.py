@@ -88,8 +88,7 @@ def _flush(pending):
     splits = [_split_static(a, k) for _, _, a, k, _ in pending]
 
     def f(*groups):
-        return [fn(*rb(vals)[0], **rb(vals)[1])
-                for (_, fn, _, _, _), (_, rb), vals in zip(pending, splits, groups)]
+        return [fn(*rb(vals)[0], **rb(vals)[1]) for (_, fn, _, _, _), (_, rb), vals in zip(pending, splits, groups)]
 
     results = jax.jit(f)(*[dyn for dyn, _ in splits])
     for (op, _, _, _, (expected, tol)), got in zip(pending, results):
@@ -139,7 +138,7 @@ def R(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
 
-def I(lo, hi, *shape):
+def I(lo, hi, *shape):  # noqa: E743  (R/I: real and integer samples)
     return torch.randint(lo, hi, shape)
 
 
@@ -151,11 +150,47 @@ YI = I(1, 5, 3, 4) * torch.where(torch.rand(3, 4) > 0.5, 1, -1)
 B = torch.rand(3, 4) > 0.5
 XB = R(3, 4, dtype=torch.bfloat16)
 
-UNARY = ["abs", "neg", "exp", "exp2", "expm1", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
-         "atan", "sinh", "cosh", "asinh", "sign", "floor", "ceil", "round", "trunc", "frac",
-         "isnan", "isinf", "isfinite", "logical_not", "sgn", "signbit", "erfc", "deg2rad",
-         "rad2deg", "relu", "silu", "hardsigmoid", "hardswish", "mish", "selu", "lgamma",
-         "digamma", "sinc"]
+UNARY = [
+    "abs",
+    "neg",
+    "exp",
+    "exp2",
+    "expm1",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "frac",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "logical_not",
+    "sgn",
+    "signbit",
+    "erfc",
+    "deg2rad",
+    "rad2deg",
+    "relu",
+    "silu",
+    "hardsigmoid",
+    "hardswish",
+    "mish",
+    "selu",
+    "lgamma",
+    "digamma",
+    "sinc",
+]
 POSITIVE = ["log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "acosh"]
 
 
@@ -176,8 +211,7 @@ def test_unary_unit(name):
     check(getattr(aten, name).default, torch.rand(3, 4) * 1.8 - 0.9, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["abs", "neg", "sign", "floor", "bitwise_not", "exp", "sqrt",
-                                  "isnan"])
+@pytest.mark.parametrize("name", ["abs", "neg", "sign", "floor", "bitwise_not", "exp", "sqrt", "isnan"])
 def test_unary_int(name):
     check(getattr(aten, name).default, XI.abs() if name == "sqrt" else XI)
 
@@ -186,11 +220,31 @@ def test_round_decimals():
     check(aten.round.decimals, X * 100, decimals=1, rtol=1e-5, atol=1e-5)
 
 
-BINARY = ["add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "maximum.default",
-          "minimum.default", "atan2.default", "eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor",
-          "gt.Tensor", "ge.Tensor", "remainder.Tensor", "fmod.Tensor", "hypot.default",
-          "copysign.Tensor", "logaddexp.default", "fmax.default", "fmin.default",
-          "floor_divide.default", "xlogy.Tensor", "pow.Tensor_Tensor"]
+BINARY = [
+    "add.Tensor",
+    "sub.Tensor",
+    "mul.Tensor",
+    "div.Tensor",
+    "maximum.default",
+    "minimum.default",
+    "atan2.default",
+    "eq.Tensor",
+    "ne.Tensor",
+    "lt.Tensor",
+    "le.Tensor",
+    "gt.Tensor",
+    "ge.Tensor",
+    "remainder.Tensor",
+    "fmod.Tensor",
+    "hypot.default",
+    "copysign.Tensor",
+    "logaddexp.default",
+    "fmax.default",
+    "fmin.default",
+    "floor_divide.default",
+    "xlogy.Tensor",
+    "pow.Tensor_Tensor",
+]
 
 
 def _op(name):
@@ -204,12 +258,27 @@ def test_binary_float(name):
     check(_op(name), a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor",
-                                  "remainder.Tensor", "fmod.Tensor", "floor_divide.default",
-                                  "maximum.default", "eq.Tensor", "lt.Tensor",
-                                  "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor",
-                                  "bitwise_left_shift.Tensor", "bitwise_right_shift.Tensor",
-                                  "gcd.default"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "add.Tensor",
+        "sub.Tensor",
+        "mul.Tensor",
+        "div.Tensor",
+        "remainder.Tensor",
+        "fmod.Tensor",
+        "floor_divide.default",
+        "maximum.default",
+        "eq.Tensor",
+        "lt.Tensor",
+        "bitwise_and.Tensor",
+        "bitwise_or.Tensor",
+        "bitwise_xor.Tensor",
+        "bitwise_left_shift.Tensor",
+        "bitwise_right_shift.Tensor",
+        "gcd.default",
+    ],
+)
 def test_binary_int(name):
     b = YI.abs() if "shift" in name else YI
     check(_op(name), XI, b)
@@ -280,8 +349,7 @@ def test_sum_mean(dim, keepdim):
     check(aten.var.correction, R3, dim, correction=0, keepdim=keepdim, rtol=1e-5, atol=1e-5)
     check(aten.std.correction, R3, dim, keepdim=keepdim, rtol=1e-5, atol=1e-5)
     check(aten.logsumexp.default, R3, dim or [0, 1, 2], keepdim, rtol=1e-5, atol=1e-5)
-    check(aten.sum.dim_IntList, R(2, 3, 4, dtype=torch.bfloat16), dim, keepdim, rtol=1e-2,
-          atol=1e-2)
+    check(aten.sum.dim_IntList, R(2, 3, 4, dtype=torch.bfloat16), dim, keepdim, rtol=1e-2, atol=1e-2)
 
 
 def test_reductions_misc():
@@ -348,17 +416,14 @@ def test_matmuls():
     a, b, c = R(4, 5), R(5, 6), R(4, 6)
     check(aten.mm.default, a, b, rtol=1e-4, atol=1e-4)
     check(aten.addmm.default, c, a, b, rtol=1e-4, atol=1e-4)
-    check(aten.addmm.default, c, a, b, beta=0.5, alpha=2.0, lift=("beta", "alpha"), rtol=1e-4,
-          atol=1e-4)
+    check(aten.addmm.default, c, a, b, beta=0.5, alpha=2.0, lift=("beta", "alpha"), rtol=1e-4, atol=1e-4)
     nan = torch.full((4, 6), float("nan"))
     check(aten.addmm.default, nan, a, b, beta=0, rtol=1e-4, atol=1e-4)
     check(aten.bmm.default, R(2, 4, 5), R(2, 5, 3), rtol=1e-4, atol=1e-4)
-    check(aten.baddbmm.default, R(2, 4, 3), R(2, 4, 5), R(2, 5, 3), alpha=0.5, rtol=1e-4,
-          atol=1e-4)
+    check(aten.baddbmm.default, R(2, 4, 3), R(2, 4, 5), R(2, 5, 3), alpha=0.5, rtol=1e-4, atol=1e-4)
     check(aten.dot.default, R(7), R(7), rtol=1e-4, atol=1e-4)
     check(aten.mv.default, a, R(5), rtol=1e-4, atol=1e-4)
-    check(aten.mm.default, R(4, 5, dtype=torch.bfloat16), R(5, 6, dtype=torch.bfloat16),
-          rtol=2e-2, atol=2e-2)
+    check(aten.mm.default, R(4, 5, dtype=torch.bfloat16), R(5, 6, dtype=torch.bfloat16), rtol=2e-2, atol=2e-2)
     check(aten.mm.default, I(-3, 3, 4, 5), I(-3, 3, 5, 2))
     check(aten.tril.default, R3, -1)
     check(aten.triu.default, R3, 1)
@@ -552,18 +617,15 @@ def test_gather_scatter():
     check(aten.scatter.src, x, 1, idx_unique[:2, :2], R(4, 3))
     check(aten.scatter.value, x, 1, idx_unique, 2.5, lift=(3,))
     check(aten.scatter_add.default, x, 1, idx, R(4, 3), rtol=1e-5, atol=1e-5)
-    check(aten.scatter_add.default, x, 0, torch.randint(0, 4, (6, 5)), R(6, 5), rtol=1e-5,
-          atol=1e-5)
+    check(aten.scatter_add.default, x, 0, torch.randint(0, 4, (6, 5)), R(6, 5), rtol=1e-5, atol=1e-5)
     for red in ["sum", "prod", "amax", "amin", "mean"]:
         for inc in [True, False]:
-            check(aten.scatter_reduce.two, x, 1, idx, R(4, 3), red, include_self=inc, rtol=1e-5,
-                  atol=1e-5)
+            check(aten.scatter_reduce.two, x, 1, idx, R(4, 3), red, include_self=inc, rtol=1e-5, atol=1e-5)
     check(aten.scatter_reduce.two, I(-9, 9, 4, 5), 1, idx, I(-5, 5, 4, 3), "mean", include_self=True)
     check(aten.scatter.reduce, x, 1, idx, R(4, 3), reduce="add", rtol=1e-5, atol=1e-5)
     check(aten.index_select.default, x, 1, torch.tensor([4, 0, 0]))
     check(aten.index_select.default, x, 0, torch.tensor(2))
-    check(aten.index_add.default, x, 0, torch.tensor([0, 3, 0]), R(3, 5), alpha=2,
-          rtol=1e-5, atol=1e-5)
+    check(aten.index_add.default, x, 0, torch.tensor([0, 3, 0]), R(3, 5), alpha=2, rtol=1e-5, atol=1e-5)
     check(aten.index_copy.default, x, 1, torch.tensor([4, 1]), R(4, 2))
     check(aten.index_fill.int_Scalar, x, 1, torch.tensor([4, 1]), -1.0)
     check(aten.masked_scatter.default, x, x > 0, R(20))
@@ -607,8 +669,7 @@ def test_activation_backwards():
     check(aten.leaky_relu_backward.default, g, X, 0.1, False)
     check(aten.hardtanh_backward.default, g, X, -0.5, 0.5)
     check(aten.elu_backward.default, g, 1.0, 1.0, 1.0, False, X, rtol=1e-5, atol=1e-5)
-    check(aten.elu_backward.default, g, 1.0, 1.0, 1.0, True, torch.nn.functional.elu(X),
-          rtol=1e-5, atol=1e-5)
+    check(aten.elu_backward.default, g, 1.0, 1.0, 1.0, True, torch.nn.functional.elu(X), rtol=1e-5, atol=1e-5)
     check(aten.softplus_backward.default, g, X, 1.0, 20.0, rtol=1e-5, atol=1e-5)
     check(aten.hardswish_backward.default, g, X * 4, rtol=1e-5, atol=1e-5)
     check(aten.hardsigmoid_backward.default, g, X * 4, rtol=1e-5, atol=1e-5)
@@ -631,8 +692,9 @@ def test_softmax(dim):
     y = torch.softmax(x, dim)
     g = R(3, 4, 5)
     check(aten._softmax_backward_data.default, g, y, dim, torch.float32, rtol=1e-5, atol=1e-6)
-    check(aten._log_softmax_backward_data.default, g, torch.log_softmax(x, dim), dim,
-          torch.float32, rtol=1e-5, atol=1e-5)
+    check(
+        aten._log_softmax_backward_data.default, g, torch.log_softmax(x, dim), dim, torch.float32, rtol=1e-5, atol=1e-5
+    )
     xm = x.masked_fill(torch.rand(3, 4, 5) > 0.5, float("-inf"))
     xm[0] = float("-inf")
     check(aten._safe_softmax.default, xm, dim, rtol=1e-5, atol=1e-6)
@@ -645,17 +707,30 @@ def test_layer_norm():
     check(aten.native_layer_norm.default, x, [8], w, b, 1e-5, lift=(4,), rtol=1e-4, atol=1e-4)
     _, mean, rstd = aten.native_layer_norm.default(x, [8], w, b, 1e-5)
     g = R(2, 3, 8)
-    check(aten.native_layer_norm_backward.default, g, x, [8], mean, rstd, w, b,
-          [True, True, True], rtol=1e-4, atol=1e-4)
-    check(aten.native_layer_norm_backward.default, g, x, [8], mean, rstd, None, None,
-          [True, False, False], rtol=1e-4, atol=1e-4)
+    check(
+        aten.native_layer_norm_backward.default, g, x, [8], mean, rstd, w, b, [True, True, True], rtol=1e-4, atol=1e-4
+    )
+    check(
+        aten.native_layer_norm_backward.default,
+        g,
+        x,
+        [8],
+        mean,
+        rstd,
+        None,
+        None,
+        [True, False, False],
+        rtol=1e-4,
+        atol=1e-4,
+    )
     out, rstd2 = aten._fused_rms_norm.default(x, [8], w, 1e-6)
     check(aten._fused_rms_norm.default, x, [8], w, 1e-6, rtol=1e-4, atol=1e-4)
     # No CPU kernel for the backward: compare with autograd through rms_norm.
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     torch.nn.functional.rms_norm(xr, [8], wr, 1e-6).backward(g)
     gx, gw = LOWERINGS[aten._fused_rms_norm_backward.default].fn(
-        to_jax(g), to_jax(x), [8], to_jax(rstd2), to_jax(w), [True, True])
+        to_jax(g), to_jax(x), [8], to_jax(rstd2), to_jax(w), [True, True]
+    )
     torch.testing.assert_close(to_torch(gx, x), xr.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(to_torch(gw, w), wr.grad, rtol=1e-4, atol=1e-4)
 
@@ -664,8 +739,21 @@ def test_group_norm():
     x, w, b = R(2, 6, 4, 4), R(6), R(6)
     check(aten.native_group_norm.default, x, w, b, 2, 6, 16, 3, 1e-5, rtol=1e-4, atol=1e-4)
     _, mean, rstd = aten.native_group_norm.default(x, w, b, 2, 6, 16, 3, 1e-5)
-    check(aten.native_group_norm_backward.default, R(2, 6, 4, 4), x, mean, rstd, w, 2, 6, 16, 3,
-          [True, True, True], rtol=1e-4, atol=1e-4)
+    check(
+        aten.native_group_norm_backward.default,
+        R(2, 6, 4, 4),
+        x,
+        mean,
+        rstd,
+        w,
+        2,
+        6,
+        16,
+        3,
+        [True, True, True],
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -673,18 +761,27 @@ def test_batch_norm(training):
     x, w, b = R(4, 3, 5, 5), R(3), R(3)
     rm, rv = R(3), torch.rand(3) + 0.5
     rm_t, rv_t = rm.clone(), rv.clone()
-    check(aten.native_batch_norm.default, x, w, b, rm_t, rv_t, training, 0.1, 1e-5,
-                rtol=1e-4, atol=1e-4)
-    got = check(aten._native_batch_norm_legit_functional.default, x, w, b, rm, rv, training, 0.1,
-                1e-5, cmp=False)
+    check(aten.native_batch_norm.default, x, w, b, rm_t, rv_t, training, 0.1, 1e-5, rtol=1e-4, atol=1e-4)
+    got = check(aten._native_batch_norm_legit_functional.default, x, w, b, rm, rv, training, 0.1, 1e-5, cmp=False)
     torch.testing.assert_close(torch.from_numpy(np.asarray(got[3])), rm_t, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(np.asarray(got[4])), rv_t, rtol=1e-4, atol=1e-5)
-    check(aten._native_batch_norm_legit_no_training.default, x, w, b, rm, rv, 0.1, 1e-5,
-          rtol=1e-4, atol=1e-4)
-    _, sm, si = aten.native_batch_norm.default(x, w, b, rm.clone(), rv.clone(), training, 0.1,
-                                               1e-5)
-    check(aten.native_batch_norm_backward.default, R(4, 3, 5, 5), x, w, rm, rv, sm, si, training,
-          1e-5, [True, True, True], rtol=1e-4, atol=1e-4)
+    check(aten._native_batch_norm_legit_no_training.default, x, w, b, rm, rv, 0.1, 1e-5, rtol=1e-4, atol=1e-4)
+    _, sm, si = aten.native_batch_norm.default(x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5)
+    check(
+        aten.native_batch_norm_backward.default,
+        R(4, 3, 5, 5),
+        x,
+        w,
+        rm,
+        rv,
+        sm,
+        si,
+        training,
+        1e-5,
+        [True, True, True],
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("reduction", [0, 1, 2])
@@ -696,15 +793,13 @@ def test_losses(reduction):
         check(aten.nll_loss_forward.default, x, t, weight, reduction, -100, rtol=1e-5, atol=1e-5)
         _, tw = aten.nll_loss_forward.default(x, t, weight, reduction, -100)
         g = R(5) if reduction == 0 else torch.tensor(1.3)
-        check(aten.nll_loss_backward.default, g, x, t, weight, reduction, -100, tw, rtol=1e-5,
-              atol=1e-5)
+        check(aten.nll_loss_backward.default, g, x, t, weight, reduction, -100, tw, rtol=1e-5, atol=1e-5)
     x2 = torch.log_softmax(R(2, 4, 3, 3), 1)
     t2 = torch.randint(0, 4, (2, 3, 3))
     check(aten.nll_loss2d_forward.default, x2, t2, None, reduction, -100, rtol=1e-5, atol=1e-5)
     _, tw2 = aten.nll_loss2d_forward.default(x2, t2, None, reduction, -100)
     g2 = R(2, 3, 3) if reduction == 0 else torch.tensor(0.7)
-    check(aten.nll_loss2d_backward.default, g2, x2, t2, None, reduction, -100, tw2, rtol=1e-5,
-          atol=1e-5)
+    check(aten.nll_loss2d_backward.default, g2, x2, t2, None, reduction, -100, tw2, rtol=1e-5, atol=1e-5)
     check(aten.nll_loss_forward.default, x[0], torch.tensor(2), None, reduction, -100)
     a, b = R(3, 4), R(3, 4)
     gg = R(3, 4) if reduction == 0 else torch.tensor(0.5)
@@ -716,10 +811,8 @@ def test_losses(reduction):
     check(aten.huber_loss_backward.default, gg, a, b, reduction, 0.7, rtol=1e-5, atol=1e-5)
     p, y = torch.rand(3, 4) * 0.9 + 0.05, torch.rand(3, 4)
     check(aten.binary_cross_entropy.default, p, y, None, reduction, rtol=1e-5, atol=1e-5)
-    check(aten.binary_cross_entropy_backward.default, gg, p, y, w, reduction, rtol=1e-4,
-          atol=1e-5)
-    check(aten.binary_cross_entropy_with_logits.default, a, y, None, w, reduction, rtol=1e-5,
-          atol=1e-5)
+    check(aten.binary_cross_entropy_backward.default, gg, p, y, w, reduction, rtol=1e-4, atol=1e-5)
+    check(aten.binary_cross_entropy_with_logits.default, a, y, None, w, reduction, rtol=1e-5, atol=1e-5)
 
 
 def test_dropout():
@@ -749,8 +842,7 @@ def test_random():
     assert sorted(p.tolist()) == list(range(10))
     b = np.asarray(LOWERINGS[aten.bernoulli_.float].fn(to_jax(z), 0.25, key=key))
     assert abs(b.mean() - 0.25) < 0.02
-    m = np.asarray(LOWERINGS[aten.multinomial.default].fn(jnp.asarray([[0.1, 0.0, 0.9]] * 4), 2,
-                                                          False, key=key))
+    m = np.asarray(LOWERINGS[aten.multinomial.default].fn(jnp.asarray([[0.1, 0.0, 0.9]] * 4), 2, False, key=key))
     assert m.shape == (4, 2) and (np.sort(m, 1) == [0, 2]).all()
     for op in (aten.rand.default, aten.randn.default):
         assert LOWERINGS[op].random and LOWERINGS[op].fn([2, 3], key=key).shape == (2, 3)
@@ -774,38 +866,59 @@ def test_convolution(transposed, groups):
     out = aten.convolution.default(x, w, b, *args)
     check(aten.convolution.default, x, w, b, *args, rtol=1e-4, atol=1e-4)
     go = R(*out.shape)
-    check(aten.convolution_backward.default, go, x, w, [6], *args, [True, True, True],
-          rtol=1e-4, atol=1e-4)
+    check(aten.convolution_backward.default, go, x, w, [6], *args, [True, True, True], rtol=1e-4, atol=1e-4)
 
 
 def test_conv1d_3d():
-    check(aten.convolution.default, R(2, 3, 10), R(4, 3, 3), None, [1], [1], [1], False, [0], 1,
-          rtol=1e-4, atol=1e-4)
-    check(aten.convolution.default, R(1, 2, 4, 5, 5), R(3, 2, 2, 3, 3), R(3), [1, 2, 1],
-          [0, 1, 1], [1, 1, 1], False, [0, 0, 0], 1, rtol=1e-4, atol=1e-4)
+    check(aten.convolution.default, R(2, 3, 10), R(4, 3, 3), None, [1], [1], [1], False, [0], 1, rtol=1e-4, atol=1e-4)
+    check(
+        aten.convolution.default,
+        R(1, 2, 4, 5, 5),
+        R(3, 2, 2, 3, 3),
+        R(3),
+        [1, 2, 1],
+        [0, 1, 1],
+        [1, 1, 1],
+        False,
+        [0, 0, 0],
+        1,
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("ceil_mode", [False, True])
 def test_pools(ceil_mode):
     x = R(2, 3, 9, 8)
-    for k, s, p, d in [([3, 3], [2, 2], [1, 1], [1, 1]), ([2, 3], [2, 1], [0, 1], [2, 1]),
-                       ([2, 2], [], [0, 0], [1, 1])]:
+    for k, s, p, d in [
+        ([3, 3], [2, 2], [1, 1], [1, 1]),
+        ([2, 3], [2, 1], [0, 1], [2, 1]),
+        ([2, 2], [], [0, 0], [1, 1]),
+    ]:
         check(aten.max_pool2d_with_indices.default, x, k, s, p, d, ceil_mode)
         o, i = aten.max_pool2d_with_indices.default(x, k, s, p, d, ceil_mode)
-        check(aten.max_pool2d_with_indices_backward.default, R(*o.shape), x, k, s, p, d,
-              ceil_mode, i, rtol=1e-5, atol=1e-5)
+        check(
+            aten.max_pool2d_with_indices_backward.default,
+            R(*o.shape),
+            x,
+            k,
+            s,
+            p,
+            d,
+            ceil_mode,
+            i,
+            rtol=1e-5,
+            atol=1e-5,
+        )
     for inc in (True, False):
         for div in (None, 3):
             args = ([3, 2], [2, 2], [1, 1], ceil_mode, inc, div)
             o = aten.avg_pool2d.default(x, *args)
             check(aten.avg_pool2d.default, x, *args, rtol=1e-5, atol=1e-5)
             check(aten.avg_pool2d_backward.default, R(*o.shape), x, *args, rtol=1e-5, atol=1e-5)
-    check(aten.max_pool3d_with_indices.default, R(1, 2, 5, 6, 5), [2, 2, 2], [2, 2, 2],
-          [0, 1, 0], [1, 1, 1], ceil_mode)
-    check(aten.avg_pool3d.default, R(1, 2, 5, 6, 5), [2, 2, 2], [2, 1, 2], [1, 0, 0], ceil_mode,
-          rtol=1e-5, atol=1e-5)
-    check(aten.max_pool2d_with_indices.default, R(3, 9, 8), [2, 2], [2, 2], [0, 0], [1, 1],
-          ceil_mode)
+    check(aten.max_pool3d_with_indices.default, R(1, 2, 5, 6, 5), [2, 2, 2], [2, 2, 2], [0, 1, 0], [1, 1, 1], ceil_mode)
+    check(aten.avg_pool3d.default, R(1, 2, 5, 6, 5), [2, 2, 2], [2, 1, 2], [1, 0, 0], ceil_mode, rtol=1e-5, atol=1e-5)
+    check(aten.max_pool2d_with_indices.default, R(3, 9, 8), [2, 2], [2, 2], [0, 0], [1, 1], ceil_mode)
 
 
 def test_adaptive_and_upsample():
@@ -822,30 +935,39 @@ def test_adaptive_and_upsample():
         check(aten.upsample_bilinear2d.vec, x, [14, 13], ac, None, rtol=1e-5, atol=1e-5)
         check(aten.upsample_bilinear2d.vec, x, [4, 5], ac, None, rtol=1e-5, atol=1e-5)
         check(aten.upsample_bilinear2d.vec, x, None, ac, [2.0, 0.5], rtol=1e-5, atol=1e-5)
-        check(aten.upsample_bilinear2d_backward.default, R(2, 3, 14, 13), [14, 13],
-              [2, 3, 7, 9], ac, rtol=1e-5, atol=1e-5)
-    check(aten.upsample_nearest2d_backward.default, R(2, 3, 14, 13), [14, 13], [2, 3, 7, 9],
-          rtol=1e-5, atol=1e-5)
+        check(
+            aten.upsample_bilinear2d_backward.default, R(2, 3, 14, 13), [14, 13], [2, 3, 7, 9], ac, rtol=1e-5, atol=1e-5
+        )
+    check(aten.upsample_nearest2d_backward.default, R(2, 3, 14, 13), [14, 13], [2, 3, 7, 9], rtol=1e-5, atol=1e-5)
     check(aten.im2col.default, R(2, 3, 6, 7), [2, 3], [1, 1], [1, 0], [2, 1])
-    check(aten.col2im.default, R(2, 12, 30), [6, 7], [2, 2], [1, 1], [0, 0], [1, 1],
-          rtol=1e-5, atol=1e-5)
+    check(aten.col2im.default, R(2, 12, 30), [6, 7], [2, 2], [1, 1], [0, 0], [1, 1], rtol=1e-5, atol=1e-5)
 
 
 def test_attention():
     q, k, v = R(2, 3, 5, 8), R(2, 3, 7, 8), R(2, 3, 7, 8)
     for causal in (False, True):
-        check(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v, 0.0, causal,
-              rtol=1e-4, atol=1e-4)
+        check(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v, 0.0, causal, rtol=1e-4, atol=1e-4)
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, causal)
-        check(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, R(2, 3, 5, 8),
-              q, k, v, out, lse, 0.0, causal, rtol=1e-4, atol=1e-4)
+        check(
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+            R(2, 3, 5, 8),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            0.0,
+            causal,
+            rtol=1e-4,
+            atol=1e-4,
+        )
     mask = torch.rand(5, 7) > 0.3
     mask[:, 0] = True
     # Compare with the public API: it converts a bool mask before the math op.
     out = check(aten._scaled_dot_product_attention_math.default, q, k, v, mask, cmp=False)
-    torch.testing.assert_close(to_torch(out[0], q),
-                               torch.nn.functional.scaled_dot_product_attention(q, k, v, mask),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        to_torch(out[0], q), torch.nn.functional.scaled_dot_product_attention(q, k, v, mask), rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("norm", [0, 1, 2])
@@ -906,8 +1028,18 @@ def test_segment_reduce_backward(reduce, how):
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_grid_sampler_2d_backward(mode, padding, align_corners):
     x, grid, g = R(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.4 - 1.2, R(2, 3, 4, 3)
-    check(aten.grid_sampler_2d_backward.default, g, x, grid, mode, padding, align_corners, [True, True],
-          rtol=1e-5, atol=1e-5)
+    check(
+        aten.grid_sampler_2d_backward.default,
+        g,
+        x,
+        grid,
+        mode,
+        padding,
+        align_corners,
+        [True, True],
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("mode", [0, 1])
@@ -916,8 +1048,18 @@ def test_grid_sampler_2d_backward(mode, padding, align_corners):
 def test_grid_sampler_3d(mode, padding, align_corners):
     x, grid, g = R(2, 3, 4, 5, 3), torch.rand(2, 3, 2, 4, 3) * 2.4 - 1.2, R(2, 3, 3, 2, 4)
     check(aten.grid_sampler_3d.default, x, grid, mode, padding, align_corners, rtol=1e-5, atol=1e-5)
-    check(aten.grid_sampler_3d_backward.default, g, x, grid, mode, padding, align_corners, [True, True],
-          rtol=1e-5, atol=1e-5)
+    check(
+        aten.grid_sampler_3d_backward.default,
+        g,
+        x,
+        grid,
+        mode,
+        padding,
+        align_corners,
+        [True, True],
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("align_corners", [False, True])
@@ -925,11 +1067,17 @@ def test_upsample_bicubic_and_aa(align_corners):
     x = R(2, 3, 5, 7)
     for out_size in ([8, 11], [3, 4]):  # up and down
         g = R(2, 3, *out_size)
-        check(aten.upsample_bicubic2d_backward.default, g, out_size, [2, 3, 5, 7], align_corners,
-              rtol=1e-5, atol=1e-5)
+        check(aten.upsample_bicubic2d_backward.default, g, out_size, [2, 3, 5, 7], align_corners, rtol=1e-5, atol=1e-5)
         check(aten._upsample_bilinear2d_aa.default, x, out_size, align_corners, rtol=1e-5, atol=1e-5)
-        check(aten._upsample_bilinear2d_aa_backward.default, g, out_size, [2, 3, 5, 7], align_corners,
-              rtol=1e-5, atol=1e-5)
+        check(
+            aten._upsample_bilinear2d_aa_backward.default,
+            g,
+            out_size,
+            [2, 3, 5, 7],
+            align_corners,
+            rtol=1e-5,
+            atol=1e-5,
+        )
     check(aten._upsample_bilinear2d_aa.vec, x, None, align_corners, [0.5, 1.7], rtol=1e-5, atol=1e-5)
 
 
@@ -940,8 +1088,7 @@ def test_margin_loss_backward(reduction):
     g = R(4) if reduction == 0 else R(())
     for p in (1, 2):
         check(aten.multi_margin_loss_backward.default, g, x, t, p, 1.0, None, reduction, rtol=1e-5, atol=1e-5)
-        check(aten.multi_margin_loss_backward.default, g, x, t, p, 0.5, R(5).abs(), reduction,
-              rtol=1e-5, atol=1e-5)
+        check(aten.multi_margin_loss_backward.default, g, x, t, p, 0.5, R(5).abs(), reduction, rtol=1e-5, atol=1e-5)
     tgt = torch.tensor([[3, 0, -1, 1, 2], [1, 2, 3, 4, -1], [-1, 0, 0, 0, 0], [0, 0, -1, 2, 2]])
     _, is_target = aten.multilabel_margin_loss_forward.default(x, tgt, reduction)
     check(aten.multilabel_margin_loss_backward.default, g, x, tgt, reduction, is_target, rtol=1e-5, atol=1e-5)
@@ -955,19 +1102,56 @@ def test_masked_scatter_and_embedding_bag_backward():
     off = torch.tensor([0, 2, 2, 5])  # an empty bag
     for mode in (0, 1, 2):
         psw = R(7) if mode == 0 else None
-        out, o2b, bag_size, max_idx = aten._embedding_bag.default(w, idx, off, False, mode, False, psw,
-                                                                  False, 4)
+        out, o2b, bag_size, max_idx = aten._embedding_bag.default(w, idx, off, False, mode, False, psw, False, 4)
         g = R(4, 4)
-        check(aten._embedding_bag_dense_backward.default, g, idx, o2b, bag_size, max_idx, 10, False, mode,
-              psw, 4, rtol=1e-5, atol=1e-5)
+        check(
+            aten._embedding_bag_dense_backward.default,
+            g,
+            idx,
+            o2b,
+            bag_size,
+            max_idx,
+            10,
+            False,
+            mode,
+            psw,
+            4,
+            rtol=1e-5,
+            atol=1e-5,
+        )
         # (scale_grad_by_freq stays off here: with it on, torch 2.13's CPU kernel
         # scales row 9 by 1/2 although index 9 occurs once; the lowering divides
         # by each index's own count.)
-        check(aten._embedding_bag_backward.default, g, idx, off, o2b, bag_size, max_idx, 10, False, mode,
-              False, psw, 4, rtol=1e-5, atol=1e-5)
+        check(
+            aten._embedding_bag_backward.default,
+            g,
+            idx,
+            off,
+            o2b,
+            bag_size,
+            max_idx,
+            10,
+            False,
+            mode,
+            False,
+            psw,
+            4,
+            rtol=1e-5,
+            atol=1e-5,
+        )
         if mode == 0:
-            check(aten._embedding_bag_per_sample_weights_backward.default, g, w, idx, off, o2b, mode, 4,
-                  rtol=1e-5, atol=1e-5)
+            check(
+                aten._embedding_bag_per_sample_weights_backward.default,
+                g,
+                w,
+                idx,
+                off,
+                o2b,
+                mode,
+                4,
+                rtol=1e-5,
+                atol=1e-5,
+            )
 
 
 def test_logcumsumexp_large_values():
@@ -1000,10 +1184,46 @@ def test_linear_cross_entropy_chunked():
     t = torch.tensor([0, 6, -100, 3, 3, 1])
     for reduction in ("mean", "sum"):
         for weight in (None, cw):
-            check(op, x, lw, t, b, weight, reduction, -100, 0.0, 2, "input", torch.float32, True, True, True,
-                  True, rtol=1e-5, atol=1e-5)
-    check(op, x, lw, t, None, None, "mean", -100, 0.0, 2, "input", torch.float32, True, False, True, False,
-          rtol=1e-5, atol=1e-5)
+            check(
+                op,
+                x,
+                lw,
+                t,
+                b,
+                weight,
+                reduction,
+                -100,
+                0.0,
+                2,
+                "input",
+                torch.float32,
+                True,
+                True,
+                True,
+                True,
+                rtol=1e-5,
+                atol=1e-5,
+            )
+    check(
+        op,
+        x,
+        lw,
+        t,
+        None,
+        None,
+        "mean",
+        -100,
+        0.0,
+        2,
+        "input",
+        torch.float32,
+        True,
+        False,
+        True,
+        False,
+        rtol=1e-5,
+        atol=1e-5,
+    )
     check(op_none, x, lw, t, b, cw, -100, 2, "input", torch.float32, rtol=1e-5, atol=1e-5)
 
 
@@ -1029,8 +1249,15 @@ def test_lerp_matches_eager_bitwise_on_both_branches(dtype):
     b = torch.cat([torch.randn(200, generator=g) * 50, torch.tensor([-0.0, -0.0, float("inf"), 1.0, -1e30])])
     a, b = a.to(dtype), b.to(dtype)
     for w in (0.1, 0.5, 0.9, -0.3, 1.7, 0.49999997, 0.0, 1.0, -0.5):
-        torch.testing.assert_close(torch.lerp(a.to("xla"), b.to("xla"), w).cpu(), torch.lerp(a, b, w),
-                                   rtol=0, atol=0, equal_nan=True, msg=f"weight {w}")
+        torch.testing.assert_close(
+            torch.lerp(a.to("xla"), b.to("xla"), w).cpu(),
+            torch.lerp(a, b, w),
+            rtol=0,
+            atol=0,
+            equal_nan=True,
+            msg=f"weight {w}",
+        )
     wt = (torch.rand(205, generator=g) * 2 - 0.5).to(dtype)
-    torch.testing.assert_close(torch.lerp(a.to("xla"), b.to("xla"), wt.to("xla")).cpu(), torch.lerp(a, b, wt),
-                               rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(
+        torch.lerp(a.to("xla"), b.to("xla"), wt.to("xla")).cpu(), torch.lerp(a, b, wt), rtol=0, atol=0, equal_nan=True
+    )

@@ -47,8 +47,10 @@ MODES = opinfo_report.MODES  # mode -> (dtype name, grad)
 # Samples per entry in CI (the report runs them all). bfloat16 and gradients
 # cost a compile per entry like float32 does, so they get one sample each.
 MAX_SAMPLES = {"float32": 2, "bfloat16": 1, "float32-grad": 1}
-_FIX = ("regenerate the list with `python tools/opinfo_report.py --ops {name} --mode {mode}` and "
-        "`python tools/opinfo_report.py --write-expected tests/ops/opinfo_expected_failures.py`")
+_FIX = (
+    "regenerate the list with `python tools/opinfo_report.py --ops {name} --mode {mode}` and "
+    "`python tools/opinfo_report.py --write-expected tests/ops/opinfo_expected_failures.py`"
+)
 
 
 def expected_failure(op, mode):
@@ -81,8 +83,9 @@ def test_opinfo(name, mode):
     dtype, grad = MODES[mode]
     xfail = expected_failure(op, mode)
     also = (xfail[0],) if xfail is not None and xfail[0] is not None else ()
-    rec = opinfo_report.run_entry(op, getattr(torch, dtype), grad=grad, sample_timeout=60,
-                                  max_samples=MAX_SAMPLES[mode], also=also)
+    rec = opinfo_report.run_entry(
+        op, getattr(torch, dtype), grad=grad, sample_timeout=60, max_samples=MAX_SAMPLES[mode], also=also
+    )
     _RUNS[0] += 1
     executor.reset_cache()  # entries share no programs; keep memory flat
     if _RUNS[0] % 200 == 0:
@@ -94,14 +97,19 @@ def test_opinfo(name, mode):
         # its first samples must still pass)
         if rec["status"] == "fail":
             first = rec["failures"][0] if rec.get("failures") else {}
-            pytest.fail(f"OpInfo {name} [{mode}] fails on sample {first.get('sample')}: {rec['reason']}\n"
-                        f"{first.get('detail', '')[:800]}\nFix it, or if it is a known gap, "
-                        + _FIX.format(name=name, mode=mode), pytrace=False)
+            pytest.fail(
+                f"OpInfo {name} [{mode}] fails on sample {first.get('sample')}: {rec['reason']}\n"
+                f"{first.get('detail', '')[:800]}\nFix it, or if it is a known gap, "
+                + _FIX.format(name=name, mode=mode),
+                pytrace=False,
+            )
         return
     if rec["status"] != "fail":
-        pytest.fail(f"OpInfo {name} [{mode}] unexpectedly {rec['status']} (listed as failing: {xfail[1]}); "
-                    "remove it from tests/ops/opinfo_expected_failures.py, i.e. " + _FIX.format(name=name, mode=mode),
-                    pytrace=False)
+        pytest.fail(
+            f"OpInfo {name} [{mode}] unexpectedly {rec['status']} (listed as failing: {xfail[1]}); "
+            "remove it from tests/ops/opinfo_expected_failures.py, i.e. " + _FIX.format(name=name, mode=mode),
+            pytrace=False,
+        )
 
 
 def test_expected_failures_name_real_entries():

@@ -55,8 +55,16 @@ def test_sdpa_dropout_is_applied():
     assert not torch.allclose(dropped, want)
 
 
-@pytest.mark.parametrize("name", ["linalg_vector_norm.default", "norm.ScalarOpt_dim", "_cdist_forward.default",
-                                  "_pdist_forward.default", "_scaled_dot_product_attention_math.default"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "linalg_vector_norm.default",
+        "norm.ScalarOpt_dim",
+        "_cdist_forward.default",
+        "_pdist_forward.default",
+        "_scaled_dot_product_attention_math.default",
+    ],
+)
 def test_registered_without_lifting(name):
     from spmdtorch.ops.registry import LOWERINGS, resolve_ops
 

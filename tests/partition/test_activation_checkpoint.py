@@ -113,8 +113,9 @@ def _jax_twin_temp_bytes(remat: bool) -> int:
             x = f(p, x)
         return (x**2).mean()
 
-    params = [(jnp.zeros((HIDDEN, DIM)), jnp.zeros(HIDDEN), jnp.zeros((DIM, HIDDEN)), jnp.zeros(DIM))
-              for _ in range(BLOCKS)]
+    params = [
+        (jnp.zeros((HIDDEN, DIM)), jnp.zeros(HIDDEN), jnp.zeros((DIM, HIDDEN)), jnp.zeros(DIM)) for _ in range(BLOCKS)
+    ]
     compiled = jax.jit(jax.grad(loss)).lower(params, jnp.zeros((BATCH, DIM))).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
@@ -181,8 +182,12 @@ def test_fsdp_decoder_with_checkpointed_layers_trains_like_eager(devices8):
     torch.manual_seed(0)
     ref = LlamaForCausalLM(LlamaConfig.tiny())
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
-    model = FSDPv2(copy.deepcopy(ref), mesh=mesh, auto_wrap_policy=policy,
-                   auto_wrapper_callable=lambda m, **kw: FSDPv2(checkpoint_module(m), **kw))
+    model = FSDPv2(
+        copy.deepcopy(ref),
+        mesh=mesh,
+        auto_wrap_policy=policy,
+        auto_wrapper_callable=lambda m, **kw: FSDPv2(checkpoint_module(m), **kw),
+    )
     assert all(layer.module._spmdtorch_checkpointed for layer in model.layers)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randint(0, 256, (8, 16), generator=g),) for _ in range(3)]

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 SCRIPT = textwrap.dedent(
-    r'''
+    r"""
     import numpy as np
     import jax
     import torch
@@ -82,7 +82,7 @@ SCRIPT = textwrap.dedent(
     else:
         raise AssertionError("Mesh(np.arange(8), (8,)) on 4 devices did not raise")
     print("FOUR DEVICES OK")
-    '''
+    """
 )
 
 
@@ -92,7 +92,12 @@ def test_four_device_runtime():
     env["JAX_PLATFORMS"] = "cpu"
     env["PJRT_DEVICE"] = "CPU"
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240, check=False,
+        [sys.executable, "-c", SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
         cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stderr}\n{proc.stdout}"

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from training_helpers import train_eager
 
 import spmdtorch
-from training_helpers import train_eager
 from spmdtorch import debug
 from spmdtorch.mesh import Mesh, set_global_mesh
 from spmdtorch.models.llama import (
@@ -84,16 +84,25 @@ def no_global_mesh():
 def make_mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
-        torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4),
+        torch.nn.Linear(16, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 4),
     )
 
 
 MLP_SPECS = {
-    "0.weight": ROWS, "0.bias": VEC,  # (64, 16)
-    "2.weight": COLS, "2.bias": VEC,  # (32, 64)
-    "4.weight": ROWS, "4.bias": VEC,  # (32, 32): a tie, the first dim
-    "6.weight": COLS, "6.bias": VEC,  # (4, 32); the bias (4,) is uneven, padded
+    "0.weight": ROWS,
+    "0.bias": VEC,  # (64, 16)
+    "2.weight": COLS,
+    "2.bias": VEC,  # (32, 64)
+    "4.weight": ROWS,
+    "4.bias": VEC,  # (32, 32): a tie, the first dim
+    "6.weight": COLS,
+    "6.bias": VEC,  # (4, 32); the bias (4,) is uneven, padded
 }
 
 
@@ -182,8 +191,14 @@ def test_llama_auto_wrapped_per_decoder_layer(mesh):
 # case on 8 CPU devices) with SGD lazily and AdamW compiled, to stay in budget.
 @pytest.mark.parametrize(
     "model_name,opt_name,mode",
-    [("mlp", "sgd", "lazy"), ("mlp", "sgd", "compiled"), ("mlp", "adamw", "lazy"),
-     ("mlp", "adamw", "compiled"), ("llama", "sgd", "lazy"), ("llama", "adamw", "compiled")],
+    [
+        ("mlp", "sgd", "lazy"),
+        ("mlp", "sgd", "compiled"),
+        ("mlp", "adamw", "lazy"),
+        ("mlp", "adamw", "compiled"),
+        ("llama", "sgd", "lazy"),
+        ("llama", "adamw", "compiled"),
+    ],
 )
 def test_training_matches_unwrapped_eager(mesh, model_name, opt_name, mode):
     make, batches, loss_fn, specs, policy = {
@@ -246,8 +261,14 @@ def test_extra_data_axis_shards_batch_over_both_axes_and_weights_over_fsdp():
     rows = "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"
     cols = "{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"
     vec = "{devices=[4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"
-    check = {"tok_embeddings.weight": rows, "attention.wk.weight": cols, "feed_forward.w2.weight": cols,
-             "feed_forward.w1.weight": rows, "norm.weight": vec, "output.weight": rows}
+    check = {
+        "tok_embeddings.weight": rows,
+        "attention.wk.weight": cols,
+        "feed_forward.w2.weight": cols,
+        "feed_forward.w1.weight": rows,
+        "norm.weight": vec,
+        "output.weight": rows,
+    }
     specs = {n: get_sharding_spec(p) for n, p in plain_state_dict(model, keep_vars=True).items()}
     for name, spec in specs.items():
         for suffix, expected in check.items():
@@ -386,12 +407,15 @@ def test_error_wrapping_twice(mesh):
     outer = torch.nn.Sequential(model, torch.nn.Linear(4, 4))
     FSDPv2(outer, mesh=mesh)  # nesting by hand is fine
     with pytest.raises(FSDPv2WrapError, match=r"submodule '0'.*already an FSDPv2.*auto_wrap_policy"):
-        FSDPv2(torch.nn.Sequential(FSDPv2(torch.nn.Linear(4, 4), mesh=mesh)), mesh=mesh,
-               auto_wrap_policy=decoder_policy())
+        FSDPv2(
+            torch.nn.Sequential(FSDPv2(torch.nn.Linear(4, 4), mesh=mesh)), mesh=mesh, auto_wrap_policy=decoder_policy()
+        )
 
 
 def test_error_module_without_forward(mesh):
-    with pytest.raises(FSDPv2WrapError, match=r"ModuleList does not.*defines forward\(\)|defines forward\(\).*ModuleList"):
+    with pytest.raises(
+        FSDPv2WrapError, match=r"ModuleList does not.*defines forward\(\)|defines forward\(\).*ModuleList"
+    ):
         FSDPv2(torch.nn.ModuleList([torch.nn.Linear(4, 4)]), mesh=mesh)
     assert issubclass(FSDPv2WrapError, RuntimeError) and issubclass(FSDPv2MeshError, FSDPv2Error)
     assert issubclass(FSDPv2Error, ValueError)
@@ -447,12 +471,18 @@ def test_policies_agree_with_torch():
     wrap = pytest.importorskip("torch.distributed.fsdp.wrap")
     model = make_llama()
     ours_theirs = [
-        (functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer}),
-         functools.partial(wrap.transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})),
-        (functools.partial(size_based_auto_wrap_policy, min_num_params=5000),
-         functools.partial(wrap.size_based_auto_wrap_policy, min_num_params=5000)),
-        (functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, torch.nn.Linear)),
-         functools.partial(wrap.lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, torch.nn.Linear))),
+        (
+            functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer}),
+            functools.partial(wrap.transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer}),
+        ),
+        (
+            functools.partial(size_based_auto_wrap_policy, min_num_params=5000),
+            functools.partial(wrap.size_based_auto_wrap_policy, min_num_params=5000),
+        ),
+        (
+            functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, torch.nn.Linear)),
+            functools.partial(wrap.lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, torch.nn.Linear)),
+        ),
     ]
     for ours, theirs in ours_theirs:
         for m in model.modules():
@@ -468,8 +498,9 @@ def test_size_based_policy_wraps_large_children(mesh):
     # parameters; the embedding and the output 16,384 each.
     policy = functools.partial(size_based_auto_wrap_policy, min_num_params=20_000)
     model = FSDPv2(make_llama(), mesh=mesh, auto_wrap_policy=policy)
-    wrapped = sorted(name.replace("_orig_module.", "") for name, m in model.named_modules()
-                     if isinstance(m, FSDPv2) and name)
+    wrapped = sorted(
+        name.replace("_orig_module.", "") for name, m in model.named_modules() if isinstance(m, FSDPv2) and name
+    )
     # the layers' feed-forwards are large; each layer's leftover (attention + norms) is not
     assert wrapped == ["layers.0.feed_forward", "layers.1.feed_forward"]
     check_specs(model, LLAMA_SPECS)

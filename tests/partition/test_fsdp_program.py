@@ -41,8 +41,9 @@ def _all_gathers_by_rank(hlo: str) -> collections.Counter:
 
 def test_decoder_step_gathers_each_weight_once(devices8):
     # One decoder layer (ffn_dim a multiple of 8: the sharded dims are even).
-    cfg = dataclasses.replace(LlamaConfig.tiny(), n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64,
-                              vocab_size=64)
+    cfg = dataclasses.replace(
+        LlamaConfig.tiny(), n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=64
+    )
     torch.manual_seed(0)
     ref = LlamaForCausalLM(cfg)
     mesh = Mesh(np.arange(8), (8,), ("fsdp",))
@@ -71,5 +72,6 @@ def test_decoder_step_gathers_each_weight_once(devices8):
     torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
     got = plain_state_dict(model, keep_vars=True)
     for name, p_ref in ref.named_parameters():
-        torch.testing.assert_close(got[name].grad.cpu(), p_ref.grad, rtol=1e-4, atol=1e-6,
-                                   msg=lambda m, name=name: f"{name}.grad: {m}")
+        torch.testing.assert_close(
+            got[name].grad.cpu(), p_ref.grad, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}.grad: {m}"
+        )

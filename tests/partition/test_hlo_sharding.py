@@ -92,12 +92,8 @@ def test_pytorch_xla_data_parallel_mesh(devices8):
     # PyTorch/XLA's user guide: mesh_shape = (num_devices, 1), spec (0, None);
     # the size-1 'model' axis adds no replication.
     mesh = Mesh(np.array(devices8).reshape(8, 1), ("data", "model"))
-    assert hlo_sharding_string(NamedSharding(mesh, P("data", None)), 2) == (
-        "{devices=[8,1]0,1,2,3,4,5,6,7}"
-    )
-    assert hlo_sharding_string(NamedSharding(mesh, P("data", "model")), 2) == (
-        "{devices=[8,1]0,1,2,3,4,5,6,7}"
-    )
+    assert hlo_sharding_string(NamedSharding(mesh, P("data", None)), 2) == ("{devices=[8,1]0,1,2,3,4,5,6,7}")
+    assert hlo_sharding_string(NamedSharding(mesh, P("data", "model")), 2) == ("{devices=[8,1]0,1,2,3,4,5,6,7}")
     assert hlo_sharding_string(NamedSharding(mesh, P(None, "model")), 2) == "{replicated}"
 
 
@@ -108,9 +104,7 @@ def test_permuted_device_order_prints_ordinals_not_mesh_positions(devices8):
     assert hlo_sharding_string(NamedSharding(mesh, P("x")), 1) == "{devices=[8]7,6,5,4,3,2,1,0}"
     perm = [devices8[i] for i in (0, 2, 4, 6, 1, 3, 5, 7)]
     mesh = Mesh(np.array(perm).reshape(2, 4), ("x", "y"))
-    assert hlo_sharding_string(NamedSharding(mesh, P("x", "y")), 2) == (
-        "{devices=[2,4]0,2,4,6,1,3,5,7}"
-    )
+    assert hlo_sharding_string(NamedSharding(mesh, P("x", "y")), 2) == ("{devices=[2,4]0,2,4,6,1,3,5,7}")
     assert hlo_sharding_string(NamedSharding(mesh, P("y")), 2) == (
         "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
     )
@@ -119,9 +113,7 @@ def test_permuted_device_order_prints_ordinals_not_mesh_positions(devices8):
 def test_sub_mesh_keeps_global_ordinals(devices8):
     mesh = Mesh(np.array(devices8[4:]).reshape(2, 2), ("x", "y"))
     assert hlo_sharding_string(NamedSharding(mesh, P("x", "y")), 2) == "{devices=[2,2]4,5,6,7}"
-    assert hlo_sharding_string(NamedSharding(mesh, P("x")), 2) == (
-        "{devices=[2,1,2]4,5,6,7 last_tile_dim_replicate}"
-    )
+    assert hlo_sharding_string(NamedSharding(mesh, P("x")), 2) == ("{devices=[2,1,2]4,5,6,7 last_tile_dim_replicate}")
 
 
 def test_explicit_device_order(mesh24, devices8):
@@ -145,9 +137,7 @@ def test_manual_axes(devices8):
     manual = Mesh(np.array(devices8).reshape(2, 4), ("x", "y"), axis_types=(AxisType.Manual,) * 2)
     assert hlo_sharding_string(NamedSharding(manual, P()), 2) == "{manual}"
     assert sharding_type_of(NamedSharding(manual, P()), 2) is ShardingType.MANUAL
-    mixed = Mesh(
-        np.array(devices8).reshape(2, 4), ("x", "y"), axis_types=(AxisType.Manual, AxisType.Auto)
-    )
+    mixed = Mesh(np.array(devices8).reshape(2, 4), ("x", "y"), axis_types=(AxisType.Manual, AxisType.Auto))
     # Tiled over y (4), manual subgroup over x (2): tile j, group r on 4r + j.
     assert hlo_sharding_string(NamedSharding(mixed, P("y")), 2) == (
         "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dims={manual}}"
@@ -172,9 +162,7 @@ def test_logical_order_is_dense_across_processes():
     devs += [SimpleNamespace(id=2048 + i, process_index=1) for i in (2, 0, 3, 1)]
     order = logical_device_order(devs[::-1])
     assert [d.id for d in order] == [0, 1, 2, 3, 2048, 2049, 2050, 2051]
-    ordinals = hlo_sharding._ordinal_map(
-        [devs[4], devs[2], devs[5]], order
-    )  # ids 2050, 0, 2048
+    ordinals = hlo_sharding._ordinal_map([devs[4], devs[2], devs[5]], order)  # ids 2050, 0, 2048
     assert ordinals == [6, 0, 4]
 
 

@@ -63,7 +63,10 @@ def meta_llama():
 def mlp_on(device):
     # 172 rows: uneven over 8 devices (padded storage), even over 4.
     return nn.Sequential(
-        nn.Linear(64, 172, device=device), nn.Tanh(), nn.Linear(172, 64, device=device), nn.Embedding(40, 16, device=device)
+        nn.Linear(64, 172, device=device),
+        nn.Tanh(),
+        nn.Linear(172, 64, device=device),
+        nn.Embedding(40, 16, device=device),
     )
 
 
@@ -137,8 +140,11 @@ def test_same_seed_same_values_on_1_4_8_devices_and_any_sharding(devices8, tmp_p
         ("replicated", None, None),
         ("4 devices", Mesh(np.arange(8), (2, 4), ("data", "fsdp")), "fsdp"),
         ("8 devices", Mesh(np.arange(8), (8,), ("fsdp",)), "fsdp"),
-        ("8 devices, other dims", Mesh(np.arange(8), (8,), ("tp",)),
-         {"0.weight": (None, "tp"), "2.weight": ("tp", None), "3.weight": (None, "tp")}),
+        (
+            "8 devices, other dims",
+            Mesh(np.arange(8), (8,), ("tp",)),
+            {"0.weight": (None, "tp"), "2.weight": ("tp", None), "3.weight": (None, "tp")},
+        ),
     ]:
         with torch.device("meta"):
             model = mlp_on(None)
@@ -176,10 +182,12 @@ def test_same_seed_same_values_on_1_4_8_devices_and_any_sharding(devices8, tmp_p
                 spmdtorch.materialize(model)
             torch.save({{k: v.cpu() for k, v in model.state_dict().items()}}, {str(tmp_path / "run.pt")!r})
         """)
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu",
-                   PJRT_DEVICE="CPU")
-        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                              check=False)
+        env = dict(
+            os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu", PJRT_DEVICE="CPU"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         got = torch.load(tmp_path / "run.pt")
         for k in ref:
@@ -288,13 +296,19 @@ def test_large_model_init_train_checkpoint_memory(devices8, tmp_path):
         out["ckpt_bytes"] = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
         print("RESULT", json.dumps(out))
     """)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PJRT_DEVICE="CPU", CKPT_DIR=str(tmp_path),
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 "
-                         "--xla_cpu_enable_concurrency_optimized_scheduler=false")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180, check=False)
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        PJRT_DEVICE="CPU",
+        CKPT_DIR=str(tmp_path),
+        XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_cpu_enable_concurrency_optimized_scheduler=false",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    r = json.loads(line[len("RESULT "):])
+    r = json.loads(line[len("RESULT ") :])
     size = r["size"]
     print({k: (round(v / size, 3) if isinstance(v, int) and k != "size" else v) for k, v in r.items()})
     # A replicated init would hold 8 copies (8x); sharded, the shards plus runtime overhead.

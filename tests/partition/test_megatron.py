@@ -131,10 +131,7 @@ def test_megatron_training_matches_eager(devices8, mode):
     # differ by up to ~2e-4 absolute after a handful of steps at lr=1e-2, as in
     # eager CPU-vs-CUDA comparisons (tests/lazy/test_training.py). Everything
     # else is held to rtol=1e-5.
-    worst = max(
-        (p.cpu() - p_ref.detach()).abs().max().item()
-        for p_ref, p in zip(ref.parameters(), model.parameters())
-    )
+    worst = max((p.cpu() - p_ref.detach()).abs().max().item() for p_ref, p in zip(ref.parameters(), model.parameters()))
     print(f"{mode}: largest parameter difference after {STEPS} steps: {worst:.2e}")
     for (name, p_ref), (_, p) in zip(ref.named_parameters(), model.named_parameters()):
         torch.testing.assert_close(

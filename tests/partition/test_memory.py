@@ -21,7 +21,15 @@ import torch.nn.functional as F
 import spmdtorch
 from spmdtorch.lazy import executor
 from spmdtorch.mesh import Mesh
-from spmdtorch.partition import get_sharding_spec, mark_sharding
+from spmdtorch.partition import (
+    MemoryBudgetError,
+    MemoryPlanError,
+    ShardingError,
+    compiled_memory,
+    get_sharding_spec,
+    mark_sharding,
+    memory_plan,
+)
 from spmdtorch.tensor.dispatch import read_value
 
 DIM = 512
@@ -52,8 +60,9 @@ def build_step(model, opt, x, y):
     loss.backward()
     opt.step()
     # (step counters of a non-capturable optimizer stay on the CPU)
-    state = [v for s in opt.state.values() for v in s.values()
-             if isinstance(v, torch.Tensor) and v.device.type == "xla"]
+    state = [
+        v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.device.type == "xla"
+    ]
     return [loss, *model.parameters(), *state]
 
 
@@ -115,19 +124,12 @@ def test_fsdp_sharded_weights_take_an_eighth_of_the_memory(devices8, opt_name):
 
 # -- memory_plan ---------------------------------------------------------------------
 
-from spmdtorch.partition import (
-    MemoryBudgetError,
-    MemoryPlanError,
-    ShardingError,
-    compiled_memory,
-    memory_plan,
-)
-
 
 def meta_mlp():
     with torch.device("meta"):
-        return torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.Linear(100, 64, bias=False),
-                                   torch.nn.BatchNorm1d(64))
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, 100), torch.nn.Linear(100, 64, bias=False), torch.nn.BatchNorm1d(64)
+        )
 
 
 def test_memory_plan_shard_shapes_and_bytes(devices8):
@@ -164,9 +166,15 @@ def test_memory_plan_reads_existing_annotations_and_agrees_with_the_data(devices
     assert sd.parameter_bytes + sd.buffer_bytes == plan.parameter_bytes + plan.buffer_bytes
 
 
-@pytest.mark.parametrize("opt,expected", [
-    ("sgd", 0), (torch.optim.SGD, 1), ("adam", 2), (torch.optim.AdamW, 3),
-])
+@pytest.mark.parametrize(
+    "opt,expected",
+    [
+        ("sgd", 0),
+        (torch.optim.SGD, 1),
+        ("adam", 2),
+        (torch.optim.AdamW, 3),
+    ],
+)
 def test_memory_plan_optimizer_state(devices8, opt, expected):
     model = torch.nn.Linear(8, 8)
     if opt is torch.optim.SGD:
@@ -183,7 +191,9 @@ def test_memory_budget_names_the_largest_tensors(devices8):
     with torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 256))
     replicated = memory_plan(model, mesh, optimizer="adamw")
-    with pytest.raises(MemoryBudgetError, match=r"budget is 4\.00 MiB.*0\.weight \(4096, 256\) spec \(None, None\): 4\.00 MiB"):
+    with pytest.raises(
+        MemoryBudgetError, match=r"budget is 4\.00 MiB.*0\.weight \(4096, 256\) spec \(None, None\): 4\.00 MiB"
+    ):
         memory_plan(model, mesh, optimizer="adamw", budget_bytes=4 * 2**20)
     sharded = memory_plan(model, mesh, rules="fsdp", optimizer="adamw", budget_bytes=4 * 2**20)
     assert sharded.total_bytes <= 4 * 2**20 < replicated.total_bytes
@@ -231,8 +241,9 @@ def test_memory_plan_adds_the_compiled_steps_analysis(devices8):
     assert "activations + temporaries (XLA)" in str(plan)
 
 
-@pytest.mark.parametrize("name", ["spmdtorch.partition.memory", "spmdtorch.partition.materialize",
-                                  "spmdtorch.partition.planner"])
+@pytest.mark.parametrize(
+    "name", ["spmdtorch.partition.memory", "spmdtorch.partition.materialize", "spmdtorch.partition.planner"]
+)
 def test_doctests(devices8, name):
     import doctest
     import importlib

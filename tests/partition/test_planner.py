@@ -90,8 +90,11 @@ def test_rules_come_from_structure_not_names(mesh):
     plan = plan_sharding(Net(), mesh, "tp")
     roles = dict(plan.roles)
     assert {k: roles[k] for k in ("block.a.weight", "block.b.weight", "block.c.weight", "block.mix.weight")} == {
-        "block.a.weight": "column", "block.b.weight": "column", "block.c.weight": "column",
-        "block.mix.weight": "row"}
+        "block.a.weight": "column",
+        "block.b.weight": "column",
+        "block.c.weight": "column",
+        "block.mix.weight": "row",
+    }
     assert (roles["mlp.up.weight"], roles["mlp.back.weight"], roles["mlp.side.weight"]) == ("column", "row", "column")
     assert roles["table.weight"] == roles["head.weight"] == "vocab"
     assert plan.rules["block.a.bias"] == ("tp",) and plan.rules["block.mix.bias"] == (None,)
@@ -136,13 +139,14 @@ def test_planned_llama_trains_like_eager_and_memory_matches_xla(mesh):
         return loss
 
     losses = [step(mark_sharding(t.to("xla"), mesh, ("fsdp", None))) for t in data]
-    torch.testing.assert_close(torch.tensor([x.item() for x in losses]), torch.tensor(ref_losses),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor([x.item() for x in losses]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
 
     xla = compiled_memory(step)
     planned = plan.memory.parameter_bytes + plan.memory.optimizer_bytes
-    print(f"planned params+optimizer {planned} B/device, compiled step arguments {xla.argument_bytes} B/device, "
-          f"temporaries {xla.temp_bytes} B")
+    print(
+        f"planned params+optimizer {planned} B/device, compiled step arguments {xla.argument_bytes} B/device, "
+        f"temporaries {xla.temp_bytes} B"
+    )
     # The step's arguments are the parameters and the AdamW state (plus the
     # token batch and the optimizer's scalars).
     assert abs(xla.argument_bytes - planned) <= 0.1 * planned, (xla.argument_bytes, planned)

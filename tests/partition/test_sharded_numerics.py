@@ -98,8 +98,7 @@ STRING_CASES = [
     # partial replication: rows over data, the 2 model devices replicate
     ("4x2", (8, 4), (0, None), "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"),
     ("4x2", (8, 4), (None, 1), "{devices=[1,2,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"),
-    ("4x2", (4, 6, 2), ("model", None, None),
-     "{devices=[2,1,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"),
+    ("4x2", (4, 6, 2), ("model", None, None), "{devices=[2,1,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"),
     # one dim over both axes
     ("4x2", (16,), (("data", "model"),), "{devices=[8]0,1,2,3,4,5,6,7}"),
     ("4x2", (16,), (("model", "data"),), "{devices=[8]0,2,4,6,1,3,5,7}"),
@@ -134,8 +133,7 @@ STRING_CASES = [
     # order (c, a | b): c0a0 -> 0,2; c0a1 -> 4,6; c1a0 -> 1,3; c1a1 -> 5,7
     ("2x2x2", (4, 2), (("c", "a"), None), "{devices=[4,1,2]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"),
     ("2x2x2", (4, 4), (None, (2, 0)), "{devices=[1,4,2]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"),
-    ("2x2x2", (2, 4, 2), ("c", None, "a"),
-     "{devices=[2,1,2,2]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"),
+    ("2x2x2", (2, 4, 2), ("c", None, "a"), "{devices=[2,1,2,2]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"),
     ("2x2x2", (8, 2), (("a", "b", "c"), None), "{devices=[8,1]0,1,2,3,4,5,6,7}"),
     ("2x2x2", (8, 2), (("c", "b", "a"), None), "{devices=[8,1]0,4,2,6,1,5,3,7}"),
     # ---- (2, 2, 2) mesh, devices reversed: device at (a, b, c) is 7 - (4a + 2b + c)
@@ -317,8 +315,8 @@ def test_reductions_and_softmax(devices8, mesh_name):
 
     for got, want in [
         (t.sum(), src.sum()),
-        (t.sum(0), src.sum(0)),            # over the sharded dim
-        (t.sum(1), src.sum(1)),            # over an unsharded dim
+        (t.sum(0), src.sum(0)),  # over the sharded dim
+        (t.sum(1), src.sum(1)),  # over an unsharded dim
         (t.sum((0, 2)), src.sum((0, 2))),
         (t.mean(), src.mean()),
         (t.mean(0), src.mean(0)),
@@ -327,7 +325,7 @@ def test_reductions_and_softmax(devices8, mesh_name):
         (t.amax(2), src.amax(2)),
         (t.max(), src.max()),
         (t.min(0).values, src.min(0).values),
-        (torch.softmax(t, 0), torch.softmax(src, 0)),   # across shards
+        (torch.softmax(t, 0), torch.softmax(src, 0)),  # across shards
         (torch.softmax(t, -1), torch.softmax(src, -1)),  # within a shard
         (torch.log_softmax(t, 1), torch.log_softmax(src, 1)),
         (u.sum(1), ref_u.sum(1)),
@@ -335,7 +333,7 @@ def test_reductions_and_softmax(devices8, mesh_name):
         (u.amax(1), ref_u.amax(1)),
         (torch.softmax(u, 1), torch.softmax(ref_u, 1)),
         (t.var(0), src.var(0)),
-        (t * u, src * ref_u),              # operands with different shardings
+        (t * u, src * ref_u),  # operands with different shardings
     ]:
         _close(got, want)
     # argmax over a sharded dim: indices must match exactly
@@ -359,7 +357,10 @@ def _layer_rules(mesh_name):
 @pytest.mark.parametrize(
     "mesh_name, ffn_dim",
     [
-        ("4x2", 176), ("2x4", 176), ("4x2_rev", 176), ("2x2x2", 176),
+        ("4x2", 176),
+        ("2x4", 176),
+        ("4x2_rev", 176),
+        ("2x2x2", 176),
         # 8-way over a 1-D mesh: ffn_dim 172 and the batch of 4 are uneven
         ("1d", 172),
     ],
@@ -417,8 +418,7 @@ UNEVEN_CASES = [
     ("4x2", (12,), (("model", "data"),), "{devices=[8]0,2,4,6,1,3,5,7}"),
     ("2x4", (3, 6), ("model", "data"), "{devices=[4,2]0,4,1,5,2,6,3,7}"),
     ("2x4_T", (3, 6), ("data", "model"), "{devices=[2,4]0,2,4,6,1,3,5,7}"),
-    ("2x2x2", (4, 4, 6), (None, "a", ("b", "c")),
-     "{devices=[1,2,4]0,1,2,3,4,5,6,7}"),
+    ("2x2x2", (4, 4, 6), (None, "a", ("b", "c")), "{devices=[1,2,4]0,1,2,3,4,5,6,7}"),
 ]
 
 

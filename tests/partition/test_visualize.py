@@ -198,9 +198,7 @@ def test_array_sharding_2x4(devices8):
         ["CPU 0", "CPU 1", "CPU 2", "CPU 3"],
         ["CPU 4", "CPU 5", "CPU 6", "CPU 7"],
     ]
-    assert array_grid((8, 8), NamedSharding(mesh, P(None, "y"))) == [
-        ["CPU 0,4", "CPU 1,5", "CPU 2,6", "CPU 3,7"]
-    ]
+    assert array_grid((8, 8), NamedSharding(mesh, P(None, "y"))) == [["CPU 0,4", "CPU 1,5", "CPU 2,6", "CPU 3,7"]]
     assert array_grid((8,), NamedSharding(mesh, P("x"))) == [["CPU 0,1,2,3", "CPU 4,5,6,7"]]
     assert array_grid((8, 8), NamedSharding(mesh, P())) == [["CPU 0,1,2,3,4,5,6,7"]]
 

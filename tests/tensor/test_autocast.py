@@ -27,7 +27,12 @@ def test_dtypes_follow_torch_lists(devices8):
         other = mm + 1  # not on any list: the input's dtype
         explicit = torch.softmax(mm, dim=-1, dtype=torch.float64)
     assert (mm.dtype, lin.dtype, soft.dtype, total.dtype, other.dtype) == (
-        torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, torch.bfloat16)
+        torch.bfloat16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+        torch.bfloat16,
+    )
     assert explicit.dtype == torch.float64
     # Outside the region nothing is cast.
     assert (x @ w).dtype == torch.float32

@@ -67,8 +67,16 @@ def test_a_real_meta_tensor_next_to_xla_still_raises():
         lambda x: torch.repeat_interleave(torch.tensor([1, 0, 3], device=x.device)),
         lambda x: torch.repeat_interleave(x[:3], torch.tensor([1, 0, 3], device=x.device), dim=0),
     ],
-    ids=["masked_select", "bool_index", "nonzero", "argwhere", "unique", "unique_consecutive",
-         "repeat_interleave_counts", "repeat_interleave_no_output_size"],
+    ids=[
+        "masked_select",
+        "bool_index",
+        "nonzero",
+        "argwhere",
+        "unique",
+        "unique_consecutive",
+        "repeat_interleave_counts",
+        "repeat_interleave_no_output_size",
+    ],
 )
 def test_data_dependent_shapes_fall_back_to_cpu_and_continue(fn):
     torch.manual_seed(0)
@@ -90,8 +98,9 @@ def test_inplace_view_ops_whose_overload_names_differ():
     assert x.shape == (3, 2)
     torch.testing.assert_close(x.cpu(), src.t())
     sig = torch.randn(64)
-    got, want = _both(lambda s: torch.stft(s, 16, window=torch.hann_window(16, device=s.device),
-                                           return_complex=True), sig)
+    got, want = _both(
+        lambda s: torch.stft(s, 16, window=torch.hann_window(16, device=s.device), return_complex=True), sig
+    )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -120,9 +129,12 @@ def test_backward_formulas_that_build_tensors_from_grad_options():
     pow's where(exponent == 0, 0, ...), vector_norm's pow_, sgn's zero tensor."""
     torch.manual_seed(0)
     a = torch.randn(3, 4)
-    for fn in (lambda t: torch.pow(t.abs(), 2.5).sum(), lambda t: torch.linalg.vector_norm(t, 3),
-               lambda t: torch.nn.functional.margin_ranking_loss(t[0], t[1], torch.ones_like(t[2])),
-               lambda t: torch.sgn(t).sum() + t.sum()):
+    for fn in (
+        lambda t: torch.pow(t.abs(), 2.5).sum(),
+        lambda t: torch.linalg.vector_norm(t, 3),
+        lambda t: torch.nn.functional.margin_ranking_loss(t[0], t[1], torch.ones_like(t[2])),
+        lambda t: torch.sgn(t).sum() + t.sum(),
+    ):
         xa = a.to("xla").requires_grad_()
         fn(xa).backward()
         ca = a.clone().requires_grad_()
@@ -130,9 +142,11 @@ def test_backward_formulas_that_build_tensors_from_grad_options():
         torch.testing.assert_close(xa.grad.cpu(), ca.grad, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("index", [[0, 2], (Ellipsis, [1, 2]), ([0, 1], [2, 3]), (slice(None), [[0, 1], [2, 3]]),
-                                   [True, False, True, False, True]],
-                         ids=["list", "ellipsis_list", "two_lists", "nested_list", "bool_list"])
+@pytest.mark.parametrize(
+    "index",
+    [[0, 2], (Ellipsis, [1, 2]), ([0, 1], [2, 3]), (slice(None), [[0, 1], [2, 3]]), [True, False, True, False, True]],
+    ids=["list", "ellipsis_list", "two_lists", "nested_list", "bool_list"],
+)
 def test_python_index_lists(index):
     """torch turns index lists into tensors on self's storage device (meta) with
     the Python key masked; the device mode hands them over as host tensors."""

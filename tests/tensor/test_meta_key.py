@@ -36,8 +36,17 @@ def _same(got: torch.Tensor, want: torch.Tensor, *, view: bool = False) -> None:
 def test_every_new_tensor_stores_torch_metadata():
     x = torch.randn(4, 6).to("xla")
     _check(x)
-    outs = [x * 2, x.t(), x[1:3, ::2], x.detach(), x.view(2, 12), x.unsqueeze(0).expand(3, 4, 6),
-            x.as_strided((2, 2), (1, 6), 3), x.to(torch.float64), torch.zeros(2, 3, device="xla")]
+    outs = [
+        x * 2,
+        x.t(),
+        x[1:3, ::2],
+        x.detach(),
+        x.view(2, 12),
+        x.unsqueeze(0).expand(3, 4, 6),
+        x.as_strided((2, 2), (1, 6), 3),
+        x.to(torch.float64),
+        torch.zeros(2, 3, device="xla"),
+    ]
     outs += list(x.split(2, dim=1)) + list(torch.var_mean(x, 0))
     for t in outs:
         _check(t)
