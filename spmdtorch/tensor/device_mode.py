@@ -1,23 +1,32 @@
-"""Routing ``device="xla"`` to spmdtorch.
+"""Routing ``device="xla"`` to spmdtorch without taxing plain CPU torch.
 
-Two mechanisms, each used where it is cheapest:
+Three mechanisms, each where it is the only cost:
 
 * ATen factory ops (``torch.zeros(..., device="xla")``, ``randn``, ``empty``…)
   reach the dispatcher with the ``XLA`` backend key; spmdtorch registers a
-  kernel for every factory it can lower on that key (``torch.library``), so they
-  cost nothing to other code.
-* Calls that never reach a kernel with an xla tensor — ``t.to("xla")`` on a CPU
-  tensor, ``torch.tensor(data, device="xla")`` — are caught by a
-  ``TorchFunctionMode`` entered at import (DESIGN.md decision 2). Its fast path
-  is a dict lookup, so CPU code pays about a microsecond per torch call.
+  kernel for every factory it can lower on that key (``torch.library``).
+* Calls with an xla tensor among their arguments reach
+  ``XlaTensor.__torch_function__`` (``torch_function`` below): autocast,
+  index lists, and composites that build helper tensors on the storage
+  device (meta). torch calls it only when an ``XlaTensor`` is an argument,
+  so CPU code never pays for it.
+* The few calls that create xla tensors from CPU data without an xla
+  argument — ``t.to("xla")`` (and so ``Module.to("xla")``),
+  ``torch.tensor/as_tensor/asarray(..., device="xla")``,
+  ``t.new_tensor(..., device="xla")`` — are thin wrappers installed over
+  those functions (``install``). A wrapper looks at the device argument and
+  otherwise calls torch's own function with the arguments untouched, so
+  every other call behaves exactly as in plain torch (docs/design.md,
+  decision 2: "a plain CPU program is unchanged by the import").
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import types
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from spmdtorch.ops import registry
 from spmdtorch.tensor import transfer
@@ -25,16 +34,14 @@ from spmdtorch.tensor.autocast import autocast_inputs
 from spmdtorch.tensor.dispatch import CAPTURE_FUNCS, MetaFactoryLeak, capture_meta_factories, factory_kernel
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
-__all__ = ["XlaDeviceMode", "install", "to_xla"]
+__all__ = ["install", "to_xla", "torch_function"]
 
 
 def _is_xla(device) -> bool:
-    if device is None:
-        return False
     if isinstance(device, torch.device):
         return device.type == "xla"
     if isinstance(device, str):
-        return device.split(":")[0] == "xla"
+        return device == "xla" or device.startswith("xla:")
     return False
 
 
@@ -59,39 +66,92 @@ def to_xla(t: torch.Tensor) -> torch.Tensor:
     return new_base(transfer.to_device_array(t), t.dtype)
 
 
-def _tensor_to(args, kwargs):
-    self = args[0]
-    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
-    if not _is_xla(device):
-        return None
+# -- the wrappers over torch's CPU -> xla entry points ------------------------------
+
+_TORCH_TO = torch.Tensor.to
+_DTYPE = torch.dtype
+_TORCH_FROM_DATA = {
+    "tensor": torch.tensor,
+    "as_tensor": torch.as_tensor,
+    "asarray": torch.asarray,
+}
+_TORCH_NEW_TENSOR = torch.Tensor.new_tensor
+
+
+def _to_targets_xla(self, args, kwargs) -> bool:
+    """Whether ``self.to(*args, **kwargs)`` moves host data to the xla device.
+
+    Only CPU tensors (and xla tensors) move here; other tensors (the meta
+    tensors inside torch's decompositions, say) take torch's own path.
+    """
+    if args:
+        a = args[0]
+        if isinstance(a, torch.Tensor):  # t.to(other): other's device and dtype
+            target = isinstance(a, XlaTensor)
+        else:
+            target = _is_xla(a) or _is_xla(kwargs.get("device"))
+    else:
+        target = _is_xla(kwargs.get("device"))
+    return target and (isinstance(self, XlaTensor) or self.device.type == "cpu")
+
+
+def _to_xla_device(self, args, kwargs):
+    """``self.to(...)`` with an xla target: torch's conversion rules, then the transfer."""
+    kwargs = dict(kwargs)
+    copy = kwargs.pop("copy", False)
+    _device, dtype, _non_blocking, _memory_format = torch._C._nn._parse_to(*args, **kwargs)
     if isinstance(self, XlaTensor):
-        out = self if dtype is None or dtype == self.dtype else self.to(dtype)
-        return out.clone() if kwargs.get("copy") and out is self else out
+        out = self if dtype is None or dtype == self.dtype else _TORCH_TO(self, dtype)
+        return out.clone() if copy and out is self else out
     if dtype is not None and dtype != self.dtype:
-        self = self.to(dtype)
-    out = to_xla(self)
-    if kwargs.get("copy") and out is self:
-        out = out.clone()
-    return out
+        self = _TORCH_TO(self, dtype)
+    return to_xla(self)  # always a new tensor: `copy` is satisfied
+
+
+def _tensor_to(self, *args, **kwargs):
+    # The common CPU call, `t.to(dtype)`, costs one class test over torch's.
+    if (kwargs or (args and args[0].__class__ is not _DTYPE)) and _to_targets_xla(self, args, kwargs):
+        return _to_xla_device(self, args, kwargs)
+    return _TORCH_TO(self, *args, **kwargs)
 
 
 def _from_data(func, args, kwargs):
-    """torch.tensor / as_tensor / asarray / new_tensor with device="xla"."""
-    kwargs = dict(kwargs)
-    kwargs["device"] = "cpu"
+    """torch.tensor / as_tensor / asarray / new_tensor with device="xla": build on CPU, then transfer."""
+    kwargs = dict(kwargs, device="cpu")
     requires_grad = kwargs.pop("requires_grad", False)
-    cpu = func(*args, **kwargs)
-    out = to_xla(cpu)
+    out = to_xla(func(*args, **kwargs))
     if requires_grad:
         out.requires_grad_(True)
     return out
 
 
+def _from_data_wrapper(func):
+    # torch.tensor, as_tensor and asarray take `device` by keyword only.
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if kwargs and kwargs.get("device") is not None and _is_xla(kwargs["device"]):
+            return _from_data(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _new_tensor(self, *args, **kwargs):
+    if kwargs and kwargs.get("device") is not None and _is_xla(kwargs["device"]):
+        return _from_data(_TORCH_NEW_TENSOR, (self, *args), kwargs)
+    return _TORCH_NEW_TENSOR(self, *args, **kwargs)
+
+
+# -- calls with xla tensor arguments (XlaTensor.__torch_function__) ---------------
+
 _autocast_on = torch.is_autocast_enabled
 # No device argument to parse: the common case (no autocast at all) is one C call.
 _any_autocast = torch._C._is_any_autocast_enabled
-_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
 _INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
+_BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_NO_RETRY = _BACKWARD
+# Functions with a branch of their own below (CAPTURE_FUNCS grows at run time).
+_SPECIAL_FUNCS = frozenset(_INDEXING | _BACKWARD)
 
 
 def _host_list(seq):
@@ -113,12 +173,6 @@ def _host_index(index):
     return index
 
 
-_BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
-_NO_RETRY = _BACKWARD
-# Functions with a branch of their own in XlaDeviceMode (CAPTURE_FUNCS grows at run time).
-_SPECIAL_FUNCS = frozenset({torch.Tensor.to} | _FROM_DATA | _INDEXING | _BACKWARD)
-
-
 def _any_xla(args, kwargs) -> bool:
     for a in itertools.chain(args, kwargs.values()):
         if isinstance(a, XlaTensor):
@@ -128,79 +182,97 @@ def _any_xla(args, kwargs) -> bool:
     return False
 
 
-class XlaDeviceMode(TorchFunctionMode):
-    """Catches the calls that must create xla tensors from CPU data."""
+def torch_function(func, args, kwargs):
+    """Run one torch call that has an xla tensor among its arguments.
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _any_autocast() and _autocast_on("xla"):  # torch's AutocastXLA key never sees xla tensors (autocast.py)
-            args, kwargs = autocast_inputs(func, args, kwargs)
-        # Every torch call of the program passes here: the common case (no
-        # special handling) is one set lookup, then the call.
-        if func not in _SPECIAL_FUNCS and func not in CAPTURE_FUNCS:
-            pass
-        elif func is torch.Tensor.to:
-            out = _tensor_to(args, kwargs)
-            if out is not None:
-                return out
-        elif func in _FROM_DATA and _is_xla(kwargs.get("device")):
-            return _from_data(func, args, kwargs)
-        elif func in _INDEXING and isinstance(args[0], XlaTensor) and len(args) > 1:
-            # torch turns Python index lists into tensors on self's storage
-            # device (meta, where the values are lost) with the dispatcher's
-            # Python key masked; host tensors built here carry them instead.
-            args = (args[0], _host_index(args[1])) + tuple(args[2:])
-            return func(*args, **kwargs)
-        elif func in CAPTURE_FUNCS:
-            with capture_meta_factories():
-                return func(*args, **kwargs)
-        elif func in _BACKWARD and _any_xla(args, kwargs):
-            # Backward formulas (C++, in the autograd engine, which carries
-            # this thread's dispatch modes) build tensors from the gradient's
-            # options (device meta); unlike a forward op, a backward pass
-            # cannot be retried once it fails.
-            with capture_meta_factories():
-                return func(*args, **kwargs)
-        try:
-            out = func(*args, **kwargs)
-            # A composite that returns its meta helper itself (linalg.norm of
-            # an empty matrix returns at::zeros(..., self.options())).
-            if type(out) is not torch.Tensor or not out.is_meta or not _any_xla(args, kwargs):
-                return out
-        except MetaFactoryLeak:
-            # A C++ composite (cov, cosine_similarity...) made a helper tensor
-            # on meta, the xla tensors' storage device. Run it again with such
-            # factories creating xla tensors; what the failed attempt recorded
-            # is unreferenced lazy nodes. Backward passes cannot run twice.
-            if func in _NO_RETRY:
-                raise
-        except NotImplementedError as e:
-            # The same, where the composite then ran an op on its meta helper
-            # alone (combinations: masked_select on a meta mask) or read it
-            # (linalg.norm of an empty matrix).
-            msg = str(e)
-            leaked = "with Meta tensors" in msg or "Cannot copy out of meta tensor" in msg
-            if func in _NO_RETRY or not leaked or not _any_xla(args, kwargs):
-                raise
-        CAPTURE_FUNCS.add(func)
+    Called by ``XlaTensor.__torch_function__`` with subclass torch-function
+    handling disabled, so nested calls go straight to ``__torch_dispatch__``.
+    """
+    if _any_autocast() and _autocast_on("xla"):  # torch's AutocastXLA key never sees xla tensors (autocast.py)
+        args, kwargs = autocast_inputs(func, args, kwargs)
+    # The common case (no special handling) is two set lookups, then the call.
+    if func not in _SPECIAL_FUNCS and func not in CAPTURE_FUNCS:
+        pass
+    elif func in _INDEXING and isinstance(args[0], XlaTensor) and len(args) > 1:
+        # torch turns Python index lists into tensors on self's storage
+        # device (meta, where the values are lost) with the dispatcher's
+        # Python key masked; host tensors built here carry them instead.
+        args = (args[0], _host_index(args[1])) + tuple(args[2:])
+        return func(*args, **kwargs)
+    elif func in CAPTURE_FUNCS:
         with capture_meta_factories():
             return func(*args, **kwargs)
+    elif func in _BACKWARD:
+        # Backward formulas (C++, in the autograd engine, which carries this
+        # thread's dispatch modes) build tensors from the gradient's options
+        # (device meta); unlike a forward op, a backward pass cannot be
+        # retried once it fails.
+        with capture_meta_factories():
+            return func(*args, **kwargs)
+    try:
+        out = func(*args, **kwargs)
+        # A composite that returns its meta helper itself (linalg.norm of
+        # an empty matrix returns at::zeros(..., self.options())).
+        if type(out) is not torch.Tensor or not out.is_meta:
+            return out
+    except MetaFactoryLeak:
+        # A C++ composite (cov, cosine_similarity...) made a helper tensor
+        # on meta, the xla tensors' storage device. Run it again with such
+        # factories creating xla tensors; what the failed attempt recorded
+        # is unreferenced lazy nodes. Backward passes cannot run twice.
+        if func in _NO_RETRY:
+            raise
+    except NotImplementedError as e:
+        # The same, where the composite then ran an op on its meta helper
+        # alone (combinations: masked_select on a meta mask) or read it
+        # (linalg.norm of an empty matrix).
+        msg = str(e)
+        leaked = "with Meta tensors" in msg or "Cannot copy out of meta tensor" in msg
+        if func in _NO_RETRY or not leaked:
+            raise
+    CAPTURE_FUNCS.add(func)
+    with capture_meta_factories():
+        return func(*args, **kwargs)
 
+
+# -- installation -------------------------------------------------------------------
 
 _LIB = None
-_MODE = None
+
+
+def _register_torchscript_builtin(wrapper, original) -> None:
+    """TorchScript maps torch functions to ATen ops by object identity; its
+    table, once built, must know the wrapper as the op it wraps."""
+    import torch.jit._builtins as builtins
+
+    if builtins._builtin_table is not None:
+        op = builtins._builtin_table.get(id(original))
+        if op is not None:
+            builtins._builtin_table[id(wrapper)] = op
+
+
+def _as_torch_function(fn, original):
+    """A copy of ``fn`` that ``help()`` shows as torch's ``original`` (name,
+    docstring, ``__wrapped__``); a copy so that this module's own doctests
+    do not run torch's examples."""
+    wrapper = types.FunctionType(fn.__code__, fn.__globals__, original.__name__, fn.__defaults__, fn.__closure__)
+    return functools.update_wrapper(wrapper, original)
 
 
 def install() -> None:
-    """Register XLA-key factory kernels and enter the device mode (idempotent)."""
-    global _LIB, _MODE
-    if _LIB is None:
-        _LIB = torch.library.Library("aten", "IMPL", "XLA")
-        for op in list(registry.LOWERINGS):
-            if any(a.name == "device" for a in op._schema.arguments):
-                name = op._schema.name.split("::")[-1]
-                qual = name if op._overloadname == "default" else f"{name}.{op._overloadname}"
-                _LIB.impl(qual, factory_kernel(op))
-    if _MODE is None:
-        _MODE = XlaDeviceMode()
-        _MODE.__enter__()
+    """Register XLA-key factory kernels and the CPU -> xla wrappers (idempotent)."""
+    global _LIB
+    if _LIB is not None:
+        return
+    _LIB = torch.library.Library("aten", "IMPL", "XLA")
+    for op in list(registry.LOWERINGS):
+        if any(a.name == "device" for a in op._schema.arguments):
+            name = op._schema.name.split("::")[-1]
+            qual = name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+            _LIB.impl(qual, factory_kernel(op))
+    torch.Tensor.to = _as_torch_function(_tensor_to, _TORCH_TO)
+    torch.Tensor.new_tensor = _as_torch_function(_new_tensor, _TORCH_NEW_TENSOR)
+    for name, func in _TORCH_FROM_DATA.items():
+        wrapper = _from_data_wrapper(func)
+        setattr(torch, name, wrapper)
+        _register_torchscript_builtin(wrapper, func)

@@ -123,6 +123,17 @@ def _import_dispatch(func, args, kwargs):
 
 
 _DISPATCH: list = [_import_dispatch]
+
+
+def _import_torch_function(func, args, kwargs):
+    from spmdtorch.tensor.device_mode import torch_function
+
+    _TORCH_FUNCTION[0] = torch_function
+    return torch_function(func, args, kwargs)
+
+
+_TORCH_FUNCTION: list = [_import_torch_function]
+_NO_SUBCLASS_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _SEQ = itertools.count()
 
 
@@ -331,9 +342,13 @@ class XlaTensor(torch.Tensor):
                 [2., 2.]])
     """
 
-    # Dispatch straight to __torch_dispatch__ without a Python
-    # __torch_function__ hop per op: tracing cost is the lazy engine's budget.
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Only calls with an xla tensor argument come here (plain CPU torch
+        # never does): autocast, index lists and meta-helper capture need the
+        # torch-level function; nested calls go straight to __torch_dispatch__.
+        with _NO_SUBCLASS_TORCH_FUNCTION():
+            return _TORCH_FUNCTION[0](func, args, kwargs or {})
 
     _st: Storage
     _chain: tuple
