@@ -31,19 +31,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-_flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
-os.environ["XLA_FLAGS"] = " ".join(_flags + ["--xla_force_host_platform_device_count=8"])
-if int(os.environ.get("NPROC", "0") or 0) < 16:
-    os.environ["NPROC"] = "16"  # DESIGN.md, "CPU collective deadlock"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("PJRT_DEVICE", "CPU")
+from spmdtorch._cpu_devices import simulate_cpu_devices
+
+simulate_cpu_devices(8, unless_accelerator=True)  # before anything queries devices
 
 import jax
 import numpy as np

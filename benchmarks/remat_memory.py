@@ -24,16 +24,13 @@ sets it, as a CPU user must (GPU/TPU keep barriers anyway).
 from __future__ import annotations
 
 import os
-import re
 import sys
 
+from spmdtorch._cpu_devices import simulate_cpu_devices
+
 _NUM_DEVICES = 8
-_flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
-os.environ["XLA_FLAGS"] = " ".join(
-    _flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}", "--xla_disable_hlo_passes=cse_barrier_expander"]
-)
-os.environ["NPROC"] = str(max(int(os.environ.get("NPROC", "0") or 0), 2 * _NUM_DEVICES))
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA:CPU must keep the optimisation barriers that rematerialisation rests on.
+simulate_cpu_devices(_NUM_DEVICES, keep_remat_barriers=True)
 
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402

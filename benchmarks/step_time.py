@@ -25,23 +25,12 @@ See benchmarks/README.md for what each column means and committed results.
 from __future__ import annotations
 
 import os
-import re
-import sys
 
-# -- environment: must happen before jax (or spmdtorch) is imported -----------
+from spmdtorch._cpu_devices import simulate_cpu_devices  # noqa: E402
+
 _NUM_DEVICES = 8
-_flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
-os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}"])
-try:
-    _nproc = int(os.environ.get("NPROC", "0"))
-except ValueError:
-    _nproc = 0
-if _nproc < max(16, 2 * _NUM_DEVICES):  # DESIGN.md, "CPU collective deadlock"
-    os.environ["NPROC"] = str(max(16, 2 * _NUM_DEVICES))
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("PJRT_DEVICE", "CPU")
-if "jax" in sys.modules:
-    raise RuntimeError("benchmarks/step_time.py must set XLA_FLAGS before jax is imported")
+# Before anything queries devices (docs/design.md, hazard "CPU collective deadlock").
+simulate_cpu_devices(_NUM_DEVICES, unless_accelerator=True)
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402

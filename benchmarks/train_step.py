@@ -57,14 +57,13 @@ Usage:
 from __future__ import annotations
 
 import os
-import re
 import sys
 
+from spmdtorch._cpu_devices import simulate_cpu_devices
+
 _NUM_DEVICES = 8
-if __name__ == "__main__":  # before jax starts (also in each worker process)
-    _flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
-    os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={_NUM_DEVICES}"])
-    os.environ["NPROC"] = str(max(int(os.environ.get("NPROC", "0") or 0), 2 * _NUM_DEVICES))
+if __name__ == "__main__":  # before anything queries devices (also in each worker process)
+    simulate_cpu_devices(_NUM_DEVICES, unless_accelerator=True)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402

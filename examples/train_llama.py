@@ -58,6 +58,8 @@ import re
 import sys
 import time
 
+from spmdtorch._cpu_devices import simulate_cpu_devices
+
 DEFAULT_CPU_DEVICES = 8
 
 
@@ -125,50 +127,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def configure_cpu_devices(requested) -> None:
-    """Ask XLA for N simulated CPU devices; must run before JAX is imported.
+    """Ask XLA for N simulated CPU devices, before anything queries devices.
 
     Does nothing when ``PJRT_DEVICE`` or ``JAX_PLATFORMS`` asks for another
     platform. An explicit ``--cpu-devices`` replaces a device count already in
-    ``XLA_FLAGS``; otherwise an existing one is kept.
+    ``XLA_FLAGS``; otherwise an existing one is kept. XLA:CPU keeps its
+    optimisation barriers, so ``--checkpoint-layers`` really recomputes
+    (``spmdtorch.partition.CPU_REMAT_XLA_FLAG``; GPU/TPU keep them anyway).
     """
-    pjrt = os.environ.get("PJRT_DEVICE", "").strip().upper()
-    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
-    if pjrt and pjrt != "CPU":
-        return
-    if platforms and platforms.split(",")[0].strip() != "cpu":
-        return
-    flag = "--xla_force_host_platform_device_count"
-    flags = os.environ.get("XLA_FLAGS", "")
-    existing = re.search(rf"{flag}=(\d+)", flags)
+    existing = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
     if existing and requested is None:
         n = int(existing.group(1))
     else:
         n = DEFAULT_CPU_DEVICES if requested is None else requested
-        flags = " ".join(re.sub(rf"{flag}=\S*", "", flags).split() + [f"{flag}={n}"])
-    # Keep XLA:CPU's optimisation barriers so --checkpoint-layers really
-    # recomputes (spmdtorch.partition.CPU_REMAT_XLA_FLAG; GPU/TPU keep them).
-    if "cse_barrier_expander" not in flags:
-        disabled = re.search(r"--xla_disable_hlo_passes=(\S+)", flags)
-        if disabled:
-            flags = flags.replace(disabled.group(0), f"{disabled.group(0)},cse_barrier_expander")
-        else:
-            flags = f"{flags} --xla_disable_hlo_passes=cse_barrier_expander".strip()
-    os.environ["XLA_FLAGS"] = flags
-    # XLA's CPU client sizes its thread pool from NPROC; too few threads for the
-    # simulated devices can deadlock queued executions (see DESIGN.md).
-    try:
-        nproc = int(os.environ.get("NPROC", "0"))
-    except ValueError:
-        nproc = 0
-    if nproc < max(16, 2 * n):
-        os.environ["NPROC"] = str(max(16, 2 * n))
+    simulate_cpu_devices(n, keep_remat_barriers=True, unless_accelerator=True)
 
 
 ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None:
     configure_cpu_devices(ARGS.cpu_devices)
 
-# Only now may JAX (imported by spmdtorch) start.
+# Only now may JAX start (spmdtorch is imported already; its backend starts on the first device query).
 import functools
 
 import numpy as np

@@ -1,51 +1,29 @@
 """Test configuration: 8 simulated CPU devices.
 
-Everything here runs at conftest import, before any test module imports jax
-or spmdtorch: XLA reads ``XLA_FLAGS`` and ``NPROC`` when its CPU backend
-starts and JAX reads ``JAX_PLATFORMS`` when it is imported.
+Everything here runs at conftest import, before any test queries devices:
+XLA reads ``XLA_FLAGS`` and ``NPROC`` when its CPU backend starts
+(``spmdtorch._cpu_devices``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 import pytest
+
+from spmdtorch._cpu_devices import simulate_cpu_devices
 
 # Shared test helpers (tests/training_helpers.py) import as top-level modules.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 NUM_DEVICES = 8
 
-# 8 host-platform (CPU) devices; replace any device count already in XLA_FLAGS.
-_flag = f"--xla_force_host_platform_device_count={NUM_DEVICES}"
-_xla_flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
-# Keep optimisation barriers on XLA:CPU (its cse_barrier_expander pass drops
-# them), so activation checkpointing really lowers memory in the tests, as it
-# does on GPU/TPU (spmdtorch.partition.CPU_REMAT_XLA_FLAG).
-os.environ["XLA_FLAGS"] = " ".join(_xla_flags + [_flag, "--xla_disable_hlo_passes=cse_barrier_expander"])
-
-# XLA's CPU client sizes its thread pool from NPROC; with fewer threads than
-# 2 x devices, queued executions with collectives can deadlock (DESIGN.md,
-# "CPU collective deadlock").
-_min_nproc = max(16, 2 * NUM_DEVICES)
-try:
-    _nproc = int(os.environ.get("NPROC", "0"))
-except ValueError:
-    _nproc = 0
-if _nproc < _min_nproc:
-    os.environ["NPROC"] = str(_min_nproc)
-
-# Tests run on CPU only, whatever accelerator the machine has; PJRT_DEVICE
-# agrees so spmdtorch's import-time check sees no conflict.
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["PJRT_DEVICE"] = "CPU"
-
-if "jax" in sys.modules:  # imported early (e.g. by a plugin): fix its config too
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")
+# 8 CPU devices, enough XLA threads for them (docs/design.md, hazard "CPU
+# collective deadlock"), and XLA:CPU's optimisation barriers kept so that
+# activation checkpointing really lowers memory in the tests, as it does on
+# GPU/TPU. Applied before anything queries devices.
+simulate_cpu_devices(NUM_DEVICES, keep_remat_barriers=True)
 
 
 @pytest.fixture(scope="session")

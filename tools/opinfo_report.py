@@ -1201,20 +1201,14 @@ def main(argv=None):
         args.dtype, args.grad = MODES[args.mode]
     mode = mode_key(args.dtype, args.grad)
 
-    env = dict(os.environ)
-    flags = env.get("XLA_FLAGS", "")
-    if args.opt_level != "" and "xla_backend_optimization_level" not in flags:
-        flags = (flags + f" --xla_backend_optimization_level={args.opt_level}").strip()
     # The same 8 simulated CPU devices as tests/conftest.py: XLA's CPU
     # programs (thread split, summation order) depend on it, and the CI test
     # must reproduce this report's near-tolerance verdicts.
-    if "xla_force_host_platform_device_count" not in flags:
-        flags = (flags + " --xla_force_host_platform_device_count=8").strip()
-    if int(env.get("NPROC", "0") or 0) < 16:
-        env["NPROC"] = "16"
-    env["XLA_FLAGS"] = flags
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    env.setdefault("PJRT_DEVICE", "CPU")
+    from spmdtorch._cpu_devices import cpu_device_env
+
+    env = cpu_device_env(8)
+    if args.opt_level != "" and "xla_backend_optimization_level" not in env["XLA_FLAGS"]:
+        env["XLA_FLAGS"] += f" --xla_backend_optimization_level={args.opt_level}"
     if args.worker:
         return worker_main(args)
     if args.jobs == 0:

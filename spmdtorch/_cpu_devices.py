@@ -1,0 +1,143 @@
+"""N simulated CPU devices: the one place that knows how to ask XLA for them.
+
+Tests, benchmarks, tools, examples and ``python -m spmdtorch.launch`` all run
+on several simulated CPU devices. XLA reads its device count from
+``XLA_FLAGS`` and sizes its CPU thread pool from ``NPROC`` when the CPU
+backend starts (the first device query, not ``import jax``), and too few
+threads for the devices can deadlock queued collectives (docs/design.md,
+hazard "CPU collective deadlock"). ``cpu_device_env`` computes such an
+environment for a child process; ``simulate_cpu_devices`` applies it to this
+process, and refuses once JAX's backend has started, when it could no longer
+take effect.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+
+__all__ = ["CPU_REMAT_XLA_FLAG", "SimulatedDevicesError", "cpu_device_env", "simulate_cpu_devices"]
+
+_COUNT_FLAG = "--xla_force_host_platform_device_count"
+#: The ``XLA_FLAGS`` entry that keeps optimisation barriers on XLA:CPU, so
+#: rematerialisation lowers memory there too (docs/design.md, hazard
+#: "optimisation barriers on XLA:CPU").
+CPU_REMAT_XLA_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
+
+
+class SimulatedDevicesError(RuntimeError):
+    """Simulated CPU devices were asked for after JAX's backend started."""
+
+
+def _min_threads(n: int) -> int:
+    return max(16, 2 * n)
+
+
+def _with_pass_disabled(flags: list[str], name: str) -> list[str]:
+    # XLA keeps the last --xla_disable_hlo_passes it is given: extend the one
+    # already there rather than add a second that would replace it.
+    prefix = "--xla_disable_hlo_passes="
+    for i, f in enumerate(flags):
+        if f.startswith(prefix):
+            passes = f[len(prefix) :].split(",")
+            if name not in passes:
+                flags[i] = f"{f},{name}"
+            return flags
+    return [*flags, prefix + name]
+
+
+def cpu_device_env(
+    n: int, env: Mapping[str, str] | None = None, *, keep_remat_barriers: bool = False
+) -> dict[str, str]:
+    """The environment for a process that runs on ``n`` simulated CPU devices.
+
+    Replaces any device count already in ``XLA_FLAGS`` (other flags are kept),
+    raises ``NPROC`` to at least ``max(16, 2 * n)``, and selects the CPU
+    platform (``JAX_PLATFORMS=cpu``, ``PJRT_DEVICE=CPU``).
+
+    Args:
+        n: the number of CPU devices.
+        env: the environment to start from (default: ``os.environ``); not changed.
+        keep_remat_barriers: also add ``CPU_REMAT_XLA_FLAG``, so that
+            activation checkpointing lowers memory on XLA:CPU.
+
+    Returns:
+        A new dict.
+
+    Example:
+        >>> env = cpu_device_env(4, {"XLA_FLAGS": "--xla_dump_to=/tmp/d", "NPROC": "2"})
+        >>> env["XLA_FLAGS"], env["NPROC"], env["JAX_PLATFORMS"]
+        ('--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=4', '16', 'cpu')
+        >>> cpu_device_env(2, {"XLA_FLAGS": "--xla_disable_hlo_passes=foo"}, keep_remat_barriers=True)["XLA_FLAGS"]
+        '--xla_disable_hlo_passes=foo,cse_barrier_expander --xla_force_host_platform_device_count=2'
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"cpu_device_env: n must be a positive int, got {n!r}; pass the number of CPU devices, e.g. 8")
+    out = dict(os.environ if env is None else env)
+    flags = re.sub(rf"{_COUNT_FLAG}=\S*", "", out.get("XLA_FLAGS", "")).split()
+    flags.append(f"{_COUNT_FLAG}={n}")
+    if keep_remat_barriers:
+        flags = _with_pass_disabled(flags, "cse_barrier_expander")
+    out["XLA_FLAGS"] = " ".join(flags)
+    try:
+        nproc = int(out.get("NPROC", "0"))
+    except ValueError:
+        nproc = 0
+    out["NPROC"] = str(max(nproc, _min_threads(n)))
+    out["JAX_PLATFORMS"] = "cpu"
+    out["PJRT_DEVICE"] = "CPU"
+    return out
+
+
+def _backend_started() -> bool:
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge  # no public "has the backend started" query
+
+    return bool(xla_bridge._backends)
+
+
+def _other_platform_requested() -> bool:
+    pjrt = os.environ.get("PJRT_DEVICE", "").strip().upper()
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    return bool(pjrt and pjrt != "CPU") or bool(platforms and platforms.split(",")[0].strip() != "cpu")
+
+
+def simulate_cpu_devices(n: int = 8, *, keep_remat_barriers: bool = False, unless_accelerator: bool = False) -> None:
+    """Run this process on ``n`` simulated CPU devices.
+
+    Call it before the first device query (``jax.devices()``,
+    ``spmdtorch.device_count()``, creating an xla tensor); importing jax or
+    spmdtorch first is fine.
+
+    Args:
+        n: the number of CPU devices.
+        keep_remat_barriers: keep XLA:CPU's optimisation barriers
+            (``CPU_REMAT_XLA_FLAG``), as the tests do.
+        unless_accelerator: do nothing when ``PJRT_DEVICE`` or
+            ``JAX_PLATFORMS`` asks for another platform (benchmarks and
+            examples that also run on GPU/TPU).
+
+    Raises:
+        SimulatedDevicesError: JAX's backend already started with another
+            platform or device count.
+    """
+    if unless_accelerator and _other_platform_requested():
+        return
+    if _backend_started():
+        import jax
+
+        devs = jax.devices()
+        if len(devs) == n and all(d.platform == "cpu" for d in devs):
+            return
+        raise SimulatedDevicesError(
+            f"simulate_cpu_devices({n}): JAX already started with {len(devs)} {devs[0].platform} device(s); "
+            "call it at the top of the script, before anything queries devices or creates an xla tensor"
+        )
+    os.environ.update(cpu_device_env(n, keep_remat_barriers=keep_remat_barriers))
+    if "jax" in sys.modules:  # imported already: its platform setting was read from the environment then
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
