@@ -24,17 +24,20 @@ from spmdtorch.tensor import optim_hooks as _optim_hooks  # noqa: E402
 _optim_hooks.install()  # torch.optim takes its foreach path on xla tensors
 
 from spmdtorch import (  # noqa: E402
-    checkpoint,  # noqa: E402
-    data,  # noqa: E402  (after partition: it uses ShardingSpec)
+    checkpoint,
+    data,
     debug,
+    fsdp,
     mesh,
     partition,
+    plan,
+    sharding,
 )
 from spmdtorch.lazy.compiled import CompiledFunction, compile  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
 from spmdtorch.lazy.step import mark_step, step, sync, wait_device_ops  # noqa: E402
-from spmdtorch.partition.materialize import materialize  # noqa: E402
+from spmdtorch.plan import materialize  # noqa: E402
 from spmdtorch.runtime import device, device_count, devices  # noqa: E402
 from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 
@@ -52,12 +55,15 @@ __all__ = [
     "device",
     "device_count",
     "devices",
+    "fsdp",
     "manual_seed",
     "mark_step",
     "materialize",
     "mesh",
     "partition",
+    "plan",
     "runtime",
+    "sharding",
     "step",
     "sync",
     "wait_device_ops",

@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 
 from spmdtorch.data.errors import InputShardingError
 from spmdtorch.lazy import padding
-from spmdtorch.partition.marking import ShardingSpec
+from spmdtorch.sharding import ShardingSpec
 from spmdtorch.tensor import multihost, transfer
 from spmdtorch.tensor.xla_tensor import Storage, XlaTensor, _contiguous_strides
 

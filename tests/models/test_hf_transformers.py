@@ -26,10 +26,9 @@ import torch
 import transformers
 from model_parity import check_training_parity
 
+from spmdtorch.fsdp import FSDPv2, transformer_auto_wrap_policy
 from spmdtorch.mesh import Mesh
 from spmdtorch.partition import get_sharding_spec, mark_sharding
-from spmdtorch.partition.fsdp import FSDPv2
-from spmdtorch.partition.wrap import transformer_auto_wrap_policy
 
 VOCAB = 128
 STEPS = 3

@@ -139,7 +139,7 @@ def test_peak_memory_matches_jax_checkpoint(devices8):
 
 
 def test_warns_once_on_cpu_without_the_barrier_flag(devices8, monkeypatch):
-    from spmdtorch.partition import activation_checkpoint as ac
+    from spmdtorch.fsdp import _remat as ac
 
     monkeypatch.setattr(ac, "_warned_cpu", False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -212,7 +212,7 @@ def test_fsdp_decoder_with_checkpointed_layers_trains_like_eager(devices8):
 def test_doctests(devices8):
     import doctest
 
-    import spmdtorch.partition.activation_checkpoint as mod
+    import spmdtorch.fsdp._remat as mod
 
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -22,6 +22,19 @@ from training_helpers import train_eager
 
 import spmdtorch
 from spmdtorch import debug
+from spmdtorch.fsdp import (
+    FSDPv2,
+    FSDPv2Error,
+    FSDPv2MeshError,
+    FSDPv2OutputError,
+    FSDPv2WrapError,
+    SpmdFullyShardedDataParallel,
+    lambda_auto_wrap_policy,
+    load_plain_state_dict,
+    plain_state_dict,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 from spmdtorch.mesh import Mesh, set_global_mesh
 from spmdtorch.models.llama import (
     DecoderLayer,
@@ -30,21 +43,6 @@ from spmdtorch.models.llama import (
     causal_lm_loss,
 )
 from spmdtorch.partition import get_sharding_spec, local_shards, mark_sharding
-from spmdtorch.partition.fsdp import (
-    FSDPv2,
-    FSDPv2Error,
-    FSDPv2MeshError,
-    FSDPv2OutputError,
-    FSDPv2WrapError,
-    SpmdFullyShardedDataParallel,
-    load_plain_state_dict,
-    plain_state_dict,
-)
-from spmdtorch.partition.wrap import (
-    lambda_auto_wrap_policy,
-    size_based_auto_wrap_policy,
-    transformer_auto_wrap_policy,
-)
 
 STEPS = 5
 ALL8 = "0,1,2,3,4,5,6,7"
@@ -527,7 +525,7 @@ def test_deepcopy_keeps_wrapper_and_shardings(mesh):
     check_specs(twin, MLP_SPECS)
 
 
-@pytest.mark.parametrize("name", ["spmdtorch.partition.fsdp", "spmdtorch.partition.wrap"])
+@pytest.mark.parametrize("name", ["spmdtorch.fsdp._fsdpv2", "spmdtorch.fsdp._wrap"])
 def test_doctests(devices8, name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0, f"{result.failed} doctest(s) failed in {name}"

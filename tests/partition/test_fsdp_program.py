@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 import spmdtorch
+from spmdtorch.fsdp import plain_state_dict, transformer_auto_wrap_policy
 from spmdtorch.mesh import Mesh
 from spmdtorch.models.llama import (
     DecoderLayer,
@@ -29,8 +30,6 @@ from spmdtorch.models.llama import (
     causal_lm_loss,
 )
 from spmdtorch.partition import FSDPv2, mark_sharding
-from spmdtorch.partition.fsdp import plain_state_dict
-from spmdtorch.partition.wrap import transformer_auto_wrap_policy
 
 
 def _all_gathers_by_rank(hlo: str) -> collections.Counter:

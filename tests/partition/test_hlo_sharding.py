@@ -13,15 +13,18 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from spmdtorch.partition import hlo_sharding, sharding_enum, visualize
-from spmdtorch.partition.hlo_sharding import (
+from spmdtorch.sharding import (
     HloShardingError,
     ParsedHloSharding,
+    ShardingType,
     hlo_sharding_string,
     logical_device_order,
     parse_hlo_sharding_string,
+    sharding_type_of,
 )
-from spmdtorch.partition.sharding_enum import ShardingType, sharding_type_of
+from spmdtorch.sharding import _hlo_sharding as hlo_sharding
+from spmdtorch.sharding import _sharding_type as sharding_enum
+from spmdtorch.sharding import _visualize as visualize
 
 
 @pytest.fixture

@@ -10,15 +10,16 @@ import torch
 
 import spmdtorch
 from spmdtorch.mesh import Mesh
-from spmdtorch.partition.marking import (
+from spmdtorch.sharding import (
     ShardingError,
     ShardingSpec,
     clear_sharding,
+    load_local_shards_,
+    local_shards,
     mark_sharding,
     mark_sharding_with_gradients,
     tensor_sharding,
 )
-from spmdtorch.partition.shards import load_local_shards_, local_shards
 from spmdtorch.tensor.dispatch import read_value
 
 

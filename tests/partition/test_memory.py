@@ -241,9 +241,7 @@ def test_memory_plan_adds_the_compiled_steps_analysis(devices8):
     assert "activations + temporaries (XLA)" in str(plan)
 
 
-@pytest.mark.parametrize(
-    "name", ["spmdtorch.partition.memory", "spmdtorch.partition.materialize", "spmdtorch.partition.planner"]
-)
+@pytest.mark.parametrize("name", ["spmdtorch.plan._memory", "spmdtorch.plan._materialize", "spmdtorch.plan._planner"])
 def test_doctests(devices8, name):
     import doctest
     import importlib

@@ -143,7 +143,7 @@ def test_inputs_cast_and_integer_inputs_left_alone():
 def test_doctests(devices8):
     import doctest
 
-    import spmdtorch.partition.mixed_precision as mod
+    import spmdtorch.fsdp._mixed_precision as mod
 
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

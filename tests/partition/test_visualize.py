@@ -11,8 +11,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from rich.console import Console
 
-from spmdtorch.partition.hlo_sharding import HloShardingError
-from spmdtorch.partition.visualize import (
+from spmdtorch.sharding import (
+    HloShardingError,
     VisualizationError,
     visualize_array_sharding,
     visualize_sharding,

@@ -52,7 +52,7 @@ import rich.style
 import rich.table
 import rich.text
 
-from spmdtorch.partition.hlo_sharding import (
+from spmdtorch.sharding._hlo_sharding import (
     ParsedHloSharding,
     _hlo_and_assignment,
     _is_single_device,
@@ -280,7 +280,7 @@ def visualize_sharding(
 
     Args:
         sharding: An HLO sharding string (see
-            :func:`~spmdtorch.partition.hlo_sharding.parse_hlo_sharding_string`),
+            :func:`~spmdtorch.sharding.parse_hlo_sharding_string`),
             e.g. ``'{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}'``. The
             empty string (PyTorch/XLA's "no sharding") draws as replicated.
         use_color: Colour blocks by device set (only if the console can).
@@ -363,7 +363,7 @@ def visualize_array_sharding(
     """Draws how a JAX sharding splits an array of ``shape`` over devices.
 
     The sharding is first written as PyTorch/XLA's string
-    (:func:`~spmdtorch.partition.hlo_sharding.hlo_sharding_string`), so blocks
+    (:func:`~spmdtorch.sharding.hlo_sharding_string`), so blocks
     are labelled with logical ordinals. Unlike the string, a replicated block
     lists exactly the sharding's devices (a sub-mesh shows only its own).
 

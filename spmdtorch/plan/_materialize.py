@@ -20,7 +20,7 @@ generator's bit stream.
 Example:
     >>> import numpy as np, torch, spmdtorch
     >>> from spmdtorch.mesh import Mesh
-    >>> from spmdtorch.partition import get_sharding_spec
+    >>> from spmdtorch.sharding import get_sharding_spec
     >>> with torch.device("meta"):
     ...     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 16))
     >>> mesh = Mesh(np.arange(8), (8,), ("fsdp",))
@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from spmdtorch.fsdp import FSDP_AXIS, param_spec
 from spmdtorch.lazy import executor
-from spmdtorch.partition.fsdp import FSDP_AXIS, _param_spec
-from spmdtorch.partition.marking import mark_sharding
+from spmdtorch.sharding import mark_sharding
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["MaterializeError", "materialize"]
@@ -120,7 +120,7 @@ def _annotate(model: nn.Module, mesh, rules) -> None:
             )
         for _, p in model.named_parameters():
             if not p._st.annotated:
-                mark_sharding(p, mesh, _param_spec(p.shape))
+                mark_sharding(p, mesh, param_spec(p.shape))
         return
     if not isinstance(rules, Mapping):
         raise MaterializeError(
@@ -186,7 +186,7 @@ def materialize(
         ...     emb = torch.nn.Embedding(64, 8)
         >>> mesh = Mesh(np.arange(8), (8,), ("tp",))
         >>> emb = spmdtorch.materialize(emb, mesh, {"weight": ("tp", None)})
-        >>> [s.data.shape for s in spmdtorch.partition.local_shards(emb.weight)][0]
+        >>> [s.data.shape for s in spmdtorch.sharding.local_shards(emb.weight)][0]
         torch.Size([8, 8])
     """
     if not isinstance(model, nn.Module):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from spmdtorch.partition.hlo_sharding import hlo_sharding_string
-from spmdtorch.partition.marking import _check_tensor
-from spmdtorch.partition.sharding_enum import ShardingType, sharding_type_of
-from spmdtorch.partition.visualize import visualize_sharding
+from spmdtorch.sharding._hlo_sharding import hlo_sharding_string
+from spmdtorch.sharding._marking import _check_tensor
+from spmdtorch.sharding._sharding_type import ShardingType, sharding_type_of
+from spmdtorch.sharding._visualize import visualize_sharding
 from spmdtorch.tensor.dispatch import concrete_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -42,7 +42,7 @@ def get_sharding_spec(t) -> str:
     Example:
         >>> import torch, spmdtorch
         >>> from spmdtorch.mesh import get_1d_mesh
-        >>> from spmdtorch.partition import mark_sharding, get_sharding_spec
+        >>> from spmdtorch.sharding import mark_sharding, get_sharding_spec
         >>> t = mark_sharding(torch.zeros(8, 2, device="xla"), get_1d_mesh("d"), ("d", None))
         >>> get_sharding_spec(t)
         '{devices=[8,1]0,1,2,3,4,5,6,7}'

@@ -9,7 +9,7 @@ import torch
 
 from spmdtorch.lazy import executor
 from spmdtorch.lazy.graph import LazyRef
-from spmdtorch.partition.marking import ShardingError, _check_tensor
+from spmdtorch.sharding._marking import ShardingError, _check_tensor
 from spmdtorch.tensor import transfer
 
 __all__ = ["XLAShard", "local_shards", "load_local_shards_"]
@@ -61,7 +61,7 @@ def local_shards(t) -> list[XLAShard]:
     Example:
         >>> import torch, spmdtorch
         >>> from spmdtorch.mesh import get_1d_mesh
-        >>> from spmdtorch.partition import mark_sharding, local_shards
+        >>> from spmdtorch.sharding import mark_sharding, local_shards
         >>> w = mark_sharding(torch.arange(8.0, device="xla"), get_1d_mesh("d"), ("d",))
         >>> [s.data.tolist() for s in local_shards(w)][:2]
         [[0.0], [1.0]]

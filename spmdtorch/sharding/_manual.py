@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from spmdtorch import _dtypes
 from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
-from spmdtorch.partition.marking import ShardingError
+from spmdtorch.sharding._marking import ShardingError
 from spmdtorch.tensor import xla_tensor
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
@@ -194,7 +194,7 @@ def shard_map(fn, mesh, in_specs, out_specs):
     Example:
         >>> import torch, spmdtorch
         >>> from spmdtorch.mesh import get_1d_mesh
-        >>> from spmdtorch.partition import shard_map, all_reduce
+        >>> from spmdtorch.sharding import shard_map, all_reduce
         >>> mesh = get_1d_mesh("x")
         >>> f = shard_map(lambda t: all_reduce(t.sum(0, keepdim=True), "x"), mesh, [("x", None)], (None, None))
         >>> f(torch.ones(8, 2, device="xla")).cpu()

@@ -19,7 +19,7 @@ are the JAX ids ``0..N-1``; with several processes they stay dense (process 1's
 CPU devices, JAX ids 2048.., become ordinals 4.. on a 2 x 4 setup).
 
 :func:`parse_hlo_sharding_string` is the reverse, used by
-:mod:`spmdtorch.partition.visualize`; it accepts the explicit form and JAX's
+:func:`spmdtorch.sharding.visualize_sharding`; it accepts the explicit form and JAX's
 iota form.
 
 Example:

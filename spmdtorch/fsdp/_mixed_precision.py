@@ -13,7 +13,7 @@ inside the compiled step, so spmdtorch cannot promise their dtype.
 
 Example:
     >>> import torch
-    >>> from spmdtorch.partition import MixedPrecision
+    >>> from spmdtorch.fsdp import MixedPrecision
     >>> policy = MixedPrecision(param_dtype=torch.bfloat16, output_dtype=torch.float32)
     >>> layer = torch.nn.Linear(4, 2)
     >>> out = policy.run(layer, (torch.ones(3, 4),), {})

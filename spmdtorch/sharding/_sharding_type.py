@@ -23,7 +23,7 @@ import enum
 
 import jax
 
-from spmdtorch.partition.hlo_sharding import _hlo_and_assignment, _is_single_device
+from spmdtorch.sharding._hlo_sharding import _hlo_and_assignment, _is_single_device
 
 __all__ = ["ShardingType", "sharding_type_of"]
 

@@ -28,7 +28,7 @@ makes any sharding compute the same values.
 Example:
     >>> import numpy as np, torch
     >>> from spmdtorch.mesh import Mesh
-    >>> from spmdtorch.partition import plan_sharding
+    >>> from spmdtorch.plan import plan_sharding
     >>> mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
     >>> plan = plan_sharding(mlp, Mesh(np.arange(8), (8,), ("tp",)), "tp")
     >>> dict(plan.rules)
@@ -47,7 +47,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from spmdtorch.partition.memory import MemoryPlan, memory_plan
+from spmdtorch.plan._memory import MemoryPlan, memory_plan
 
 __all__ = ["PlanError", "ShardingPlan", "plan_sharding"]
 
@@ -68,7 +68,7 @@ class ShardingPlan:
             ``dict(plan.rules)`` gives an editable copy.
         roles: parameter name -> why it got its spec: ``"column"``, ``"row"``,
             ``"vocab"`` (embedding or output head), ``"fsdp"`` or ``"replicated"``.
-        memory: the :class:`~spmdtorch.partition.memory.MemoryPlan` of the
+        memory: the :class:`~spmdtorch.plan.MemoryPlan` of the
             model under these rules.
     """
 
@@ -214,7 +214,7 @@ def plan_sharding(
         strategy: ``"fsdp"``, ``"tp"`` or ``"fsdp+tp"`` (see the module docs).
         fsdp_axis: the mesh axis for FSDP sharding.
         tp_axis: the mesh axis for tensor parallelism.
-        optimizer: passed to :func:`~spmdtorch.partition.memory_plan` for the
+        optimizer: passed to :func:`~spmdtorch.plan.memory_plan` for the
             optimizer-state estimate (an optimizer or a name like ``"adamw"``).
 
     Returns:
@@ -227,7 +227,7 @@ def plan_sharding(
         >>> import numpy as np, torch
         >>> from spmdtorch.mesh import Mesh
         >>> from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM
-        >>> from spmdtorch.partition import plan_sharding
+        >>> from spmdtorch.plan import plan_sharding
         >>> with torch.device("meta"):
         ...     model = LlamaForCausalLM(LlamaConfig.tiny())
         >>> plan = plan_sharding(model, Mesh(np.arange(8), (2, 4), ("fsdp", "tp")), "fsdp+tp")

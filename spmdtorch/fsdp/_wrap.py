@@ -18,7 +18,7 @@ functions of the same names; pass extra arguments with ``functools.partial``.
 Example:
     >>> import functools
     >>> from spmdtorch.models.llama import DecoderLayer
-    >>> from spmdtorch.partition.wrap import transformer_auto_wrap_policy
+    >>> from spmdtorch.fsdp import transformer_auto_wrap_policy
     >>> policy = functools.partial(transformer_auto_wrap_policy,
     ...                            transformer_layer_cls={DecoderLayer})
     >>> # FSDPv2(model, mesh=mesh, auto_wrap_policy=policy) wraps every DecoderLayer

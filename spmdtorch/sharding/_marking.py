@@ -92,7 +92,7 @@ def mark_sharding(t, mesh, partition_spec):
     Example:
         >>> import torch, spmdtorch
         >>> from spmdtorch.mesh import get_1d_mesh
-        >>> from spmdtorch.partition import mark_sharding
+        >>> from spmdtorch.sharding import mark_sharding
         >>> w = torch.zeros(8, 4, device="xla")
         >>> _ = mark_sharding(w, get_1d_mesh("data"), ("data", None))
     """
@@ -224,7 +224,7 @@ def mark_sharding_with_gradients(t, mesh, partition_spec):
     Example:
         >>> import torch, spmdtorch
         >>> from spmdtorch.mesh import get_1d_mesh
-        >>> from spmdtorch.partition import mark_sharding_with_gradients
+        >>> from spmdtorch.sharding import mark_sharding_with_gradients
         >>> x = torch.ones(8, 2, device="xla", requires_grad=True)
         >>> y = mark_sharding_with_gradients(x * 2, get_1d_mesh("d"), ("d", None))
     """

@@ -18,7 +18,7 @@ device holds ``ceil(n / k)`` of it.
 Example:
     >>> import numpy as np, torch
     >>> from spmdtorch.mesh import Mesh
-    >>> from spmdtorch.partition import memory_plan
+    >>> from spmdtorch.plan import memory_plan
     >>> with torch.device("meta"):
     ...     model = torch.nn.Linear(1024, 4096)
     >>> mesh = Mesh(np.arange(8), (8,), ("fsdp",))
@@ -41,9 +41,9 @@ import torch
 from torch import nn
 
 from spmdtorch import _dtypes
+from spmdtorch.fsdp import FSDP_AXIS, param_spec
 from spmdtorch.lazy import padding
-from spmdtorch.partition.fsdp import FSDP_AXIS, _param_spec
-from spmdtorch.partition.marking import ShardingError, match_rules
+from spmdtorch.sharding import ShardingError, match_rules, tensor_sharding
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -251,8 +251,6 @@ def _fmt(n: int) -> str:
 def _existing_sharding(t) -> jax.sharding.Sharding | None:
     if not isinstance(t, XlaTensor) or t._chain:
         return None
-    from spmdtorch.partition.marking import tensor_sharding
-
     return tensor_sharding(t)
 
 
@@ -392,7 +390,7 @@ def memory_plan(
 
     Example:
         >>> import torch
-        >>> from spmdtorch.partition import memory_plan
+        >>> from spmdtorch.plan import memory_plan
         >>> plan = memory_plan(torch.nn.Linear(4, 2), optimizer="sgd")
         >>> plan.parameter_bytes, plan.gradient_bytes, plan.optimizer_bytes
         (40, 40, 0)
@@ -419,7 +417,7 @@ def memory_plan(
         shape = tuple(t.shape)
         sharding = None
         if rules == "fsdp" and kind != "buffer":
-            sharding = mesh.named_sharding(_param_spec(shape))
+            sharding = mesh.named_sharding(param_spec(shape))
         elif name in matched:
             try:
                 sharding = mesh.named_sharding(tuple(rules[matched[name]]), t.dim())

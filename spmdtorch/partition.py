@@ -1,4 +1,17 @@
-"""Sharding annotations, HLO sharding strings, sharding types and visualisation.
+"""PyTorch/XLA's SPMD API under one name: sharding, FSDPv2 and planning, re-exported.
+
+PyTorch/XLA spreads this API over ``torch_xla.distributed.spmd``,
+``torch_xla.experimental.spmd_fully_sharded_data_parallel`` and
+``torch_xla.distributed.fsdp.wrap``; spmdtorch users import it from here
+(``from spmdtorch.partition import mark_sharding, FSDPv2``). The code lives in
+three packages, one concept each, and this module only re-exports them:
+
+* :mod:`spmdtorch.sharding`: annotations (``mark_sharding``, ``ShardingSpec``...),
+  inspection (HLO sharding strings, sharding types, pictures), local shards and
+  manual regions (``shard_map`` and its collectives);
+* :mod:`spmdtorch.fsdp`: ``FSDPv2``, wrap policies, ``MixedPrecision`` and
+  activation checkpointing (``checkpoint_module``, ``CPU_REMAT_XLA_FLAG``);
+* :mod:`spmdtorch.plan`: ``plan_sharding``, ``memory_plan``, ``materialize``.
 
 Example:
     >>> import numpy as np, torch, spmdtorch
@@ -10,63 +23,67 @@ Example:
     '{devices=[4,2]0,1,2,3,4,5,6,7}'
 """
 
-from spmdtorch.partition.activation_checkpoint import (
+from spmdtorch.fsdp import (
     CPU_REMAT_XLA_FLAG,
-    checkpoint_module,
-    cpu_keeps_barriers,
-    optimization_barrier,
-)
-from spmdtorch.partition.fsdp import (
     FSDPv2,
     FSDPv2Error,
     FSDPv2MeshError,
     FSDPv2OutputError,
     FSDPv2WrapError,
+    MixedPrecision,
+    MixedPrecisionError,
     SpmdFullyShardedDataParallel,
-    load_plain_state_dict,
-    plain_state_dict,
-)
-from spmdtorch.partition.hlo_sharding import hlo_sharding_string, parse_hlo_sharding_string
-from spmdtorch.partition.inspect import get_sharding_spec, sharding_type, visualize_tensor_sharding
-from spmdtorch.partition.manual import (
-    ManualRegionError,
-    all_gather,
-    all_reduce,
-    axis_index,
-    disable_manual_sharding,
-    enable_manual_sharding,
-    ppermute,
-    reduce_scatter,
-    shard_map,
-)
-from spmdtorch.partition.marking import (
-    ShardingError,
-    ShardingSpec,
-    clear_sharding,
-    mark_sharding,
-    mark_sharding_with_gradients,
-    tensor_sharding,
-)
-from spmdtorch.partition.materialize import MaterializeError, materialize
-from spmdtorch.partition.memory import (
-    CompiledMemory,
-    MemoryBudgetError,
-    MemoryPlan,
-    MemoryPlanError,
-    TensorMemory,
-    compiled_memory,
-    memory_plan,
-)
-from spmdtorch.partition.mixed_precision import MixedPrecision, MixedPrecisionError
-from spmdtorch.partition.planner import PlanError, ShardingPlan, plan_sharding
-from spmdtorch.partition.sharding_enum import ShardingType
-from spmdtorch.partition.shards import XLAShard, load_local_shards_, local_shards
-from spmdtorch.partition.visualize import visualize_array_sharding, visualize_sharding
-from spmdtorch.partition.wrap import (
+    checkpoint_module,
+    cpu_keeps_barriers,
     lambda_auto_wrap_policy,
+    load_plain_state_dict,
+    optimization_barrier,
+    plain_state_dict,
     recursive_wrap,
     size_based_auto_wrap_policy,
     transformer_auto_wrap_policy,
+)
+from spmdtorch.plan import (
+    CompiledMemory,
+    MaterializeError,
+    MemoryBudgetError,
+    MemoryPlan,
+    MemoryPlanError,
+    PlanError,
+    ShardingPlan,
+    TensorMemory,
+    compiled_memory,
+    materialize,
+    memory_plan,
+    plan_sharding,
+)
+from spmdtorch.sharding import (
+    ManualRegionError,
+    ShardingError,
+    ShardingSpec,
+    ShardingType,
+    XLAShard,
+    all_gather,
+    all_reduce,
+    axis_index,
+    clear_sharding,
+    disable_manual_sharding,
+    enable_manual_sharding,
+    get_sharding_spec,
+    hlo_sharding_string,
+    load_local_shards_,
+    local_shards,
+    mark_sharding,
+    mark_sharding_with_gradients,
+    parse_hlo_sharding_string,
+    ppermute,
+    reduce_scatter,
+    shard_map,
+    sharding_type,
+    tensor_sharding,
+    visualize_array_sharding,
+    visualize_sharding,
+    visualize_tensor_sharding,
 )
 
 __all__ = [

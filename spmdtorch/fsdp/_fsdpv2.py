@@ -13,7 +13,7 @@ spmdtorch. It does no communication of its own: it annotates
 and the GSPMD partitioner turns that into FSDP: weights are all-gathered
 before use and gradients reduce-scattered, inside the one compiled step.
 
-With an ``auto_wrap_policy`` (see :mod:`spmdtorch.partition.wrap`) the
+With an ``auto_wrap_policy`` (see :mod:`spmdtorch.fsdp`) the
 matching submodules are wrapped first, so each layer's output is sharded
 too and the outer wrapper takes the leftover parameters.
 
@@ -25,8 +25,8 @@ give and take the unwrapped model's keys.
 Example:
     >>> import numpy as np, torch, spmdtorch
     >>> from spmdtorch.mesh import Mesh
-    >>> from spmdtorch.partition import get_sharding_spec
-    >>> from spmdtorch.partition.fsdp import FSDPv2
+    >>> from spmdtorch.sharding import get_sharding_spec
+    >>> from spmdtorch.fsdp import FSDPv2
     >>> mesh = Mesh(np.arange(8), (8,), ("fsdp",))
     >>> model = FSDPv2(torch.nn.Linear(16, 32), mesh=mesh)
     >>> get_sharding_spec(model.module.weight)      # (32, 16): dim 0 is largest
@@ -45,16 +45,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from spmdtorch.fsdp._mixed_precision import MixedPrecision
+from spmdtorch.fsdp._wrap import recursive_wrap
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.mesh import Mesh, get_global_mesh
-from spmdtorch.partition.marking import (
+from spmdtorch.sharding import (
     ShardingError,
     clear_sharding,
     mark_sharding,
     tensor_sharding,
 )
-from spmdtorch.partition.mixed_precision import MixedPrecision
-from spmdtorch.partition.wrap import recursive_wrap
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "plain_state_dict",
 ]
 
+# The mesh axis FSDPv2 shards over; spmdtorch.plan reads it (declared internal API).
 FSDP_AXIS = "fsdp"
 _PREFIX = "_orig_module."
 
@@ -94,8 +95,13 @@ class FSDPv2OutputError(FSDPv2Error, RuntimeError):
     """
 
 
-def _param_spec(shape) -> tuple:
-    """``"fsdp"`` on the largest dim (the first of equals), None elsewhere."""
+def param_spec(shape) -> tuple:
+    """``"fsdp"`` on the largest dim (the first of equals), None elsewhere.
+
+    The spec FSDPv2 gives an unsharded parameter. Declared internal API of
+    :mod:`spmdtorch.fsdp`: :mod:`spmdtorch.plan` applies and prices the same
+    rule, so the plan matches what wrapping does.
+    """
     spec = [None] * len(shape)
     if spec:
         shape = tuple(shape)
@@ -205,7 +211,7 @@ class FSDPv2(nn.Module):
             ``(extra_data_axis, "fsdp")``), other dims replicated; any other
             output raises :class:`FSDPv2OutputError`.
         auto_wrap_policy: ``policy(module, recurse, nonwrapped_numel) -> bool``
-            (see :mod:`spmdtorch.partition.wrap`); the submodules it selects
+            (see :mod:`spmdtorch.fsdp`); the submodules it selects
             are wrapped first, with the same ``mesh``, ``shard_output`` and
             ``extra_data_axis``.
         auto_wrapper_callable: What auto-wrapping calls instead of
@@ -215,7 +221,7 @@ class FSDPv2(nn.Module):
         extra_data_axis: A second mesh axis the batch is split over (outer,
             before ``"fsdp"``); parameters stay sharded over ``"fsdp"`` only,
             i.e. replicated along this axis.
-        mixed_precision: A :class:`spmdtorch.partition.MixedPrecision`
+        mixed_precision: A :class:`spmdtorch.fsdp.MixedPrecision`
             policy: the forward computes with ``param_dtype`` copies of the
             parameters (e.g. bfloat16) while the parameters, their
             gradients and the optimizer stay in float32. Set it on the outer
@@ -232,8 +238,8 @@ class FSDPv2(nn.Module):
         >>> import functools, numpy as np, torch, spmdtorch
         >>> from spmdtorch.mesh import Mesh
         >>> from spmdtorch.models.llama import DecoderLayer, LlamaConfig, LlamaForCausalLM
-        >>> from spmdtorch.partition.fsdp import FSDPv2
-        >>> from spmdtorch.partition.wrap import transformer_auto_wrap_policy
+        >>> from spmdtorch.fsdp import FSDPv2
+        >>> from spmdtorch.fsdp import transformer_auto_wrap_policy
         >>> mesh = Mesh(np.arange(8), (8,), ("fsdp",))
         >>> policy = functools.partial(transformer_auto_wrap_policy,
         ...                            transformer_layer_cls={DecoderLayer})
@@ -304,7 +310,7 @@ class FSDPv2(nn.Module):
             if _is_sharded(p):
                 continue
             try:
-                mark_sharding(p, mesh, _param_spec(p.shape))
+                mark_sharding(p, mesh, param_spec(p.shape))
             except ShardingError as e:
                 raise FSDPv2Error(f"FSDPv2 could not shard parameter {name!r}: {e}") from e
         self._user_shard_output = shard_output

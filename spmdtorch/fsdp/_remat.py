@@ -101,7 +101,7 @@ def optimization_barrier(*tensors: torch.Tensor) -> tuple:
 
     Example:
         >>> import torch, spmdtorch
-        >>> from spmdtorch.partition import optimization_barrier
+        >>> from spmdtorch.fsdp import optimization_barrier
         >>> a, b = optimization_barrier(torch.ones(2, device="xla"), torch.zeros(2, device="xla"))
         >>> a.cpu().tolist()
         [1.0, 1.0]
@@ -229,7 +229,7 @@ def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
 
     Example:
         >>> import torch, spmdtorch
-        >>> from spmdtorch.partition import checkpoint_module
+        >>> from spmdtorch.fsdp import checkpoint_module
         >>> block = checkpoint_module(torch.nn.Linear(4, 4).to("xla"))
         >>> block(torch.ones(2, 4, device="xla")).sum().backward()
         >>> tuple(block.weight.grad.shape)
