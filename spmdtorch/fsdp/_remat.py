@@ -32,6 +32,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from spmdtorch import _dtypes
+from spmdtorch._cpu_devices import CPU_REMAT_XLA_FLAG
 from spmdtorch.lazy import rng
 from spmdtorch.lazy.graph import Slot
 from spmdtorch.tensor import random_state
@@ -40,9 +41,6 @@ from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
 __all__ = ["CPU_REMAT_XLA_FLAG", "checkpoint_module", "cpu_keeps_barriers", "optimization_barrier"]
 
-#: The ``XLA_FLAGS`` entry that keeps optimisation barriers on XLA:CPU, so
-#: rematerialisation lowers memory there too (see the module docstring).
-CPU_REMAT_XLA_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
 
 
 def cpu_keeps_barriers(xla_flags: str | None = None) -> bool:
