@@ -36,6 +36,21 @@ def _load(name, path):
 
 
 opinfo_report = _load("opinfo_report", _HERE.parents[1] / "tools" / "opinfo_report.py")
+# Listed entries whose verdict depends on the machine, not on spmdtorch: the
+# gradients of SVD-based ops on their near-degenerate samples (singular values
+# close together) sit at OpInfo's tolerance, and whether they pass depends on
+# the LAPACK kernels this CPU selects, for the eager reference and for XLA
+# alike. Seen failing on the machine that generated the list and passing on
+# another with the same package versions (2026-11-25). They still run: a
+# crash or a non-numerical failure fails the test.
+MACHINE_DEPENDENT = frozenset(
+    {
+        ("linalg.lstsq", "", "float32", "grad"),
+        ("linalg.lstsq", "grad_oriented", "float32", "grad"),
+        ("linalg.svd", "", "float32", "grad"),
+        ("svd", "", "float32", "grad"),
+    }
+)
 EXPECTED_FAILURES = _load("opinfo_expected_failures", _HERE / "opinfo_expected_failures.py").EXPECTED_FAILURES
 
 with warnings.catch_warnings():
@@ -104,6 +119,11 @@ def test_opinfo(name, mode):
                 pytrace=False,
             )
         return
+    if (op.name, op.variant_test_name or "", dtype, "grad" if grad else "forward") in MACHINE_DEPENDENT:
+        # Either verdict is right here; anything but a numerical mismatch is not.
+        if rec["status"] == "fail" and not rec["reason"].startswith("numerical mismatch"):
+            pytest.fail(f"OpInfo {name} [{mode}] fails with {rec['reason']} (expected at most a numerical mismatch)")
+        return
     if rec["status"] != "fail":
         pytest.fail(
             f"OpInfo {name} [{mode}] unexpectedly {rec['status']} (listed as failing: {xfail[1]}); "
@@ -119,6 +139,8 @@ def test_expected_failures_name_real_entries():
     assert not stale, f"expected-failure keys that name no op_db entry: {stale[:10]}"
     bad = [k for k in EXPECTED_FAILURES if k[2] not in ("float32", "bfloat16") or k[3] not in ("forward", "grad")]
     assert not bad, f"expected-failure keys with an unknown dtype/mode: {bad[:10]}"
+    unlisted = MACHINE_DEPENDENT - EXPECTED_FAILURES.keys()
+    assert not unlisted, f"machine-dependent entries must also be listed as expected failures: {sorted(unlisted)}"
 
 
 def test_listed_failure_is_rechecked_not_assumed():
