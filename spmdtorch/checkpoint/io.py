@@ -467,6 +467,7 @@ def _restore_arg(p: _Plan) -> ocp.RestoreArgs:
         p.layout = layout = placement.layout_of(p.entry.value, p.path)
         # 64-bit data saved from a CPU tensor cannot live on the device (x64
         # is off): it is read on the host, checked, narrowed and placed.
+        # read(): jax.config's per-flag attributes are set at run time, untyped.
         p.via_host = storage.itemsize == 8 and not jax.config.read("jax_enable_x64")
         if not p.via_host:
             return ocp.ArrayRestoreArgs(
