@@ -695,7 +695,7 @@ def initialize_distributed(
         )
     if initialization_timeout_s is None:
         initialization_timeout_s = _env_int(os.environ, ENV_INIT_TIMEOUT, 1) or DEFAULT_INIT_TIMEOUT_S
-    # Untyped run-time flag attribute (see _apply_pjrt_device).
+    # Untyped run-time flag attribute (see _apply_pjrt_device_env).
     platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()  # type: ignore[attr-defined]
     if platforms.split(",")[0].strip() in ("", "cpu"):
         # CPU collectives across processes need an implementation; gloo ships with jaxlib.
