@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Mapping, Sequence
 
 import jax
 import torch
@@ -155,7 +156,9 @@ def _apply_pjrt_device_env() -> str | None:
             )
         return None
 
-    existing = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+    # jax.config's per-flag attributes are set at run time, so untyped (jax_platforms
+    # has a context manager, so jax.config.read refuses it).
+    existing = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms  # type: ignore[attr-defined]
     if existing:
         first = existing.split(",")[0].strip()
         if _type_of_platform(first) != wanted:
@@ -164,7 +167,7 @@ def _apply_pjrt_device_env() -> str | None:
                 f"JAX_PLATFORMS={existing!r}; unset one of them."
             )
         # Already consistent: keep the user's (possibly longer) list.
-        if jax.config.jax_platforms != existing:
+        if jax.config.jax_platforms != existing:  # type: ignore[attr-defined]  # see above
             jax.config.update("jax_platforms", existing)
         return None
 
@@ -178,7 +181,7 @@ def _apply_pjrt_device_env() -> str | None:
 # --------------------------------------------------------------------------
 
 
-def jax_devices() -> list:
+def jax_devices() -> list[jax.Device]:
     """Returns every JAX device of the job (all processes), ``jax.devices()``.
 
     Example:
@@ -188,7 +191,7 @@ def jax_devices() -> list:
     return list(jax.devices())
 
 
-def local_jax_devices() -> list:
+def local_jax_devices() -> list[jax.Device]:
     """Returns the JAX devices this process can address, ``jax.local_devices()``.
 
     Example:
@@ -248,7 +251,8 @@ def process_count() -> int:
         >>> process_count()
         1
     """
-    return jax.process_count()
+    count: int = jax.process_count()  # typed Any by jax
+    return count
 
 
 def device(index: int | None = None) -> torch.device:
@@ -329,7 +333,7 @@ def device_type() -> str:
 # --------------------------------------------------------------------------
 
 
-def initialize_cache(path: str | os.PathLike, readonly: bool = False) -> None:
+def initialize_cache(path: str | os.PathLike[str], readonly: bool = False) -> None:
     """Turns on JAX's persistent compilation cache in directory ``path``.
 
     Compiled XLA executables are stored in ``path`` and looked up there before
@@ -433,15 +437,15 @@ class DistributedConfig:
     coordinator_address: str | None
     num_processes: int | None
     process_id: int | None
-    local_device_ids: tuple | None
+    local_device_ids: tuple[int, ...] | None
     source: str
     heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S
 
 
-_DISTRIBUTED: list = [None]  # the DistributedConfig this process initialised with
+_DISTRIBUTED: list[DistributedConfig | None] = [None]  # the DistributedConfig this process initialised with
 
 
-def _env_int(env, name: str, minimum: int = 0) -> int | None:
+def _env_int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -454,7 +458,7 @@ def _env_int(env, name: str, minimum: int = 0) -> int | None:
     return value
 
 
-def _env_device_ids(env, name: str) -> tuple | None:
+def _env_device_ids(env: Mapping[str, str], name: str) -> tuple[int, ...] | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -464,7 +468,7 @@ def _env_device_ids(env, name: str) -> tuple | None:
         raise DistributedInitError(f"{name}={raw!r} must be a comma-separated list of device ids, e.g. '0,1'") from None
 
 
-def _torchrun_address(env) -> str:
+def _torchrun_address(env: Mapping[str, str]) -> str:
     """``MASTER_ADDR:port`` for JAX's coordinator when torchrun started us.
 
     torchrun's agent hosts its own TCPStore on ``MASTER_PORT`` when it sets
@@ -487,10 +491,10 @@ def resolve_distributed_config(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
-    local_device_ids=None,
+    local_device_ids: int | Sequence[int] | None = None,
     *,
     heartbeat_timeout_s: int | None = None,
-    env=None,
+    env: Mapping[str, str] | None = None,
 ) -> DistributedConfig:
     """Works out the settings :func:`initialize_distributed` will use (no side effects).
 
@@ -527,7 +531,11 @@ def resolve_distributed_config(
     env = os.environ if env is None else env
     if heartbeat_timeout_s is None:
         heartbeat_timeout_s = _env_int(env, ENV_HEARTBEAT_TIMEOUT, 1) or DEFAULT_HEARTBEAT_TIMEOUT_S
-    if isinstance(local_device_ids, int) and not isinstance(local_device_ids, bool):
+    if isinstance(local_device_ids, bool):  # an int to Python, never a device id
+        raise DistributedInitError(
+            f"local_device_ids must be a device id or a sequence of device ids, got {local_device_ids!r}"
+        )
+    if isinstance(local_device_ids, int):
         local_device_ids = (local_device_ids,)
     elif local_device_ids is not None:
         local_device_ids = tuple(int(i) for i in local_device_ids)
@@ -537,7 +545,7 @@ def resolve_distributed_config(
     if None in given:
         if env.get(ENV_COORDINATOR_ADDRESS):
             source = "SPMDTORCH_*"
-            found = (
+            found: tuple[str | None, int | None, int | None] = (
                 env[ENV_COORDINATOR_ADDRESS],
                 _env_int(env, ENV_NUM_PROCESSES, 1),
                 _env_int(env, ENV_PROCESS_ID, 0),
@@ -555,7 +563,9 @@ def resolve_distributed_config(
         else:
             source = "jax"
             found = (None, None, None)
-        coordinator_address, num_processes, process_id = (g if g is not None else f for g, f in zip(given, found))
+        coordinator_address = coordinator_address if coordinator_address is not None else found[0]
+        num_processes = num_processes if num_processes is not None else found[1]
+        process_id = process_id if process_id is not None else found[2]
     if source != "jax" and None in (coordinator_address, num_processes, process_id):
         missing = [
             n
@@ -608,7 +618,7 @@ def initialize_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
-    local_device_ids=None,
+    local_device_ids: int | Sequence[int] | None = None,
     *,
     heartbeat_timeout_s: int | None = None,
     initialization_timeout_s: int | None = None,
@@ -669,10 +679,10 @@ def initialize_distributed(
             )
         return done
     if is_distributed_initialized():  # the user called jax.distributed.initialize directly
-        _DISTRIBUTED[0] = dataclasses.replace(
+        _DISTRIBUTED[0] = joined = dataclasses.replace(
             cfg, source="jax", num_processes=jax.process_count(), process_id=jax.process_index()
         )
-        return _DISTRIBUTED[0]
+        return joined
     if cfg.num_processes == 1 and cfg.source != "jax":
         _DISTRIBUTED[0] = cfg  # a job of one: nothing to join
         return cfg
@@ -685,7 +695,8 @@ def initialize_distributed(
         )
     if initialization_timeout_s is None:
         initialization_timeout_s = _env_int(os.environ, ENV_INIT_TIMEOUT, 1) or DEFAULT_INIT_TIMEOUT_S
-    platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
+    # Untyped run-time flag attribute (see _apply_pjrt_device_env).
+    platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()  # type: ignore[attr-defined]
     if platforms.split(",")[0].strip() in ("", "cpu"):
         # CPU collectives across processes need an implementation; gloo ships with jaxlib.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -701,8 +712,8 @@ def initialize_distributed(
     except ValueError as e:
         if cfg.source == "jax":
             # JAX found no cluster (no TPU metadata, Slurm, MPI...): one process, as in PyTorch/XLA.
-            _DISTRIBUTED[0] = dataclasses.replace(cfg, num_processes=1, process_id=0, source="single-process")
-            return _DISTRIBUTED[0]
+            _DISTRIBUTED[0] = alone = dataclasses.replace(cfg, num_processes=1, process_id=0, source="single-process")
+            return alone
         raise DistributedInitError(f"jax.distributed.initialize rejected {cfg}: {e}") from e
     except Exception as e:  # XlaRuntimeError (timeouts, refused connections) and friends
         raise DistributedInitError(
@@ -723,7 +734,7 @@ def initialize_distributed(
 #: Environment variable with the default gather limit in bytes.
 ENV_MAX_GATHER_BYTES = "SPMDTORCH_MAX_GATHER_BYTES"
 _DEFAULT_MAX_GATHER_BYTES = 1 << 30  # 1 GiB: a copy of this size lands on every host
-_MAX_GATHER: list = [None]
+_MAX_GATHER: list[int | None] = [None]
 
 
 class GatherTooLargeError(RuntimeError):

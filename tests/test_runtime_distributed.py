@@ -93,6 +93,12 @@ def test_malformed_settings(args, env, match):
         resolve_distributed_config(*args, env=env)
 
 
+def test_a_bool_is_not_a_local_device_id():
+    assert resolve_distributed_config("h:1", 2, 0, 1, env={}).local_device_ids == (1,)
+    with pytest.raises(DistributedInitError, match="local_device_ids must be a device id .* got True"):
+        resolve_distributed_config("h:1", 2, 0, True, env={})
+
+
 def test_a_job_of_one_process_is_a_no_op(monkeypatch):
     monkeypatch.setattr(xr, "_DISTRIBUTED", [None])
     cfg = xr.initialize_distributed("127.0.0.1:1", 1, 0)

@@ -9,6 +9,8 @@ found, and suggest a fix.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "CheckpointCorruptionError",
     "CheckpointError",
@@ -52,7 +54,7 @@ class KeyMismatchError(CheckpointError, KeyError):
         keys: the offending key paths, as strings.
     """
 
-    def __init__(self, message: str, keys=()):
+    def __init__(self, message: str, keys: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.keys = tuple(keys)
 
@@ -92,7 +94,7 @@ class CheckpointCorruptionError(CheckpointError, RuntimeError):
             damage could not be attributed to one array).
     """
 
-    def __init__(self, message: str, keys=()):
+    def __init__(self, message: str, keys: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.keys = tuple(keys)
 

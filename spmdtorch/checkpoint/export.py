@@ -17,15 +17,19 @@ import pickle
 import struct
 import sys
 import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import orbax.checkpoint as ocp
 import torch
+from etils import epath
 
 from spmdtorch.checkpoint import fingerprint, placement, tree
 from spmdtorch.checkpoint.errors import CheckpointCorruptionError
-from spmdtorch.checkpoint.io import ARRAYS, read_record
-from spmdtorch.checkpoint.paths import checkpoint_path
+from spmdtorch.checkpoint.io import ARRAYS, Record, read_record
+from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
+from spmdtorch.checkpoint.tree import Key, KeyPath
 
 __all__ = ["export", "read_arrays"]
 
@@ -48,10 +52,13 @@ _ST_DTYPES = {
 
 
 def _torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
-def read_arrays(path, record: dict, indices, max_host_bytes: int):
+def read_arrays(
+    path: CheckpointPath, record: Record, indices: Iterable[int], max_host_bytes: int
+) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield ``(index, CPU tensor of the saved torch dtype)`` for ``indices``, in order.
 
     Reads in batches of at most ``max_host_bytes`` (one array when larger) and
@@ -59,7 +66,8 @@ def read_arrays(path, record: dict, indices, max_host_bytes: int):
     """
     path = checkpoint_path(path)
     infos = record["arrays"]
-    batch, size = [], 0
+    batch: list[int] = []
+    size = 0
     for i in indices:
         nbytes = int(np.prod(infos[i]["shape"], dtype=np.int64)) * np.dtype(infos[i]["storage_dtype"]).itemsize
         if batch and size + nbytes > max_host_bytes:
@@ -71,7 +79,9 @@ def read_arrays(path, record: dict, indices, max_host_bytes: int):
         yield from _read_batch(path, infos, batch)
 
 
-def _read_batch(path, infos, batch):
+def _read_batch(
+    path: epath.Path, infos: Sequence[Mapping[str, Any]], batch: Sequence[int]
+) -> Iterator[tuple[int, torch.Tensor]]:
     items = {tuple(infos[i]["path"]): ocp.RestoreArgs(restore_type=np.ndarray) for i in batch}
     args_tree = tree.orbax_tree(items)
     try:
@@ -101,26 +111,30 @@ def _read_batch(path, infos, batch):
         del node, t
 
 
-def _select(record: dict, prefix) -> tuple:
+def _select(record: Record, prefix: Key | Sequence[Key] | None) -> tuple[Any, dict[int, str]]:
     """``(sub-structure, {array index: name})`` under ``prefix``."""
     root = tree.decode_state(record["tree"])
-    prefix = () if prefix is None else ((prefix,) if isinstance(prefix, (str, int)) else tuple(prefix))
+    keys: KeyPath = () if prefix is None else ((prefix,) if isinstance(prefix, (str, int)) else tuple(prefix))
     node = root
-    for k in prefix:
-        if not isinstance(node, (dict, list, tuple)) or (isinstance(node, dict) and k not in node):
-            raise KeyError(f"export prefix {prefix!r}: the checkpoint has no entry state{tree.keystr(prefix)}")
-        node = node[k]
-    names: dict = {}
+    for k in keys:
+        if isinstance(node, dict) and k in node:
+            node = node[k]
+        elif isinstance(node, (list, tuple)) and isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(node):
+            node = node[k]
+        else:  # a leaf, a missing key, or a str / out-of-range index into a list or tuple
+            raise KeyError(f"export prefix {keys!r}: the checkpoint has no entry state{tree.keystr(keys)}")
+    names: dict[int, str] = {}
     for info_i, info in enumerate(record["arrays"]):
         p = tuple(info["path"])
-        if p[: len(prefix)] == prefix:
-            names[info_i] = ".".join(str(k) for k in p[len(prefix) :])
+        if p[: len(keys)] == keys:
+            names[info_i] = ".".join(str(k) for k in p[len(keys) :])
     return node, names
 
 
-def _values(node, path=()) -> dict:
+def _values(node: Any, path: KeyPath = ()) -> dict[str, Any]:
     """Plain Python values of a decoded structure, by dotted name."""
-    out = {}
+    out: dict[str, Any] = {}
+    items: Iterable[tuple[Key, Any]]
     if isinstance(node, dict):
         items = node.items()
     elif isinstance(node, (list, tuple)):
@@ -134,14 +148,21 @@ def _values(node, path=()) -> dict:
     return out
 
 
-def _raw_bytes(t: torch.Tensor):
+def _raw_bytes(t: torch.Tensor) -> memoryview | bytes:
     """The tensor's data as a buffer (no copy for a contiguous tensor)."""
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().data if t.numel() else b""
 
 
-def _write_safetensors(out, path, record, names: dict, values: dict, max_host_bytes: int) -> None:
+def _write_safetensors(
+    out: str | os.PathLike[str],
+    path: CheckpointPath,
+    record: Record,
+    names: Mapping[int, str],
+    values: Mapping[str, Any],
+    max_host_bytes: int,
+) -> None:
     infos = record["arrays"]
-    header: dict = {}
+    header: dict[str, Any] = {}
     offset = 0
     order = list(names)
     for i in order:
@@ -175,18 +196,19 @@ def _write_safetensors(out, path, record, names: dict, values: dict, max_host_by
 class _StorageRef:
     """Stands for one tensor's storage in the pickle (its data is written later)."""
 
-    def __init__(self, key: str, dtype: torch.dtype, numel: int):
+    def __init__(self, key: str, dtype: torch.dtype, numel: int) -> None:
         self.key, self.dtype, self.numel = key, dtype, numel
 
 
 class _TensorRef:
     """Unpickles as the tensor ``torch.save`` would have written."""
 
-    def __init__(self, ref: _StorageRef, shape):
+    def __init__(self, ref: _StorageRef, shape: Sequence[int]) -> None:
         self.ref, self.shape = ref, tuple(shape)
 
-    def __reduce_ex__(self, protocol):
-        stride, acc = [], 1
+    def __reduce_ex__(self, protocol: object) -> tuple[Any, tuple[Any, ...]]:
+        stride: list[int] = []
+        acc = 1
         for s in reversed(self.shape):
             stride.append(acc)
             acc *= s
@@ -196,16 +218,23 @@ class _TensorRef:
         )
 
 
-def _write_torch(out, path, record, node, names: dict, max_host_bytes: int) -> None:
+def _write_torch(
+    out: str | os.PathLike[str],
+    path: CheckpointPath,
+    record: Record,
+    node: Any,
+    names: Mapping[int, str],
+    max_host_bytes: int,
+) -> None:
     infos = record["arrays"]
-    refs = {}
+    refs: dict[int, _TensorRef] = {}
     for n, i in enumerate(names):
         dtype = _torch_dtype(infos[i]["dtype"])
         refs[i] = _TensorRef(
             _StorageRef(str(n), dtype, int(np.prod(infos[i]["shape"], dtype=np.int64))), infos[i]["shape"]
         )
 
-    def fill(x):
+    def fill(x: Any) -> Any:
         if isinstance(x, dict):
             return {k: fill(v) for k, v in x.items()}
         if isinstance(x, tree.ArrayRef):
@@ -217,7 +246,7 @@ def _write_torch(out, path, record, node, names: dict, max_host_bytes: int) -> N
         return x
 
     class Pickler(pickle.Pickler):
-        def persistent_id(self, obj):
+        def persistent_id(self, obj: object) -> tuple[Any, ...] | None:
             if isinstance(obj, _StorageRef):
                 # The legacy storage class names are what torch.save pickles.
                 with warnings.catch_warnings():
@@ -233,15 +262,24 @@ def _write_torch(out, path, record, node, names: dict, max_host_bytes: int) -> N
     data = buf.getvalue()
     writer = torch._C.PyTorchFileWriter(os.fspath(out))
     writer.write_record("data.pkl", data, len(data))
-    writer.write_record(".format_version", "1", 1)
-    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+    # str records, as torch.serialization writes them (torch's stub omits that overload).
+    writer.write_record(".format_version", "1", 1)  # type: ignore[arg-type]
+    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))  # type: ignore[arg-type]
     for i, t in read_arrays(path, record, list(names), max_host_bytes):
         storage = t.contiguous().untyped_storage()
-        writer.write_record(f"data/{refs[i].ref.key}", storage, storage.nbytes())
+        # An UntypedStorage, as torch.serialization writes (torch's stub names only the legacy Storage).
+        writer.write_record(f"data/{refs[i].ref.key}", storage, storage.nbytes())  # type: ignore[arg-type]
     writer.write_end_of_file()
 
 
-def export(path, out, format: str = "safetensors", *, prefix=None, max_host_bytes: int = 256 << 20) -> None:
+def export(
+    path: CheckpointPath,
+    out: str | os.PathLike[str],
+    format: str = "safetensors",
+    *,
+    prefix: Key | Sequence[Key] | None = None,
+    max_host_bytes: int = 256 << 20,
+) -> None:
     """Write the checkpoint at ``path`` as one file a plain PyTorch program loads.
 
     Tensors get their saved torch dtype (64-bit tensors that the device held

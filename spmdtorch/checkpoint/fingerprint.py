@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["device_fingerprints", "fingerprint_numpy"]
 
@@ -53,7 +56,7 @@ _ROW = 128
 _MIN_ROWS_1D = 4096
 
 
-def _words(x):
+def _words(x: jax.Array) -> jax.Array:
     """The uint32 word stream of ``x`` (see the module docstring), as an array."""
     dt = jnp.dtype(x.dtype)
     if jnp.issubdtype(dt, jnp.complexfloating):
@@ -71,11 +74,11 @@ def _words(x):
     return jax.lax.bitcast_convert_type(x, _U)
 
 
-def _add2(a, b):
+def _add2(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
     return a[0] + b[0], a[1] + b[1]
 
 
-def _reduce_lanes(w, i):
+def _reduce_lanes(w: jax.Array, i: jax.Array) -> jax.Array:
     """``(lane1, lane2)`` summed over every element of word array ``w`` with flat indices ``i``."""
     lane1 = w * (i * _U(2) + _U(1))
     x = w ^ (i * _U(_GOLDEN))
@@ -96,7 +99,7 @@ def _reduce_lanes(w, i):
     return jnp.stack([a, b])
 
 
-def _one(x, logical_shape):
+def _one(x: jax.Array, logical_shape: tuple[int, ...] | None) -> jax.Array:
     if logical_shape is not None and tuple(x.shape) != tuple(logical_shape):
         x = jax.lax.slice(x, (0,) * x.ndim, tuple(logical_shape))  # padded storage: real data only
     w = _words(x)
@@ -109,27 +112,31 @@ def _one(x, logical_shape):
     return _reduce_lanes(w, _flat_index(w.shape))
 
 
-def _flat_index(shape):
-    idx = None
+def _flat_index(shape: tuple[int, ...]) -> jax.Array:
+    idx: jax.Array | None = None
     stride = 1
     for axis in reversed(range(len(shape))):
         term = jax.lax.broadcasted_iota(_U, shape, axis) * _U(stride & 0xFFFFFFFF)
         idx = term if idx is None else idx + term
         stride *= shape[axis]
+    if idx is None:  # a 0-d shape: _one reshapes scalars to (1,) before this
+        raise ValueError(f"_flat_index needs at least one axis, got shape {shape}")
     return idx
 
 
 @functools.lru_cache(maxsize=64)
-def _program(logical_shapes: tuple):
+def _program(logical_shapes: tuple[tuple[int, ...] | None, ...]) -> Callable[..., tuple[jax.Array, ...]]:
     # One output per array: indexing one stacked result on the host side
     # would dispatch (and compile) a gather per array.
-    def run(*xs):
+    def run(*xs: jax.Array) -> tuple[jax.Array, ...]:
         return tuple(_one(x, s) for x, s in zip(xs, logical_shapes))
 
     return jax.jit(run)
 
 
-def device_fingerprints(arrays, logical_shapes=None) -> list:
+def device_fingerprints(
+    arrays: Iterable[jax.Array], logical_shapes: Sequence[Sequence[int] | None] | None = None
+) -> list[jax.Array]:
     """Fingerprints of ``arrays`` (each on one device set), computed on device.
 
     Args:
@@ -145,19 +152,19 @@ def device_fingerprints(arrays, logical_shapes=None) -> list:
     arrays = list(arrays)
     if logical_shapes is None:
         logical_shapes = [None] * len(arrays)
-    groups: dict = {}
+    groups: dict[frozenset[jax.Device], list[int]] = {}
     for i, a in enumerate(arrays):
-        groups.setdefault(frozenset(d.id for d in a.sharding.device_set), []).append(i)
-    out: list = [None] * len(arrays)
+        groups.setdefault(frozenset(a.sharding.device_set), []).append(i)
+    out: list[jax.Array | None] = [None] * len(arrays)
     for idx in groups.values():
-        shapes = tuple(None if logical_shapes[i] is None else tuple(logical_shapes[i]) for i in idx)
+        shapes = tuple(None if (s := logical_shapes[i]) is None else tuple(s) for i in idx)
         res = _program(shapes)(*(arrays[i] for i in idx))
         for j, i in enumerate(idx):
             out[i] = res[j]
-    return out
+    return cast("list[jax.Array]", out)  # every index is in exactly one group: no None is left
 
 
-def _host_words(a: np.ndarray) -> np.ndarray:
+def _host_words(a: npt.NDArray[Any]) -> npt.NDArray[np.uint32]:
     a = np.ascontiguousarray(a).reshape(-1)
     if a.dtype == np.bool_:
         return a.astype(np.uint32)
@@ -167,7 +174,7 @@ def _host_words(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint32)  # 4-, 8- and 16-byte elements: 1, 2 or 4 words each
 
 
-def fingerprint_numpy(a: np.ndarray) -> tuple[int, int]:
+def fingerprint_numpy(a: npt.ArrayLike) -> tuple[int, int]:
     """The same fingerprint, computed on the host (for CPU tensors and tests)."""
     w = _host_words(np.asarray(a))
     lane1 = np.uint32(0)

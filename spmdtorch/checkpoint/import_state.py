@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 import torch
 
 from spmdtorch import _dtypes
@@ -31,31 +32,31 @@ __all__ = ["import_state_dict"]
 
 
 class _SafetensorsSource:
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         from safetensors import safe_open
 
         self._file = safe_open(os.fspath(path), framework="pt", device="cpu")
         self._keys = list(self._file.keys())
 
-    def keys(self):
+    def keys(self) -> list[str]:
         return self._keys
 
-    def get(self, key):
+    def get(self, key: str) -> Any:
         return self._file.get_tensor(key)
 
 
 class _MappingSource:
-    def __init__(self, mapping: Mapping):
+    def __init__(self, mapping: Mapping[str, Any]) -> None:
         self._map = mapping
 
-    def keys(self):
+    def keys(self) -> list[str]:
         return list(self._map.keys())
 
-    def get(self, key):
+    def get(self, key: str) -> Any:
         return self._map[key]
 
 
-def _open(source):
+def _open(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[_SafetensorsSource | _MappingSource, str]:
     if isinstance(source, Mapping):
         return _MappingSource(source), "the given state_dict"
     path = os.fspath(source)
@@ -68,14 +69,20 @@ def _open(source):
     return _SafetensorsSource(path), path
 
 
-def _host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+def _host(t: torch.Tensor, dtype: torch.dtype) -> npt.NDArray[Any]:
     """``t`` as a numpy array of the device storage dtype for torch ``dtype``."""
     t = t.detach().to(dtype)
     storage = _dtypes.to_torch_dtype(_dtypes.to_jax_dtype(dtype))
     return placement.host_array(t.to(storage) if storage != dtype else t)
 
 
-def import_state_dict(file_or_dict, model: torch.nn.Module, *, strict: bool = True, cast: bool = False):
+def import_state_dict(
+    file_or_dict: str | os.PathLike[str] | Mapping[str, Any],
+    model: torch.nn.Module,
+    *,
+    strict: bool = True,
+    cast: bool = False,
+) -> tuple[list[str], list[str]]:
     """Copy a plain state_dict into ``model``'s tensors, keeping their shardings.
 
     Args:

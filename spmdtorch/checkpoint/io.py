@@ -22,10 +22,12 @@ import contextlib
 import dataclasses
 import json
 import threading
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final, TypeAlias
 
 import jax
 import numpy as np
+import numpy.typing as npt
 import orbax.checkpoint as ocp
 import torch
 from etils import epath
@@ -43,17 +45,21 @@ from spmdtorch.checkpoint.errors import (
     UnexpectedKeysError,
     ValueKindMismatchError,
 )
-from spmdtorch.checkpoint.paths import checkpoint_path
+from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
+from spmdtorch.checkpoint.tree import KeyPath
 from spmdtorch.lazy import executor
 
 __all__ = ["ARRAYS", "FORMAT", "META", "SaveFingerprints", "load", "read_record", "save", "save_args", "saving"]
 
-ARRAYS = "arrays"
-META = "meta"
+ARRAYS: Final = "arrays"
+META: Final = "meta"
 META_FILE = "metadata"  # the JsonCheckpointHandler's file name
 FORMAT = "spmdtorch.checkpoint"
 VERSION = 1
 _TMP_MARK = ".orbax-checkpoint-tmp"
+
+#: The checkpoint's JSON record (see the module docstring).
+Record: TypeAlias = "dict[str, Any]"
 
 
 # -- the meta item: JSON whose fingerprints are resolved in the background ------
@@ -86,12 +92,14 @@ class SaveFingerprints:
         0
     """
 
-    def __init__(self, sources: list, logical_shapes: list, indices: list):
+    def __init__(
+        self, sources: Sequence[jax.Array], logical_shapes: Sequence[tuple[int, ...] | None], indices: Sequence[int]
+    ) -> None:
         self._sources = list(sources)
         self._logical = list(logical_shapes)
         self._indices = list(indices)
         self._dispatched = threading.Event()
-        self._fps: list = []
+        self._fps: list[jax.Array] = []
         self._error: BaseException | None = None
 
     def dispatch(self) -> None:
@@ -104,7 +112,7 @@ class SaveFingerprints:
             self.fail(e)
             raise
         self._fps = fps
-        self._sources = self._logical = []  # the arrays may be freed once the programs hold them
+        self._sources, self._logical = [], []  # the arrays may be freed once the programs hold them
         self._dispatched.set()
 
     def fail(self, error: BaseException) -> None:
@@ -113,7 +121,7 @@ class SaveFingerprints:
             self._error = error
             self._dispatched.set()
 
-    def results(self, timeout: float = DISPATCH_TIMEOUT_S) -> list:
+    def results(self, timeout: float = DISPATCH_TIMEOUT_S) -> list[tuple[int, list[int]]]:
         """``(array index, [lane1, lane2])`` pairs, waiting for the dispatch and then the devices.
 
         Raises:
@@ -148,11 +156,18 @@ class MetaHandler(ocp.JsonCheckpointHandler):
     On disk it is exactly what ``JsonCheckpointHandler`` writes.
     """
 
-    async def async_save(self, directory, item=None, args=None):
+    async def async_save(
+        self,
+        directory: epath.Path,
+        item: Mapping[str, Any] | None = None,
+        args: ocp.args.CheckpointArgs | None = None,
+    ) -> list[ocp.future.Future]:
+        if not isinstance(args, MetaSave):
+            raise TypeError(f"MetaHandler saves MetaSave arguments, got {type(args).__name__}; use io.save_args")
         record = args.record
         pending = args.pending
 
-        async def write():
+        async def write() -> None:
             for i, fp in pending.results():
                 record["arrays"][i]["fingerprint"] = fp
             if jax.process_index() == 0:
@@ -166,7 +181,7 @@ class MetaHandler(ocp.JsonCheckpointHandler):
 class MetaSave(ocp.args.CheckpointArgs):
     """The record, and the device fingerprints that its write fills in."""
 
-    record: dict
+    record: Record
     pending: SaveFingerprints
 
 
@@ -176,7 +191,7 @@ class MetaRestore(ocp.args.CheckpointArgs):
     """Unused by ``load`` (which reads the JSON directly); lets Orbax restore the item."""
 
 
-def handlers() -> dict:
+def handlers() -> dict[str, ocp.CheckpointHandler]:
     """The item handlers of a checkpoint (for ``CompositeCheckpointHandler``/``CheckpointManager``)."""
     return {ARRAYS: ocp.PyTreeCheckpointHandler(), META: MetaHandler()}
 
@@ -188,7 +203,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def save_args(state) -> tuple[ocp.args.Composite, SaveFingerprints]:
+def save_args(state: object) -> tuple[ocp.args.Composite, SaveFingerprints]:
     """The Orbax arguments that save ``state``, and its fingerprints (not yet dispatched).
 
     Call ``ocp.AsyncCheckpointer.save`` or an async ``ocp.CheckpointManager.save``
@@ -200,15 +215,18 @@ def save_args(state) -> tuple[ocp.args.Composite, SaveFingerprints]:
     """
     executor.sync()  # pending values (the last step's results) become concrete
     entries = tree.flatten(state)
-    to_save: dict = {}
-    infos: list = []
-    index: dict = {}
-    device_src, device_logical, device_idx = [], [], []
+    to_save: dict[KeyPath, jax.Array | npt.NDArray[Any]] = {}
+    infos: list[dict[str, Any]] = []
+    index: dict[KeyPath, int] = {}
+    device_src: list[jax.Array] = []
+    device_logical: list[tuple[int, ...] | None] = []
+    device_idx: list[int] = []
     for e in entries:
         if e.kind == "value":
             continue
         i = len(infos)
         index[e.path] = i
+        arr: jax.Array | npt.NDArray[Any]
         if e.kind == "xla":
             arr, fp_src, logical = placement.save_value(e.value)
             device_src.append(fp_src)
@@ -238,7 +256,7 @@ def save_args(state) -> tuple[ocp.args.Composite, SaveFingerprints]:
 
 
 @contextlib.contextmanager
-def saving(pending: SaveFingerprints, *, defer: bool = False):
+def saving(pending: SaveFingerprints, *, defer: bool = False) -> Iterator[None]:
     """Around Orbax's (async) save call: dispatch the fingerprints after it returns, or fail them.
 
     Dispatching after the call keeps the fingerprint programs from delaying
@@ -259,7 +277,7 @@ def saving(pending: SaveFingerprints, *, defer: bool = False):
         pending.dispatch()
 
 
-def save(path, state, *, overwrite: bool = False) -> None:
+def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> None:
     """Save ``state`` to the checkpoint directory ``path`` (blocking; atomic).
 
     Args:
@@ -292,7 +310,10 @@ def save(path, state, *, overwrite: bool = False) -> None:
     # Orbax's async checkpointer, waited for here: the fingerprints run while
     # Orbax writes (a blocking Checkpointer would wait for the record, hence
     # for the fingerprints, before they could be dispatched).
-    with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(**handlers())) as ckptr:
+    items = handlers()
+    # By keyword (the names are ARRAYS and META): a ``**`` dict would also
+    # match the handler's other keyword parameters, as far as types go.
+    with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(arrays=items[ARRAYS], meta=items[META])) as ckptr:
         try:
             with saving(pending):
                 ckptr.save(path, args=args, force=overwrite)
@@ -316,7 +337,7 @@ def _list_steps(path: epath.Path) -> list[int]:
     return sorted(out)
 
 
-def read_record(path) -> dict:
+def read_record(path: CheckpointPath) -> Record:
     """The JSON record of the checkpoint at ``path``.
 
     Raises:
@@ -364,11 +385,11 @@ def read_record(path) -> dict:
     return record
 
 
-def _paths(saved_path_lists) -> list:
+def _paths(saved_path_lists: Sequence[Sequence[str | int]]) -> list[KeyPath]:
     return [tuple(p) for p in saved_path_lists]
 
 
-def _check_keys(target: dict, saved: dict, strict: bool, path) -> None:
+def _check_keys(target: Mapping[KeyPath, Any], saved: Mapping[KeyPath, Any], strict: bool, path: epath.Path) -> None:
     missing = [p for p in target if p not in saved]
     unexpected = [p for p in saved if p not in target]
     if strict and missing:
@@ -394,14 +415,20 @@ def _check_keys(target: dict, saved: dict, strict: bool, path) -> None:
 class _Plan:
     """One array to restore: where it comes from and where it goes."""
 
-    path: tuple
-    info: dict
+    path: KeyPath
+    info: dict[str, Any]
     entry: tree.Entry
-    layout: Any = None  # placement.Layout for xla targets
+    layout: placement.Layout | None = None  # set for xla targets (_restore_arg)
     via_host: bool = False  # read as numpy (CPU target, or a dtype the device cannot hold)
 
+    def xla_layout(self) -> placement.Layout:
+        """The xla target's layout (set by ``_restore_arg`` for every xla target)."""
+        if self.layout is None:
+            raise RuntimeError(f"state{tree.keystr(self.path)} has no target layout: it is not an xla target")
+        return self.layout
 
-def _check_array(p: _Plan, cast: bool, path) -> None:
+
+def _check_array(p: _Plan, cast: bool, path: epath.Path) -> None:
     saved_shape = tuple(p.info["shape"])
     target = p.entry.value
     if saved_shape != tuple(target.shape):
@@ -417,7 +444,7 @@ def _check_array(p: _Plan, cast: bool, path) -> None:
         )
 
 
-def _share_equal_scalars(new: dict, plans) -> None:
+def _share_equal_scalars(new: dict[KeyPath, Any], plans: Sequence[_Plan]) -> None:
     """Give restored xla scalars that are equal (same dtype, placement and bits) one array.
 
     A step shares one buffer among equal results (AdamW's per-parameter step
@@ -425,7 +452,7 @@ def _share_equal_scalars(new: dict, plans) -> None:
     once); restored one per path they would stay apart for the rest of the run.
     Reading a scalar costs one tiny device-to-host copy, at restore time only.
     """
-    first: dict = {}
+    first: dict[tuple[Any, Any, bytes], Any] = {}
     for p in plans:
         a = new[p.path]
         if p.entry.kind != "xla" or getattr(a, "ndim", None) != 0:
@@ -434,33 +461,34 @@ def _share_equal_scalars(new: dict, plans) -> None:
         new[p.path] = first.setdefault(key, a)
 
 
-def _restore_arg(p: _Plan):
+def _restore_arg(p: _Plan) -> ocp.RestoreArgs:
     storage = np.dtype(p.info["storage_dtype"])
     if p.entry.kind == "xla":
-        p.layout = placement.layout_of(p.entry.value, p.path)
+        p.layout = layout = placement.layout_of(p.entry.value, p.path)
         # 64-bit data saved from a CPU tensor cannot live on the device (x64
         # is off): it is read on the host, checked, narrowed and placed.
-        p.via_host = storage.itemsize == 8 and not jax.config.jax_enable_x64
+        # read(): jax.config's per-flag attributes are set at run time, untyped.
+        p.via_host = storage.itemsize == 8 and not jax.config.read("jax_enable_x64")
         if not p.via_host:
             return ocp.ArrayRestoreArgs(
-                sharding=p.layout.sharding,
-                global_shape=p.layout.storage_shape,
+                sharding=layout.sharding,
+                global_shape=layout.storage_shape,
                 # Orbax zero-fills up to a padded storage shape only when not strict;
                 # the logical shapes were checked to match above.
-                strict=not p.layout.padded,
+                strict=not layout.padded,
             )
     p.via_host = True
     return ocp.RestoreArgs(restore_type=np.ndarray)
 
 
-def _read_arrays(path: epath.Path, plans: list, partial: bool) -> dict:
+def _read_arrays(path: epath.Path, plans: Sequence[_Plan], partial: bool) -> dict[KeyPath, Any]:
     items = {p.path: _restore_arg(p) for p in plans}
     restore_args = tree.orbax_tree(items)
     args = ocp.args.PyTreeRestore(item=restore_args, restore_args=restore_args, partial_restore=partial)
     try:
         with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
             restored = ckptr.restore(path / ARRAYS, args=args)
-        flat = {}
+        flat: dict[KeyPath, Any] = {}
         for p in plans:
             node = restored
             for k in p.path:
@@ -475,11 +503,11 @@ def _read_arrays(path: epath.Path, plans: list, partial: bool) -> dict:
     return flat
 
 
-def _verify(path, plans: list, arrays: dict) -> None:
+def _verify(path: epath.Path, plans: Sequence[_Plan], arrays: Mapping[KeyPath, Any]) -> None:
     device = [p for p in plans if not p.via_host]
     fps = fingerprint.device_fingerprints(
         [arrays[p.path] for p in device],
-        [p.layout.logical_shape if p.layout.padded else None for p in device],
+        [p.xla_layout().logical_shape if p.xla_layout().padded else None for p in device],
     )
     got = {p.path: tuple(int(v) for v in np.asarray(fp)) for p, fp in zip(device, fps)}
     for p in plans:
@@ -498,7 +526,7 @@ def _verify(path, plans: list, arrays: dict) -> None:
         )
 
 
-def _new_value(p: _Plan, array):
+def _new_value(p: _Plan, array: Any) -> Any:
     """The restored array converted to what replaces the target's data."""
     target = p.entry.value
     if p.entry.kind == "cpu":
@@ -507,13 +535,13 @@ def _new_value(p: _Plan, array):
     want = _dtypes.to_jax_dtype(target.dtype)
     if p.via_host:
         host = np.asarray(array).astype(want)
-        return placement.device_put(host, p.layout)
+        return placement.device_put(host, p.xla_layout())
     if array.dtype != want:
-        return placement.cast(array, want, p.layout.sharding)
+        return placement.cast(array, want, p.xla_layout().sharding)
     return array
 
 
-def load(path, state, *, strict: bool = True, cast: bool = False):
+def load(path: CheckpointPath, state: Any, *, strict: bool = True, cast: bool = False) -> Any:
     """Fill ``state``'s tensors in place from the checkpoint at ``path``; return the state.
 
     Xla tensors keep their own sharding (the checkpoint may come from another
@@ -539,7 +567,8 @@ def load(path, state, *, strict: bool = True, cast: bool = False):
     executor.sync()
     entries = {e.path: e for e in tree.flatten(state)}
     _check_keys(entries, saved, strict, path)
-    plans, values = [], {}
+    plans: list[_Plan] = []
+    values: dict[KeyPath, Any] = {}
     for key, e in entries.items():
         if key not in saved:
             continue

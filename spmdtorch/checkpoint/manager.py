@@ -15,7 +15,10 @@ import contextlib
 import logging
 import signal
 import threading
+import types
 import warnings
+from collections.abc import Callable
+from typing import Any, Literal, overload
 
 import jax
 import orbax.checkpoint as ocp
@@ -27,7 +30,7 @@ from spmdtorch.checkpoint.errors import (
     CheckpointExistsError,
     StepNotFoundError,
 )
-from spmdtorch.checkpoint.paths import checkpoint_path
+from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
 from spmdtorch.lazy import executor
 
 __all__ = ["CheckpointManager"]
@@ -35,7 +38,11 @@ __all__ = ["CheckpointManager"]
 log = logging.getLogger("spmdtorch.checkpoint")
 
 
-def _positive_int(value, name: str, allow_none: bool = False):
+@overload
+def _positive_int(value: object, name: str, allow_none: Literal[False] = False) -> int: ...
+@overload
+def _positive_int(value: object, name: str, allow_none: bool) -> int | None: ...
+def _positive_int(value: object, name: str, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -84,15 +91,15 @@ class CheckpointManager:
 
     def __init__(
         self,
-        directory,
+        directory: CheckpointPath,
         save_interval_steps: int = 1,
         max_to_keep: int | None = None,
         async_save: bool = True,
         save_on_preemption: bool = True,
-    ):
+    ) -> None:
         self._directory = checkpoint_path(directory)
         self._async = bool(async_save)
-        self._writing = None  # the step of the latest async save (maybe still being written)
+        self._writing: int | None = None  # the step of the latest async save (maybe still being written)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=_positive_int(save_interval_steps, "save_interval_steps"),
             max_to_keep=_positive_int(max_to_keep, "max_to_keep", allow_none=True),
@@ -104,9 +111,10 @@ class CheckpointManager:
         )
         self._mgr = ocp.CheckpointManager(self._directory, options=options, item_handlers=io.handlers())
         self._preempted = False
-        self._preemption_step = None
-        self._restored_step = None
-        self._previous_handler = None
+        self._preemption_step: int | None = None
+        self._restored_step: int | None = None
+        # What signal.signal returned: a handler, SIG_DFL/SIG_IGN, or None (not set from Python).
+        self._previous_handler: Callable[[int, types.FrameType | None], Any] | int | None = None
         self._handler_installed = False
         self._closed = False
         if save_on_preemption:
@@ -132,7 +140,7 @@ class CheckpointManager:
         self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._handler_installed = True  # (the previous handler may be None: not set from Python)
 
-    def _on_sigterm(self, signum, frame) -> None:
+    def _on_sigterm(self, signum: int, frame: types.FrameType | None) -> None:
         # Only a flag: the save itself must happen at a step boundary, where
         # the state is consistent, not inside whatever the signal interrupted.
         self._preempted = True
@@ -164,7 +172,7 @@ class CheckpointManager:
             return True
         return bool(self._mgr.should_save(step))
 
-    def save(self, step: int, state, force: bool = False) -> bool:
+    def save(self, step: int, state: object, force: bool = False) -> bool:
         """Save ``state`` as ``step`` if ``should_save(step)`` (or ``force``); return whether it did.
 
         Raises:
@@ -242,8 +250,8 @@ class CheckpointManager:
         return self._directory / str(step)
 
     def restore(
-        self, state, step: int | None = None, *, strict: bool = True, cast: bool = False, fallback: bool = True
-    ):
+        self, state: Any, step: int | None = None, *, strict: bool = True, cast: bool = False, fallback: bool = True
+    ) -> Any:
         """Fill ``state`` from ``step`` (the newest when None); return the state.
 
         With ``step=None`` and ``fallback``, a damaged newest step
@@ -269,7 +277,7 @@ class CheckpointManager:
             return out
         if not steps:
             raise StepNotFoundError(f"{self._directory} holds no saved step; save one first")
-        failures = []
+        failures: list[CheckpointCorruptionError] = []
         for s in reversed(steps if fallback else steps[-1:]):
             try:
                 out = io.load(self.step_path(s), state, strict=strict, cast=cast)
@@ -300,10 +308,10 @@ class CheckpointManager:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
                 self._handler_installed = False
 
-    def __enter__(self):
+    def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+from typing import TypeAlias
 
 from etils import epath
 
-__all__ = ["checkpoint_path"]
+__all__ = ["CheckpointPath", "checkpoint_path"]
+
+#: What users may pass as a checkpoint location.
+CheckpointPath: TypeAlias = "str | os.PathLike[str] | epath.Path"
 
 
-def checkpoint_path(path) -> epath.Path:
+def checkpoint_path(path: CheckpointPath) -> epath.Path:
     """``path`` as an ``epath.Path``, made absolute when it is local.
 
     Orbax refuses relative directories ("Checkpoint path should be absolute");
@@ -22,6 +26,6 @@ def checkpoint_path(path) -> epath.Path:
         True
     """
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
-    if "://" in text:
-        return epath.Path(text)
-    return epath.Path(os.path.abspath(text))
+    # Annotated: etils types the epath.Path constructor's result as Any.
+    out: epath.Path = epath.Path(text if "://" in text else os.path.abspath(text))
+    return out

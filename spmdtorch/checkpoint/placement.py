@@ -13,19 +13,24 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
+import numpy.typing as npt
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spmdtorch import _dtypes
 from spmdtorch.checkpoint.errors import UnsupportedValueError
-from spmdtorch.checkpoint.tree import keystr
+from spmdtorch.checkpoint.tree import KeyPath, keystr
 from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import transfer
 from spmdtorch.tensor.dispatch import concrete_value
+from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["Layout", "even_sharding", "host_array", "install", "layout_of", "save_value", "to_torch"]
 
@@ -41,8 +46,18 @@ class Layout:
     """
 
     __slots__ = ("logical_shape", "sharding", "storage_dtype", "storage_shape")
+    sharding: jax.sharding.Sharding
+    storage_shape: tuple[int, ...]
+    logical_shape: tuple[int, ...]
+    storage_dtype: np.dtype[Any]
 
-    def __init__(self, sharding, storage_shape, logical_shape, storage_dtype):
+    def __init__(
+        self,
+        sharding: jax.sharding.Sharding,
+        storage_shape: Sequence[int],
+        logical_shape: Sequence[int],
+        storage_dtype: npt.DTypeLike,
+    ) -> None:
         self.sharding = sharding
         self.storage_shape = tuple(storage_shape)
         self.logical_shape = tuple(logical_shape)
@@ -53,14 +68,16 @@ class Layout:
         return self.storage_shape != self.logical_shape
 
 
-def _concrete_storage_value(t):
+def _concrete_storage_value(t: XlaTensor) -> jax.Array:
     st = t._st
     if isinstance(st.value, LazyRef):
         executor.sync()
-    return st.value
+    # After a sync every live storage holds a concrete jax.Array (Storage.value
+    # is typed loosely, as a LazyRef or an array).
+    return typing.cast(jax.Array, st.value)
 
 
-def layout_of(t, path) -> Layout:
+def layout_of(t: XlaTensor, path: KeyPath) -> Layout:
     """The layout a restored value must take to replace ``t``'s data in place."""
     if t._chain:
         raise UnsupportedValueError(
@@ -72,7 +89,7 @@ def layout_of(t, path) -> Layout:
     return Layout(sharding, value.shape, tuple(t.shape), value.dtype)
 
 
-def even_sharding(sharding, shape) -> jax.sharding.Sharding:
+def even_sharding(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> jax.sharding.Sharding:
     """A sharding of ``shape`` close to ``sharding`` whose every sharded dim divides evenly.
 
     Example:
@@ -86,11 +103,12 @@ def even_sharding(sharding, shape) -> jax.sharding.Sharding:
         return sharding
     mesh = sharding.mesh
     spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-    kept: list[list] = []
-    freed: list = []
+    kept: list[list[str]] = []
+    freed: list[str] = []
     for dim, entry in zip(shape, spec):
         names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        keep, n = [], 1
+        keep: list[str] = []
+        n = 1
         for name in names:
             if dim % (n * mesh.shape[name]) == 0:
                 keep.append(name)
@@ -111,11 +129,13 @@ def even_sharding(sharding, shape) -> jax.sharding.Sharding:
 
 
 @functools.lru_cache(maxsize=256)
-def _unpad_program(logical_shape, out_sharding):
+def _unpad_program(
+    logical_shape: tuple[int, ...], out_sharding: jax.sharding.Sharding
+) -> Callable[[jax.Array], jax.Array]:
     return jax.jit(functools.partial(padding.unpad, shape=logical_shape), out_shardings=out_sharding)
 
 
-def save_value(t):
+def save_value(t: XlaTensor) -> tuple[jax.Array, jax.Array, tuple[int, ...] | None]:
     """``(array to save, array to fingerprint, logical shape or None)`` for an xla tensor.
 
     The array to save has the tensor's logical shape and an even sharding;
@@ -132,24 +152,23 @@ def save_value(t):
     return _unpad_program(logical, even)(value), value, logical
 
 
-def install(t, array) -> None:
+def install(t: XlaTensor, array: jax.Array) -> None:
     """Make ``array`` (the target's layout) the new data of xla tensor ``t``, in place."""
     st = t._st
-    st.set(array)
-    t._vcache = None
+    st.set(array)  # also drops the storage's cached view values (Storage.vcache)
 
 
 @functools.lru_cache(maxsize=256)
-def _cast_program(dtype, sharding):
+def _cast_program(dtype: np.dtype[Any], sharding: jax.sharding.Sharding) -> Callable[[jax.Array], jax.Array]:
     return jax.jit(lambda x: x.astype(dtype), out_shardings=sharding)
 
 
-def cast(array, dtype, sharding):
+def cast(array: jax.Array, dtype: npt.DTypeLike, sharding: jax.sharding.Sharding) -> jax.Array:
     """``array`` converted to ``dtype`` on device, keeping ``sharding``."""
     return _cast_program(np.dtype(dtype), sharding)(array)
 
 
-def host_array(t: torch.Tensor) -> np.ndarray:
+def host_array(t: torch.Tensor) -> npt.NDArray[Any]:
     """A CPU tensor's data as a numpy array of its own (full-width) dtype."""
     t = transfer.plain_cpu(t).contiguous()
     if t.dtype == torch.bfloat16:
@@ -161,13 +180,14 @@ def host_array(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def to_torch(a: np.ndarray) -> torch.Tensor:
+def to_torch(a: npt.ArrayLike) -> torch.Tensor:
     """A numpy array (bfloat16 included) as a CPU tensor (sharing memory when possible)."""
     return transfer._numpy_to_torch(np.asarray(a))
 
 
-def device_put(host: np.ndarray, layout: Layout):
+def device_put(host: npt.NDArray[Any], layout: Layout) -> jax.Array:
     """Place a host array of the logical shape into ``layout`` (padding on the host if uneven)."""
     if layout.padded:
         host = np.pad(host, [(0, p - n) for n, p in zip(host.shape, layout.storage_shape)])
-    return jax.device_put(np.ascontiguousarray(host), layout.sharding)
+    placed: jax.Array = jax.device_put(np.ascontiguousarray(host), layout.sharding)  # typed Any by jax
+    return placed

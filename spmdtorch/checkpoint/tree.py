@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeAlias
 
 import torch
 
@@ -40,6 +41,13 @@ __all__ = [
 
 _PLAIN = (type(None), bool, int, float, str)
 
+#: A dict key (str or int) or a list/tuple index on the way to a leaf.
+Key: TypeAlias = "str | int"
+#: The keys from the root of a state to one leaf.
+KeyPath: TypeAlias = "tuple[Key, ...]"
+#: A node of the JSON record (see :func:`encode`): a one-key dict.
+JsonNode: TypeAlias = "dict[str, Any]"
+
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -51,17 +59,17 @@ class Entry:
         value: the leaf itself.
     """
 
-    path: tuple
+    path: KeyPath
     kind: str
     value: Any
 
 
-def keystr(path: tuple) -> str:
+def keystr(path: KeyPath) -> str:
     """``('optimizer', 'state', 0)`` → ``"['optimizer']['state'][0]"`` (``"<root>"`` for ``()``)."""
     return "".join(f"[{k!r}]" for k in path) or "<root>"
 
 
-def _kind(value, path) -> str:
+def _kind(value: object, path: KeyPath) -> str:
     if isinstance(value, XlaTensor):
         return "xla"
     if isinstance(value, torch.Tensor):
@@ -85,7 +93,7 @@ def _kind(value, path) -> str:
     )
 
 
-def _check_key(key, path) -> None:
+def _check_key(key: object, path: KeyPath) -> None:
     if isinstance(key, bool) or not isinstance(key, (str, int)):
         raise UnsupportedValueError(
             f"state{keystr(path)} has the key {key!r} of type {type(key).__name__}; dict keys must be str "
@@ -93,7 +101,7 @@ def _check_key(key, path) -> None:
         )
 
 
-def flatten(state) -> list[Entry]:
+def flatten(state: object) -> list[Entry]:
     """The leaves of ``state`` in a deterministic order (dict insertion order).
 
     Raises:
@@ -101,7 +109,7 @@ def flatten(state) -> list[Entry]:
     """
     out: list[Entry] = []
 
-    def walk(node, path):
+    def walk(node: object, path: KeyPath) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 _check_key(k, path)
@@ -116,17 +124,17 @@ def flatten(state) -> list[Entry]:
     return out
 
 
-def _encode_value(v):
+def _encode_value(v: object) -> JsonNode:
     if isinstance(v, float) and not math.isfinite(v):
         # Strict JSON has no NaN/inf; the record must stay readable by any JSON reader.
         return {"float": repr(v)}
     return {"v": v}
 
 
-def encode(state, array_index: dict) -> dict:
+def encode(state: object, array_index: Mapping[KeyPath, int]) -> JsonNode:
     """A JSON description of ``state``; tensors become ``{"array": i}`` (``array_index[path]``)."""
 
-    def enc(node, path):
+    def enc(node: object, path: KeyPath) -> JsonNode:
         if isinstance(node, dict):
             return {"dict": [[k, enc(v, path + (k,))] for k, v in node.items()]}
         if isinstance(node, (list, tuple)) and not isinstance(node, torch.Size):
@@ -139,16 +147,16 @@ def encode(state, array_index: dict) -> dict:
     return enc(state, ())
 
 
-def decode(node) -> dict:
+def decode(node: JsonNode) -> dict[KeyPath, tuple[str, Any]]:
     """``{path: ("array", i) | ("value", python value)}`` for every leaf of an encoded state."""
-    out: dict = {}
+    out: dict[KeyPath, tuple[str, Any]] = {}
 
-    def dec(n, path):
+    def dec(n: JsonNode, path: KeyPath) -> None:
         if "dict" in n:
             for k, v in n["dict"]:
                 dec(v, path + (k,))
         elif "list" in n or "tuple" in n:
-            for i, v in enumerate(n.get("list", n.get("tuple"))):
+            for i, v in enumerate(n["list"] if "list" in n else n["tuple"]):
                 dec(v, path + (i,))
         elif "array" in n:
             out[path] = ("array", n["array"])
@@ -168,7 +176,7 @@ class ArrayRef:
     index: int
 
 
-def decode_state(node):
+def decode_state(node: JsonNode) -> Any:
     """The saved state itself, with an :class:`ArrayRef` at each tensor leaf."""
     if "dict" in node:
         return {k: decode_state(v) for k, v in node["dict"]}
@@ -183,7 +191,7 @@ def decode_state(node):
     return node["v"]
 
 
-def replace_values(state, values: dict):
+def replace_values(state: Any, values: Mapping[KeyPath, Any]) -> Any:
     """Put ``values[path]`` at each path of ``state``, in place where the container allows.
 
     Dicts and lists are updated in place; a tuple on the way is rebuilt (with
@@ -192,7 +200,7 @@ def replace_values(state, values: dict):
     if not values:
         return state
 
-    def rebuild(node, path):
+    def rebuild(node: Any, path: KeyPath) -> Any:
         if path in values:
             return values[path]
         if isinstance(node, dict):
@@ -217,20 +225,20 @@ def replace_values(state, values: dict):
     return rebuild(state, ())
 
 
-def orbax_name(path: tuple) -> str:
+def orbax_name(path: KeyPath) -> str:
     """The parameter name Orbax stores an array under (its keys joined by ".")."""
     return ".".join(str(k) for k in path)
 
 
-def orbax_tree(items: dict) -> dict:
+def orbax_tree(items: Mapping[KeyPath, Any]) -> dict[str, Any]:
     """Nested dicts with str keys (what Orbax saves) from ``{path: leaf}``.
 
     Raises:
         UnsupportedValueError: two paths that Orbax would store under one name
             (``{"a.b": x, "a": {"b": y}}``, or keys ``0`` and ``"0"`` side by side).
     """
-    names: dict = {}
-    root: dict = {}
+    names: dict[str, KeyPath] = {}
+    root: dict[str, Any] = {}
     for path, leaf in items.items():
         if not path:
             raise UnsupportedValueError("the state is a single tensor; wrap it in a dict, e.g. {'weight': t}")

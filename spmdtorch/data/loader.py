@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence, Sized
+from typing import Any
 
 import torch
 
 from spmdtorch.data import transfer
 from spmdtorch.data.errors import InputShardingError, LoaderWorkerError
+from spmdtorch.partition.marking import ShardingSpec
 
 __all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
 
@@ -45,22 +47,32 @@ _POLL_S = 0.05  # how often blocked threads look at the stop flag
 class _End:
     """End of the wrapped loader after ``count`` batches."""
 
-    def __init__(self, count: int):
+    def __init__(self, count: int) -> None:
         self.count = count
 
 
 class _Failed:
     """The batch at this index could not be loaded or transferred."""
 
-    def __init__(self, error: BaseException, stage: str):
+    def __init__(self, error: BaseException, stage: str) -> None:
         self.error = error
         self.stage = stage
 
 
-def _positive_int(name: str, value) -> int:
+def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return value
+
+
+def _loader_len(loader: Iterable[Any]) -> int:
+    # TypeError, as len() itself raises: list(loader) then falls back to no length hint.
+    if not isinstance(loader, Sized):
+        raise TypeError(
+            f"the wrapped loader, a {type(loader).__name__}, has no len(); wrap a loader with a length "
+            "(e.g. a DataLoader over a map-style dataset) to take len() of this one"
+        )
+    return len(loader)
 
 
 class ParallelLoader:
@@ -91,15 +103,15 @@ class ParallelLoader:
 
     def __init__(
         self,
-        loader: Iterable,
-        devices,
+        loader: Iterable[Any],
+        devices: torch.device | str | Sequence[torch.device | str],
         batchdim: int = 0,
         batches_per_execution: int = 1,
         loader_prefetch_size: int = 8,
         device_prefetch_size: int = 4,
         host_to_device_transfer_threads: int = 1,
-        input_sharding=None,
-    ):
+        input_sharding: ShardingSpec | dict[Any, ShardingSpec] | None = None,
+    ) -> None:
         devices = [devices] if isinstance(devices, (str, torch.device)) else list(devices)
         if len(devices) != 1:
             raise InputShardingError(
@@ -116,12 +128,13 @@ class ParallelLoader:
         n_threads = _positive_int("host_to_device_transfer_threads", host_to_device_transfer_threads)
         self._shardings = transfer.InputShardings(input_sharding)
         self._loader = loader
-        self._loader_queue: queue.Queue = queue.Queue(
+        # (batch index, batch or _Failed), then (batch count, _End) once per transfer thread.
+        self._loader_queue: queue.Queue[tuple[int, Any]] = queue.Queue(
             maxsize=_positive_int("loader_prefetch_size", loader_prefetch_size)
         )
         self._stop = threading.Event()
         self._cond = threading.Condition()
-        self._ready: dict = {}  # batch index -> transferred batch (or _Failed)
+        self._ready: dict[int, Any] = {}  # batch index -> transferred batch (or _Failed)
         self._next = 0  # index of the batch the consumer takes next
         self._total: int | None = None  # number of batches, once the loader is exhausted
         self._threads = [threading.Thread(target=self._load, name="spmdtorch-loader", daemon=True)]
@@ -132,7 +145,7 @@ class ParallelLoader:
             t.start()
 
     # -- background threads -------------------------------------------------
-    def _put(self, item) -> bool:
+    def _put(self, item: tuple[int, Any]) -> bool:
         while not self._stop.is_set():
             try:
                 self._loader_queue.put(item, timeout=_POLL_S)
@@ -155,7 +168,7 @@ class ParallelLoader:
             self._total = index
             self._cond.notify_all()
         for _ in range(len(self._threads) - 1):
-            self._put((None, _End(index)))
+            self._put((index, _End(index)))
 
     def _transfer(self) -> None:
         while not self._stop.is_set():
@@ -180,7 +193,7 @@ class ParallelLoader:
                 self._cond.notify_all()
 
     # -- consumer side ------------------------------------------------------
-    def per_device_loader(self, device) -> PerDeviceLoader:
+    def per_device_loader(self, device: torch.device | str) -> PerDeviceLoader:
         """The iterator over this loader's batches, for ``device`` (the xla device).
 
         Example:
@@ -194,9 +207,9 @@ class ParallelLoader:
 
     def per_device_samples(self) -> int:
         """Batches per device: ``len(loader)`` (one virtual device per process)."""
-        return len(self._loader) // len(self._devices)
+        return _loader_len(self._loader) // len(self._devices)
 
-    def next_item(self, device=None):
+    def next_item(self, device: torch.device | str | None = None) -> Any:
         """The next batch on the devices, or None at the end.
 
         Raises:
@@ -232,7 +245,7 @@ class ParallelLoader:
             if t is not current:
                 t.join(timeout=1.0)
 
-    def __del__(self):
+    def __del__(self) -> None:
         stop = getattr(self, "_stop", None)  # absent when __init__ raised
         if stop is not None:
             stop.set()
@@ -241,22 +254,22 @@ class ParallelLoader:
 class PerDeviceLoader:
     """Iterates a :class:`ParallelLoader`'s batches, syncing as PyTorch/XLA does."""
 
-    def __init__(self, loader: ParallelLoader, device):
+    def __init__(self, loader: ParallelLoader, device: torch.device) -> None:
         self._loader = loader
         self._device = device
         self._mark_step_batch_count = loader._batches_per_execution - 1
         self._batches_yielded = 0
 
-    def __iter__(self):
+    def __iter__(self) -> PerDeviceLoader:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         return self.next()
 
     def __len__(self) -> int:
         return self._loader.per_device_samples()
 
-    def next(self):
+    def next(self) -> Any:
         from spmdtorch.lazy.step import mark_step
 
         if self._mark_step_batch_count <= self._batches_yielded:
@@ -275,7 +288,7 @@ class PerDeviceLoader:
         """Stops the loader's background threads."""
         self._loader.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self._loader._stop.set()
 
 
@@ -312,7 +325,7 @@ class MpDeviceLoader:
         (1, [torch.Size([2, 3])])
     """
 
-    def __init__(self, loader: Iterable, device, **kwargs):
+    def __init__(self, loader: Iterable[Any], device: torch.device | str, **kwargs: Any) -> None:
         transfer._check_device(device)
         transfer.InputShardings(kwargs.get("input_sharding"))  # fail at construction, not at iter()
         self._loader = loader
@@ -324,4 +337,4 @@ class MpDeviceLoader:
         return parallel_loader.per_device_loader(self._device)
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return _loader_len(self._loader)

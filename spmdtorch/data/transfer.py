@@ -20,8 +20,10 @@ How each tensor is placed:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+import jax
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
@@ -48,9 +50,9 @@ class InputShardings:
         PartitionSpecError: a spec names an axis its mesh does not have.
     """
 
-    def __init__(self, input_sharding):
+    def __init__(self, input_sharding: ShardingSpec | Mapping[Any, ShardingSpec] | None) -> None:
         if input_sharding is None or isinstance(input_sharding, ShardingSpec):
-            specs = {} if input_sharding is None else {None: input_sharding}
+            specs: dict[Any, ShardingSpec] = {} if input_sharding is None else {None: input_sharding}
         elif isinstance(input_sharding, Mapping):
             specs = dict(input_sharding)
             for key, spec in specs.items():
@@ -75,7 +77,7 @@ class InputShardings:
         self.is_dict = isinstance(input_sharding, Mapping)
         self.any_minibatch = any(s.minibatch for s in specs.values())
 
-    def spec_for(self, path, leaf: torch.Tensor, batch_index: int) -> ShardingSpec | None:
+    def spec_for(self, path: pytree.KeyPath, leaf: torch.Tensor, batch_index: int) -> ShardingSpec | None:
         """The spec for the tensor at ``path`` of a batch, or None (replicated)."""
         where = f"batch {batch_index}, tensor {pytree.keystr(path) or '(the batch)'}"
         if self.is_dict:
@@ -100,7 +102,7 @@ class InputShardings:
             )
         return spec
 
-    def check_keys(self, batch, batch_index: int) -> None:
+    def check_keys(self, batch: object, batch_index: int) -> None:
         """A dict ``input_sharding`` needs a dict batch holding every key it names."""
         if not self.is_dict:
             return
@@ -122,10 +124,10 @@ class InputShardings:
 class Placed:
     """A batch tensor on the devices, not yet wrapped as an xla tensor."""
 
-    array: object  # jax.Array (padded when logical_shape is set)
+    array: jax.Array  # padded when logical_shape is set
     dtype: torch.dtype
-    sharding: object  # NamedSharding from a spec, or None (replicated default)
-    logical_shape: tuple | None
+    sharding: jax.sharding.NamedSharding | None  # from a spec; None: the replicated default
+    logical_shape: tuple[int, ...] | None
 
 
 def _place_tensor(t: torch.Tensor, spec: ShardingSpec | None, where: str) -> Placed:
@@ -154,14 +156,14 @@ def _place_tensor(t: torch.Tensor, spec: ShardingSpec | None, where: str) -> Pla
     return Placed(multihost.put_global(padded, sharding), t.dtype, sharding, tuple(host.shape))
 
 
-def place(batch, shardings: InputShardings, batch_index: int = 0):
+def place(batch: Any, shardings: InputShardings, batch_index: int = 0) -> tuple[list[Any], pytree.TreeSpec]:
     """Copies every CPU tensor of ``batch`` to the devices; other leaves stay as they are.
 
     Returns ``(leaves, treespec)`` where tensor leaves became :class:`Placed`.
     """
     shardings.check_keys(batch, batch_index)
     flat, treespec = pytree.tree_flatten_with_path(batch)
-    leaves = []
+    leaves: list[Any] = []
     for path, leaf in flat:
         if isinstance(leaf, torch.Tensor) and not isinstance(leaf, XlaTensor):
             spec = shardings.spec_for(path, leaf, batch_index)
@@ -180,12 +182,16 @@ def _wrap_one(p: Placed) -> XlaTensor:
     return XlaTensor(st, (), shape, _contiguous_strides(shape), 0, p.dtype)
 
 
-def wrap(leaves, treespec):
+def wrap(leaves: Sequence[Any], treespec: pytree.TreeSpec) -> Any:
     """The batch again, with every :class:`Placed` leaf as an xla tensor (main thread)."""
     return pytree.tree_unflatten([_wrap_one(x) if isinstance(x, Placed) else x for x in leaves], treespec)
 
 
-def send_cpu_data_to_device(data, device=None, input_sharding=None):
+def send_cpu_data_to_device(
+    data: Any,
+    device: torch.device | str | int | None = None,
+    input_sharding: ShardingSpec | Mapping[Any, ShardingSpec] | None = None,
+) -> Any:
     """Moves the CPU tensors of ``data`` (any nesting of dict/list/tuple) to ``"xla"``.
 
     The synchronous version of what the loaders do for each batch (PyTorch/XLA's
@@ -210,7 +216,7 @@ def send_cpu_data_to_device(data, device=None, input_sharding=None):
     return wrap(leaves, treespec)
 
 
-def _check_device(device) -> None:
+def _check_device(device: torch.device | str | int | None) -> None:
     if device is None:
         return
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from spmdtorch.launch.local import DEFAULT_GRACE_PERIOD_S, launch
 
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split(argv: list) -> tuple:
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """Launcher options, then the child's command: from the script (or ``-m``) on.
 
     Everything after the script belongs to it, even options the launcher
@@ -56,7 +57,7 @@ def _split(argv: list) -> tuple:
     return argv, []
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = _parser()
     ours, command = _split(list(sys.argv[1:] if argv is None else argv))
     ns = p.parse_args(ours)

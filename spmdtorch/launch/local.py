@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TextIO
+from typing import IO, TextIO
 
 from spmdtorch import runtime
 
@@ -74,7 +74,7 @@ class LaunchResult:
     """
 
     returncode: int
-    ranks: tuple
+    ranks: tuple[RankResult, ...]
     first_failure: int | None
     timed_out: bool = False
 
@@ -88,7 +88,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET; typeshed says Any
+        return port
 
 
 def child_env(
@@ -100,7 +101,7 @@ def child_env(
     *,
     heartbeat_timeout_s: int | None = None,
     base: Mapping[str, str] | None = None,
-) -> dict:
+) -> dict[str, str]:
     """The environment of process ``rank``: distributed settings and CPU devices.
 
     Sets ``SPMDTORCH_COORDINATOR_ADDRESS`` / ``SPMDTORCH_NUM_PROCESSES`` /
@@ -149,7 +150,7 @@ def child_env(
     return env
 
 
-def _pump(rank: int, stream, out: TextIO, lock: threading.Lock) -> None:
+def _pump(rank: int, stream: IO[bytes], out: TextIO, lock: threading.Lock) -> None:
     """Copies ``stream`` to ``out`` line by line, each line prefixed with the rank."""
     prefix = f"[rank {rank}] "
     for raw in iter(stream.readline, b""):
@@ -160,7 +161,7 @@ def _pump(rank: int, stream, out: TextIO, lock: threading.Lock) -> None:
     stream.close()
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)  # the child leads its own process group
     except (ProcessLookupError, PermissionError):
@@ -235,7 +236,7 @@ def launch(
     master_port = free_port(host)
     lock = threading.Lock()
     start = time.monotonic()
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     ended: dict[int, float] = {}
     stopped: set[int] = set()

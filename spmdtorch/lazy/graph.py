@@ -29,8 +29,9 @@ class Slot:
     """
 
     __slots__ = ("i",)
+    i: int  # set once, when the slot is interned
 
-    def __new__(cls, i: int):
+    def __new__(cls, i: int) -> Slot:
         if type(i) is int and 0 <= i < len(_SLOTS):
             return _SLOTS[i]
         if type(i) is not int or i < 0:

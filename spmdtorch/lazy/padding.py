@@ -16,7 +16,7 @@ import jax.numpy as jnp
 __all__ = ["shards_per_dim", "padded_shape", "pad_to", "unpad"]
 
 
-def shards_per_dim(mesh: jax.sharding.Mesh, spec, ndim: int) -> list[int]:
+def shards_per_dim(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, spec, ndim: int) -> list[int]:
     """How many blocks a ``PartitionSpec`` over ``mesh`` cuts each of ``ndim`` dims into."""
     out = []
     spec = tuple(spec) + (None,) * (ndim - len(spec))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -102,7 +103,7 @@ def _fold_permutation(name, template, inputs, out_avals):
 # id(program input) -> (weakref to it, {(id(op), template): weakref to the view's Node}).
 # Weak both ways: the cache must neither keep a replaced parameter's buffer
 # alive nor outlive the graph that holds the node.
-_INPUT_VIEWS: dict = {}
+_INPUT_VIEWS: dict[int, tuple[weakref.ref[Any], dict[tuple[int, Any], weakref.ref[Node]]]] = {}
 
 
 def _forget(key):
@@ -125,7 +126,10 @@ def _shared_input_view(name, template, inputs, out_avals):
     node_ref = entry[1].get(key)
     node = None if node_ref is None else node_ref()
     if node is None or node.out_avals != out_avals:
-        node = Node(get_lowering(name).fn, name, template, inputs, template, out_avals)
+        lowering = get_lowering(name)
+        if lowering is None:  # rules are registered for lowered view ops only
+            raise LookupError(f"the view rule of {name} found no lowering registered for it")
+        node = Node(lowering.fn, name, template, inputs, template, out_avals)
         entry[1][key] = weakref.ref(node)
     return LazyRef(node, 0)
 
@@ -154,12 +158,13 @@ def _fold_matmul_operands(first: int, fn: Callable, fn_name: str):
         for k in (first, first + 1):
             slot = args[k]
             value = inputs[slot.i] if type(slot) is Slot else None
-            folded = value is not None and _is_foldable_transpose(value)
-            if folded:
+            if value is not None and _is_foldable_transpose(value):
                 if new_inputs is None:
                     new_inputs = list(inputs)
                 new_inputs[slot.i] = value.node.inputs[0]
-            flags.append(folded)
+                flags.append(True)
+            else:
+                flags.append(False)
         if new_inputs is None:
             return None
         new_template = (args, tuple(kwargs) + (("ta", flags[0]), ("tb", flags[1])))

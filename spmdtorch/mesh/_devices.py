@@ -15,6 +15,7 @@ process is simply the device-id order (``cpu:0`` is ordinal 0).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -38,7 +39,7 @@ class DeviceRecord(NamedTuple):
     slice_index: int | None = None
 
 
-def global_devices() -> list:
+def global_devices() -> list[jax.Device]:
     """Returns all JAX devices in logical-ordinal order.
 
     Example:
@@ -49,7 +50,7 @@ def global_devices() -> list:
     return sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
 
 
-def device_records(devices=None) -> list[DeviceRecord]:
+def device_records(devices: Sequence[jax.Device] | None = None) -> list[DeviceRecord]:
     """Returns one :class:`DeviceRecord` per device, in logical-ordinal order.
 
     Args:

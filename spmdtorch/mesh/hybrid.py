@@ -23,9 +23,12 @@ import collections
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import jax
 import numpy as np
+import numpy.typing as npt
 
 from spmdtorch.mesh._devices import DeviceRecord, device_records, global_devices
 from spmdtorch.mesh.errors import HybridMeshError
@@ -42,7 +45,7 @@ def hybrid_device_ids(
     records: Sequence[DeviceRecord],
     ici_mesh_shape: Sequence[int],
     dcn_mesh_shape: Sequence[int],
-) -> np.ndarray:
+) -> npt.NDArray[np.int64]:
     """Places devices in a hybrid ICI × DCN mesh; returns their ids in mesh shape.
 
     Devices are grouped into *granules*: by ``slice_index`` when the records
@@ -110,7 +113,9 @@ def hybrid_device_ids(
     kind = "slice" if has_slices else "process"
     groups: dict[int, list[int]] = collections.defaultdict(list)
     for r in records:
-        groups[int(r.slice_index if has_slices else r.process_index)].append(int(r.device_id))
+        # has_slices implies every record has a slice_index (checked above).
+        granule = r.process_index if not has_slices or r.slice_index is None else r.slice_index
+        groups[int(granule)].append(int(r.device_id))
 
     if n_dcn == 1:
         if has_slices and len(groups) > 1:
@@ -144,7 +149,7 @@ def hybrid_device_ids(
     return out
 
 
-def _tpu_device_ids(devices: list, ici: tuple, dcn: tuple) -> np.ndarray:
+def _tpu_device_ids(devices: list[jax.Device], ici: tuple[int, ...], dcn: tuple[int, ...]) -> npt.NDArray[np.int64]:
     """TPU placement through jax's topology-aware mesh_utils, as ordinals."""
     from jax.experimental import mesh_utils
 
@@ -159,7 +164,9 @@ def _tpu_device_ids(devices: list, ici: tuple, dcn: tuple) -> np.ndarray:
         raise HybridMeshError(
             f"cannot lay out ici_mesh_shape {ici} / dcn_mesh_shape {dcn} on the TPU topology: {e}"
         ) from e
-    return np.vectorize(ordinal.__getitem__, otypes=[np.int64])(placed)
+    # Annotated: numpy's stubs type a vectorized call's result as Any.
+    ordinals: npt.NDArray[np.int64] = np.vectorize(ordinal.__getitem__, otypes=[np.int64])(placed)
+    return ordinals
 
 
 class HybridMesh(Mesh):
@@ -195,6 +202,9 @@ class HybridMesh(Mesh):
     """
 
     __slots__ = ("_dcn_mesh_shape", "_ici_mesh_shape")
+    # Set once in __init__ (through object.__setattr__: the mesh is immutable).
+    _ici_mesh_shape: tuple[int, ...]
+    _dcn_mesh_shape: tuple[int, ...]
 
     def __init__(
         self,
@@ -202,7 +212,7 @@ class HybridMesh(Mesh):
         ici_mesh_shape: Sequence[int],
         dcn_mesh_shape: Sequence[int] | None = None,
         axis_names: Sequence[str] | None = None,
-    ):
+    ) -> None:
         ici = _validate_shape(ici_mesh_shape, "ici_mesh_shape")
         dcn = (1,) * len(ici) if dcn_mesh_shape is None else _validate_shape(dcn_mesh_shape, "dcn_mesh_shape")
         devices = global_devices()
@@ -217,16 +227,16 @@ class HybridMesh(Mesh):
         object.__setattr__(self, "_dcn_mesh_shape", dcn)
 
     @property
-    def ici_mesh_shape(self) -> tuple:
+    def ici_mesh_shape(self) -> tuple[int, ...]:
         """Per-axis sizes inside one slice/process."""
         return self._ici_mesh_shape
 
     @property
-    def dcn_mesh_shape(self) -> tuple:
+    def dcn_mesh_shape(self) -> tuple[int, ...]:
         """Per-axis numbers of slices/processes (all ones when not given)."""
         return self._dcn_mesh_shape
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., Mesh], tuple[Any, ...]]:
         return (
             functools.partial(
                 HybridMesh,

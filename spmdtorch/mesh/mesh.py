@@ -31,16 +31,18 @@ from __future__ import annotations
 import collections
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+import numpy.typing as npt
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from spmdtorch.mesh._devices import global_devices
 from spmdtorch.mesh.errors import AxisNamesError, DeviceIdsError, MeshShapeError
 from spmdtorch.mesh.spec import (
+    NormalizedSpec,
     normalize_partition_spec,
     resolve_axis,
     to_jax_partition_spec,
@@ -56,7 +58,7 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _validate_shape(value: Any, param: str) -> tuple:
+def _validate_shape(value: Any, param: str) -> tuple[int, ...]:
     """Checks a mesh shape (a non-empty sequence of positive ints) → tuple of int."""
     if _is_int(value):
         raise MeshShapeError(f"{param} must be a tuple of ints, got the int {value!r}; use ({int(value)},)")
@@ -76,7 +78,7 @@ def _validate_shape(value: Any, param: str) -> tuple:
     return tuple(int(s) for s in shape)
 
 
-def _validate_device_ids(value: Any) -> tuple:
+def _validate_device_ids(value: Any) -> tuple[int, ...]:
     """Checks ``device_ids`` is a flat sequence of ints → tuple of int (no range check)."""
     if isinstance(value, np.ndarray):
         if value.ndim != 1:
@@ -109,7 +111,7 @@ def _validate_device_ids(value: Any) -> tuple:
     return tuple(int(d) for d in items)
 
 
-def _validate_axis_names(value: Any, mesh_shape: tuple) -> tuple | None:
+def _validate_axis_names(value: Any, mesh_shape: tuple[int, ...]) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, (str, bytes)):
@@ -131,7 +133,7 @@ def _validate_axis_names(value: Any, mesh_shape: tuple) -> tuple | None:
     return tuple(str(n) for n in names)
 
 
-def _check_permutation(ids: tuple, mesh_shape: tuple, num_devices: int) -> None:
+def _check_permutation(ids: tuple[int, ...], mesh_shape: tuple[int, ...], num_devices: int) -> None:
     n_shape = math.prod(mesh_shape)
     if n_shape != len(ids):
         fix = (
@@ -217,13 +219,21 @@ class Mesh:
         "_mesh_shape",
         "_sharding_cache",
     )
+    # Set once in __init__ (through object.__setattr__: the mesh is immutable).
+    _device_ids: npt.NDArray[np.int64]
+    _mesh_shape: tuple[int, ...]
+    _axis_names: tuple[str, ...] | None
+    _jax_axis_names: tuple[str, ...]
+    _jax_mesh: jax.sharding.Mesh
+    _hash: int
+    _sharding_cache: dict[NormalizedSpec, NamedSharding]
 
     def __init__(
         self,
         device_ids: np.ndarray | Sequence[int],
         mesh_shape: Sequence[int],
         axis_names: Sequence[str] | None = None,
-    ):
+    ) -> None:
         ids = _validate_device_ids(device_ids)
         shape = _validate_shape(mesh_shape, "mesh_shape")
         names = _validate_axis_names(axis_names, shape)
@@ -252,22 +262,22 @@ class Mesh:
     # ---------------------------------------------------------------- attributes
 
     @property
-    def device_ids(self) -> np.ndarray:
+    def device_ids(self) -> npt.NDArray[np.int64]:
         """The flat logical device ordinals (read-only int64 array)."""
         return self._device_ids
 
     @property
-    def mesh_shape(self) -> tuple:
+    def mesh_shape(self) -> tuple[int, ...]:
         """The mesh shape, a tuple of ints."""
         return self._mesh_shape
 
     @property
-    def axis_names(self) -> tuple | None:
+    def axis_names(self) -> tuple[str, ...] | None:
         """The axis names as given, or None for an unnamed mesh (as PyTorch/XLA)."""
         return self._axis_names
 
     @property
-    def jax_axis_names(self) -> tuple:
+    def jax_axis_names(self) -> tuple[str, ...]:
         """The axis names used in :attr:`jax_mesh` (``"axis_<i>"`` when unnamed)."""
         return self._jax_axis_names
 
@@ -281,7 +291,7 @@ class Mesh:
         return self._jax_mesh
 
     @property
-    def devices(self) -> np.ndarray:
+    def devices(self) -> npt.NDArray[np.object_]:
         """The jax devices in mesh shape (read-only object array)."""
         return self._jax_mesh.devices
 
@@ -291,17 +301,17 @@ class Mesh:
         """Returns the number of devices in the mesh."""
         return math.prod(self._mesh_shape)
 
-    def shape(self) -> collections.OrderedDict:
+    def shape(self) -> collections.OrderedDict[str | int, int]:
         """Returns ``OrderedDict(axis name → size)`` (axis index → size if unnamed).
 
         Example:
             >>> Mesh(range(8), (2, 4), ("a", "b")).shape()
             OrderedDict([('a', 2), ('b', 4)])
         """
-        keys = self._axis_names if self._axis_names is not None else range(len(self._mesh_shape))
+        keys: Sequence[str | int] = self._axis_names if self._axis_names is not None else range(len(self._mesh_shape))
         return collections.OrderedDict(zip(keys, self._mesh_shape))
 
-    def get_logical_mesh(self) -> np.ndarray:
+    def get_logical_mesh(self) -> npt.NDArray[np.int64]:
         """Returns the device ordinals in mesh shape (a fresh, writable array).
 
         Example:
@@ -309,7 +319,9 @@ class Mesh:
             array([[7, 6, 5, 4],
                    [3, 2, 1, 0]])
         """
-        return self._device_ids.reshape(self._mesh_shape).copy()
+        # Annotated: numpy's stubs type reshape(<tuple[int, ...]>).copy() as Any.
+        logical: npt.NDArray[np.int64] = self._device_ids.reshape(self._mesh_shape).copy()
+        return logical
 
     def get_axis_name_idx(self, name: str | int) -> int:
         """Returns the index of the axis called ``name`` (an int index is checked and returned).
@@ -394,7 +406,7 @@ class Mesh:
 
     # ------------------------------------------------------------ value object
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...] | None]:
         return (tuple(self._device_ids.tolist()), self._mesh_shape, self._axis_names)
 
     def __eq__(self, other: object) -> bool:
@@ -416,10 +428,10 @@ class Mesh:
     def __copy__(self) -> Mesh:
         return self  # immutable: a copy would be indistinguishable
 
-    def __deepcopy__(self, memo: dict) -> Mesh:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Mesh:
         return self
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., Mesh], tuple[Any, ...]]:
         # jax devices do not pickle; rebuild from the logical description (the
         # receiving process maps ordinals to its own view of the same devices).
         return (Mesh, (self._device_ids.tolist(), self._mesh_shape, self._axis_names))

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from jax.sharding import PartitionSpec
 
 from spmdtorch.mesh.errors import PartitionSpecError, UnknownAxisError
 
-__all__ = ["normalize_partition_spec", "resolve_axis", "to_jax_partition_spec"]
+__all__ = ["NormalizedSpec", "normalize_partition_spec", "resolve_axis", "to_jax_partition_spec"]
+
+#: A validated spec: one entry per tensor dim, None (replicated) or the
+#: indices of the mesh axes that shard the dim (never empty), first one major.
+NormalizedSpec: TypeAlias = tuple[tuple[int, ...] | None, ...]
 
 
 def _is_int(x: Any) -> bool:
@@ -32,14 +36,14 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _describe_axes(axis_names: tuple | None, mesh_shape: tuple) -> str:
+def _describe_axes(axis_names: tuple[str, ...] | None, mesh_shape: tuple[int, ...]) -> str:
     if axis_names is None:
         return f"the mesh is unnamed with {len(mesh_shape)} axes; use indices 0..{len(mesh_shape) - 1}"
     named = ", ".join(f"{i}={n!r}" for i, n in enumerate(axis_names))
     return f"the mesh axes are {named}"
 
 
-def resolve_axis(ref: Any, axis_names: tuple | None, mesh_shape: tuple) -> int:
+def resolve_axis(ref: Any, axis_names: tuple[str, ...] | None, mesh_shape: tuple[int, ...]) -> int:
     """Returns the index of the mesh axis ``ref`` (an index or a name).
 
     Args:
@@ -84,10 +88,10 @@ def resolve_axis(ref: Any, axis_names: tuple | None, mesh_shape: tuple) -> int:
 
 def normalize_partition_spec(
     partition_spec: Sequence[Any],
-    axis_names: tuple | None,
-    mesh_shape: tuple,
+    axis_names: tuple[str, ...] | None,
+    mesh_shape: tuple[int, ...],
     ndim: int | None = None,
-) -> tuple:
+) -> NormalizedSpec:
     """Validates a PyTorch/XLA partition spec and returns it as axis indices.
 
     Args:
@@ -129,7 +133,7 @@ def normalize_partition_spec(
         )
 
     used: dict[int, int] = {}  # mesh axis index -> dim that uses it
-    out = []
+    out: list[tuple[int, ...] | None] = []
     for dim, entry in enumerate(spec):
         if entry is None:
             out.append(None)
@@ -149,7 +153,7 @@ def normalize_partition_spec(
                     )
         else:
             refs = (entry,)
-        indices = []
+        indices: list[int] = []
         for ref in refs:
             if not (_is_int(ref) or isinstance(ref, str)):
                 raise PartitionSpecError(
@@ -173,7 +177,7 @@ def normalize_partition_spec(
     return tuple(out)
 
 
-def to_jax_partition_spec(normalized: tuple, jax_axis_names: tuple) -> PartitionSpec:
+def to_jax_partition_spec(normalized: NormalizedSpec, jax_axis_names: tuple[str, ...]) -> PartitionSpec:
     """Turns a normalised spec (axis indices) into a ``jax.sharding.PartitionSpec``.
 
     Single-axis entries become the bare name (``P('data')``, not
@@ -186,7 +190,7 @@ def to_jax_partition_spec(normalized: tuple, jax_axis_names: tuple) -> Partition
         >>> to_jax_partition_spec((None, (1,)), ("x", "y"))
         P(None, 'y')
     """
-    entries = []
+    entries: list[str | tuple[str, ...] | None] = []
     for entry in normalized:
         if entry is None:
             entries.append(None)

@@ -7,7 +7,9 @@ saved indices, which is exact (and matches torch's tie-breaking).
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +80,9 @@ def _conv(input, weight, bias, stride, padding, dilation, transposed, output_pad
 
 
 def _dn(nsp):
-    sp = "DHW"[-nsp:] if nsp <= 3 else None
+    if not 1 <= nsp <= 3:
+        raise NotImplementedError(f"convolution over {nsp} spatial dims: the lowering handles 1 to 3, as torch does")
+    sp = "DHW"[-nsp:]
     return ("NC" + sp, "OI" + sp, "NC" + sp)
 
 
@@ -162,12 +166,12 @@ def _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mo
     win, offsets = _windows(xp, k, s, d, out, nsp)
     # Flat input index of each window element (row-major over the spatial dims).
     sp = self.shape[-nsp:]
-    flat = []
+    rows = []
     for offs in offsets:
         coords = [np.arange(o) * ss - pp + off * dd for o, ss, pp, off, dd in zip(out, s, p, offs, d)]
         grid = np.meshgrid(*coords, indexing="ij")
-        flat.append(np.ravel_multi_index(grid, sp, mode="clip"))
-    flat = jnp.asarray(np.stack(flat).astype(np.int32))  # (K, *out)
+        rows.append(np.ravel_multi_index(grid, sp, mode="clip"))
+    flat = jnp.asarray(np.stack(rows).astype(np.int32))  # (K, *out)
     # NaN counts as the maximum, as in torch's kernel.
     key = jnp.where(jnp.isnan(win), jnp.inf, win) if is_float(win) else win
     arg = jnp.argmax(key, axis=0)
@@ -738,9 +742,7 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
     out = 0.0
     for corner in range(2**nsp):
         bits = [(corner >> (nsp - 1 - k)) & 1 for k in range(nsp)]
-        w = 1.0
-        for b, f in zip(bits, frac):
-            w = w * (f if b else 1 - f)
+        w = functools.reduce(operator.mul, [f if b else 1 - f for b, f in zip(bits, frac)])
         out = out + _gs_gather(flat, sizes, [l + b for l, b in zip(lo, bits)]) * w[:, None]
     return out
 

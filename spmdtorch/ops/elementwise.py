@@ -464,7 +464,7 @@ def _addcdiv(self, tensor1, tensor2, *, value=1):
 # Comparisons, logical and bitwise ops
 
 
-for _name, _fn in {
+for _name, _cmp_fn in {
     "eq": jnp.equal,
     "ne": jnp.not_equal,
     "lt": jnp.less,
@@ -473,7 +473,7 @@ for _name, _fn in {
     "ge": jnp.greater_equal,
 }.items():
 
-    def _cmp(self, other, _fn=_fn):
+    def _cmp(self, other, _fn=_cmp_fn):
         return _fn(self, other)
 
     register(f"{_name}.Tensor", f"{_name}.Scalar")(_cmp)
@@ -506,13 +506,13 @@ def _bitwise_not(self):
     return jnp.bitwise_not(self)
 
 
-for _name, _fn in {
+for _name, _bit_fn in {
     "bitwise_and": jnp.bitwise_and,
     "bitwise_or": jnp.bitwise_or,
     "bitwise_xor": jnp.bitwise_xor,
 }.items():
 
-    def _bitwise(self, other, _fn=_fn):
+    def _bitwise(self, other, _fn=_bit_fn):
         return _fn(self, other)
 
     register(f"{_name}.Tensor", f"{_name}.Scalar", f"{_name}.Scalar_Tensor")(_bitwise)

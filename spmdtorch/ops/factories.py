@@ -9,9 +9,11 @@ arguments are accepted and ignored: the engine owns placement.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from spmdtorch.ops._util import jdtype
 from spmdtorch.ops.registry import register
@@ -108,6 +110,7 @@ def _arange_values(start, end, step, dtype):
     else:
         dt = jdtype(dtype)
     n = max(0, math.ceil((float(end) - float(start)) / float(step)))
+    vals: npt.NDArray[Any]
     if isinstance(start, int) and isinstance(step, int):
         vals = start + np.arange(n, dtype=np.int64) * step
     else:

@@ -10,6 +10,8 @@ which is the engine's cue to materialise).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -19,7 +21,7 @@ from spmdtorch.ops.registry import register
 
 def _expand_bool_indices(indices):
     """Replace each k-d bool index by k integer index arrays (its nonzeros)."""
-    out = []
+    out: list[Any] = []
     for idx in indices:
         if idx is not None and idx.dtype in (jnp.bool_, jnp.uint8):
             out.extend(jnp.nonzero(idx.astype(jnp.bool_)))
@@ -160,6 +162,7 @@ def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if not include_self:
         # Positions receiving a scatter start from the reduction identity.
         hit = _scatter_apply(jnp.zeros(self.shape, jnp.bool_), dim, index, True, "set")
+        ident: float
         if how == "add":
             ident = 0
         elif how == "multiply":

@@ -10,6 +10,9 @@ set it to ``jax.lax.Precision.HIGHEST`` for bit-closer results.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -307,12 +310,9 @@ def _cholesky(self, upper=False):
 
 
 def _info(*xs):
-    """int32 ``info`` of shape batch: 0 where every value is finite, else 1."""
-    ok = None
-    for x in xs:
-        f = jnp.all(jnp.isfinite(x), axis=(-2, -1)) if x.ndim >= 2 else jnp.all(jnp.isfinite(x), axis=-1)
-        ok = f if ok is None else ok & f
-    return jnp.where(ok, 0, 1).astype(jnp.int32)
+    """int32 ``info`` of shape batch: 0 where every value of ``xs`` (at least one) is finite, else 1."""
+    oks = [jnp.all(jnp.isfinite(x), axis=(-2, -1)) if x.ndim >= 2 else jnp.all(jnp.isfinite(x), axis=-1) for x in xs]
+    return jnp.where(functools.reduce(operator.and_, oks), 0, 1).astype(jnp.int32)
 
 
 def _mT(x):

@@ -17,6 +17,9 @@ engine can write the mutated arguments (args 3 and 4) back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -201,7 +204,7 @@ def _running_stats(input, weight, bias, running_mean, running_var, training, mom
     return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[3:]
 
 
-BATCH_NORM_RUNNING_STATS = {
+BATCH_NORM_RUNNING_STATS: dict[Any, Callable[..., tuple[Any, ...]]] = {
     op: _running_stats
     for name in ("native_batch_norm.default", "_native_batch_norm_legit.default")
     for op in resolve_ops(name)

@@ -48,7 +48,8 @@ def _roll(self, shifts, dims=()):
 
 @register("rot90.default")
 def _rot90(self, k=1, dims=(0, 1)):
-    return jnp.rot90(self, k, axes=tuple(canon_dim(d, self.ndim) for d in dims))
+    d0, d1 = dims  # torch checks there are exactly two
+    return jnp.rot90(self, k, axes=(canon_dim(d0, self.ndim), canon_dim(d1, self.ndim)))
 
 
 @register("repeat.default")

@@ -351,7 +351,8 @@ def _inv_permute(base, v, dims):
     if base.ndim == 0:
         return _cast(v, base)
     perm = [canon_dim(d, base.ndim) for d in dims]
-    return jnp.transpose(_cast(v, base), np.argsort(perm))
+    inverse = sorted(range(len(perm)), key=perm.__getitem__)  # argsort of a permutation
+    return jnp.transpose(_cast(v, base), inverse)
 
 
 @register_inverse("transpose.int")

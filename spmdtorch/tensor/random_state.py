@@ -177,17 +177,20 @@ def set_rng_state(state: XlaRngState, device=None) -> None:
 
 def _device_module() -> types.ModuleType:
     mod = types.ModuleType("torch.xla", "spmdtorch's xla device module (torch.get_device_module('xla')).")
-    mod._initialized = True
-    mod.is_available = lambda: True
-    mod.is_initialized = lambda: True
-    mod.device_count = lambda: 1  # torch sees one logical device, xla:0
-    mod.current_device = lambda: 0
-    mod.device = lambda device=None: contextlib.nullcontext()
-    mod.get_rng_state = get_rng_state
-    mod.set_rng_state = set_rng_state
-    mod.manual_seed = rng.manual_seed
-    mod.manual_seed_all = rng.manual_seed
-    mod.synchronize = lambda device=None: None
+    # Through __dict__: a fresh ModuleType has no declared attributes to assign.
+    vars(mod).update(
+        _initialized=True,
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        device_count=lambda: 1,  # torch sees one logical device, xla:0
+        current_device=lambda: 0,
+        device=lambda device=None: contextlib.nullcontext(),
+        get_rng_state=get_rng_state,
+        set_rng_state=set_rng_state,
+        manual_seed=rng.manual_seed,
+        manual_seed_all=rng.manual_seed,
+        synchronize=lambda device=None: None,
+    )
     return mod
 
 

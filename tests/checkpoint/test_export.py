@@ -72,3 +72,14 @@ def test_export_errors(saved):
         checkpoint.export(tmp_path / "c", tmp_path / "x", prefix="optimizer")
     with pytest.raises(checkpoint.NotACheckpointError):
         checkpoint.export(tmp_path / "nope", tmp_path / "x")
+
+
+def test_export_prefix_into_a_list_names_the_missing_entry(tmp_path):
+    # A str key or an out-of-range index into a saved list is a missing entry
+    # (KeyError naming the prefix), not a TypeError/IndexError from indexing.
+    checkpoint.save(tmp_path / "c", {"layers": [{"w": torch.ones(2)}], "step": 1})
+    checkpoint.export(tmp_path / "c", tmp_path / "ok.pt", "torch", prefix=("layers", 0))
+    assert torch.equal(torch.load(tmp_path / "ok.pt", weights_only=True)["w"], torch.ones(2))
+    for prefix in [("layers", "0"), ("layers", 1), ("layers", True), ("step", "x")]:
+        with pytest.raises(KeyError, match="no entry"):
+            checkpoint.export(tmp_path / "c", tmp_path / "x.pt", "torch", prefix=prefix)

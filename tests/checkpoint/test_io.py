@@ -126,6 +126,17 @@ def test_training_state_round_trips_exactly(tmp_path):
     assert out["misc"]["flags"] == (True, False)
 
 
+def test_64_bit_cpu_tensor_loads_into_an_xla_tensor_through_the_host(tmp_path):
+    # 8-byte data cannot live on the device (x64 off): it is read on the host and narrowed.
+    checkpoint.save(tmp_path / "c", {"ids": torch.tensor([7, -3]), "x": torch.tensor([0.5], dtype=torch.float64)})
+    target = {
+        "ids": torch.zeros(2, dtype=torch.int64, device="xla"),
+        "x": torch.zeros(1, dtype=torch.float64, device="xla"),
+    }
+    checkpoint.load(tmp_path / "c", target)
+    assert target["ids"].cpu().tolist() == [7, -3] and target["x"].cpu().tolist() == [0.5]
+
+
 def _saved(tmp_path, **extra):
     state = {"model": {"w": torch.arange(12.0).reshape(3, 4).to("xla"), "b": torch.ones(4)}, "step": 5}
     state.update(extra)

@@ -208,6 +208,13 @@ def test_parallel_loader_per_device_loader(mesh):
     assert [torch.equal(x.cpu(), ref[0]) for (x, _), ref in zip(got, data)] == [True, True]
 
 
+def test_loader_without_a_length_iterates_and_len_names_the_cause():
+    loader = MpDeviceLoader((torch.full((2,), float(i)) for i in range(3)), "xla")
+    with pytest.raises(TypeError, match="generator, has no len"):
+        len(loader)
+    assert [b.cpu().tolist() for b in loader] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
 def test_send_cpu_data_to_device_keeps_structure(mesh):
     Pair = collections.namedtuple("Pair", "a b")
     data = [Pair(torch.zeros(8, 2), [torch.ones(3), 5])]
