@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spmdtorch.lazy._engine import ENGINE
+
 __all__ = ["device_fingerprints", "fingerprint_numpy"]
 
 _U = jnp.uint32
@@ -127,6 +129,9 @@ def _program(logical_shapes: tuple):
         return tuple(_one(x, s) for x, s in zip(xs, logical_shapes))
 
     return jax.jit(run)
+
+
+ENGINE.register_cache("checkpoint.fingerprint.programs", _program)
 
 
 def device_fingerprints(arrays, logical_shapes=None) -> list:

@@ -23,6 +23,7 @@ from spmdtorch import _dtypes
 from spmdtorch.checkpoint.errors import UnsupportedValueError
 from spmdtorch.checkpoint.tree import keystr
 from spmdtorch.lazy import executor, padding
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import transfer
 from spmdtorch.tensor.dispatch import concrete_value
@@ -115,6 +116,9 @@ def _unpad_program(logical_shape, out_sharding):
     return jax.jit(functools.partial(padding.unpad, shape=logical_shape), out_shardings=out_sharding)
 
 
+ENGINE.register_cache("checkpoint.placement.unpad_programs", _unpad_program)
+
+
 def save_value(t):
     """``(array to save, array to fingerprint, logical shape or None)`` for an xla tensor.
 
@@ -142,6 +146,9 @@ def install(t, array) -> None:
 @functools.lru_cache(maxsize=256)
 def _cast_program(dtype, sharding):
     return jax.jit(lambda x: x.astype(dtype), out_shardings=sharding)
+
+
+ENGINE.register_cache("checkpoint.placement.cast_programs", _cast_program)
 
 
 def cast(array, dtype, sharding):

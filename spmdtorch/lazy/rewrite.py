@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
 from spmdtorch.ops import linalg
 from spmdtorch.ops.registry import get_lowering
@@ -103,6 +104,7 @@ def _fold_permutation(name, template, inputs, out_avals):
 # Weak both ways: the cache must neither keep a replaced parameter's buffer
 # alive nor outlive the graph that holds the node.
 _INPUT_VIEWS: dict = {}
+ENGINE.register_cache("lazy.rewrite.input_views", _INPUT_VIEWS)
 
 
 def _forget(key):
