@@ -4,7 +4,8 @@ Mirrors ``torch_xla.debug.metrics``: ``metrics_report()``, ``counter_value``,
 ``metric_data``; plus ``get_hlo_text``/``get_stablehlo`` for the graph that the
 next barrier would run. Set ``SPMDTORCH_LOG_RECOMPILES=1`` (or enable INFO on
 the ``spmdtorch.compile`` logger) to get a line on every recompilation saying
-which input changed.
+which input changed. ``clear_caches()`` empties every cache the library keeps
+(compiled programs included); ``cache_sizes()`` says how full each one is.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from spmdtorch.lazy import metrics
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "counter_value",
     "metric_names",
     "metric_data",
+    "cache_sizes",
+    "clear_caches",
     "clear_metrics",
     "get_hlo_text",
     "get_stablehlo",
@@ -55,6 +59,39 @@ def metric_data(name: str):
 
 def clear_metrics() -> None:
     metrics.reset()
+
+
+def clear_caches() -> None:
+    """Empties every per-process cache of spmdtorch; results do not change.
+
+    The compile cache, node signatures, interned scalars, the dispatcher's
+    meta cache and op facts, device scalars, helper programs... (see
+    ``cache_sizes()`` for the list). The next step re-traces its shapes and
+    re-compiles. Pending tensors, executions in flight and ``spmdtorch.compile``
+    functions (which hold their own programs) are left alone; JAX's own caches
+    are JAX's (``jax.clear_caches()``).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> y = torch.ones(3, device="xla") * 2
+        >>> spmdtorch.sync()
+        >>> clear_caches()
+        >>> cache_sizes()["lazy.executor.compile_cache"]
+        0
+        >>> (y + 1).cpu().tolist()
+        [3.0, 3.0, 3.0]
+    """
+    ENGINE.clear_caches()
+
+
+def cache_sizes() -> dict[str, int]:
+    """Entries in each per-process cache, by ``"module.what"`` name (what ``clear_caches()`` empties).
+
+    Example:
+        >>> "lazy.executor.compile_cache" in cache_sizes()
+        True
+    """
+    return ENGINE.cache_sizes()
 
 
 def metrics_report() -> str:
@@ -124,7 +161,7 @@ def last_executable():
         >>> spmdtorch.debug.last_executable().memory_analysis() is not None
         True
     """
-    from spmdtorch.lazy import executor
-
-    prog = executor._CACHE.get(executor._last_key)
+    if ENGINE.last_key is None:
+        return None
+    prog = ENGINE.compile_cache.peek(ENGINE.last_key)
     return None if prog is None else prog.compiled

@@ -31,6 +31,9 @@ from collections.abc import Mapping, Sequence
 import jax
 import torch
 
+from spmdtorch import config
+from spmdtorch.config import DistributedInitError, InvalidPjrtDeviceError, RuntimeConfigError
+
 __all__ = [
     "DistributedConfig",
     "DistributedInitError",
@@ -58,8 +61,8 @@ __all__ = [
 #: The torch device type that spmdtorch tensors report.
 DEVICE_TYPE = "xla"
 
-#: Accepted ``PJRT_DEVICE`` values and the device type each one means.
-_PJRT_DEVICE_ALIASES = {"CPU": "CPU", "CUDA": "CUDA", "GPU": "CUDA", "TPU": "TPU"}
+#: Accepted ``PJRT_DEVICE`` values and the device type each one means (parsed by ``spmdtorch.config``).
+_PJRT_DEVICE_ALIASES = config.PJRT_DEVICE_ALIASES
 
 #: Device type -> the platform name ``JAX_PLATFORMS`` expects.
 _JAX_PLATFORM_FOR_TYPE = {"CPU": "cpu", "CUDA": "cuda", "TPU": "tpu"}
@@ -68,12 +71,9 @@ _JAX_PLATFORM_FOR_TYPE = {"CPU": "cpu", "CUDA": "cuda", "TPU": "tpu"}
 _TYPE_FOR_JAX_PLATFORM = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "tpu": "TPU"}
 
 
-class RuntimeConfigError(RuntimeError):
-    """The runtime configuration (environment, JAX config) is inconsistent."""
-
-
-class InvalidPjrtDeviceError(RuntimeConfigError, ValueError):
-    """``PJRT_DEVICE`` names a device type spmdtorch does not support."""
+# RuntimeConfigError, InvalidPjrtDeviceError and DistributedInitError are
+# defined in spmdtorch.config (which raises them for malformed variables) and
+# re-exported here, where users have always found them.
 
 
 # --------------------------------------------------------------------------
@@ -87,16 +87,9 @@ def _pjrt_device_from_env() -> str | None:
     Raises:
         InvalidPjrtDeviceError: ``PJRT_DEVICE`` is set to an unknown value.
     """
-    raw = os.environ.get("PJRT_DEVICE")
-    if raw is None or raw.strip() == "":
-        return None
-    key = raw.strip().upper()
-    if key not in _PJRT_DEVICE_ALIASES:
-        raise InvalidPjrtDeviceError(
-            f"PJRT_DEVICE={raw!r} is not supported; expected one of "
-            f"{', '.join(sorted(_PJRT_DEVICE_ALIASES))} (GPU is an alias of CUDA)."
-        )
-    return _PJRT_DEVICE_ALIASES[key]
+    # Read at the call, not from the process snapshot: the user may set it
+    # before the first device query (tests do), as with PyTorch/XLA.
+    return config.read_one("pjrt_device")
 
 
 def _backends_initialized() -> bool:
@@ -148,7 +141,7 @@ def _apply_pjrt_device_env() -> str | None:
         actual = _type_of_platform(jax.default_backend())
         if actual != wanted:
             warnings.warn(
-                f"PJRT_DEVICE={os.environ['PJRT_DEVICE']!r} is ignored: JAX has "
+                f"PJRT_DEVICE={wanted!r} is ignored: JAX has "
                 f"already started on {actual}. Set PJRT_DEVICE before the first "
                 "JAX computation (e.g. before importing spmdtorch).",
                 RuntimeWarning,
@@ -163,8 +156,7 @@ def _apply_pjrt_device_env() -> str | None:
         first = existing.split(",")[0].strip()
         if _type_of_platform(first) != wanted:
             raise RuntimeConfigError(
-                f"PJRT_DEVICE={os.environ['PJRT_DEVICE']!r} conflicts with "
-                f"JAX_PLATFORMS={existing!r}; unset one of them."
+                f"PJRT_DEVICE={wanted!r} conflicts with JAX_PLATFORMS={existing!r}; unset one of them."
             )
         # Already consistent: keep the user's (possibly longer) list.
         if jax.config.jax_platforms != existing:  # type: ignore[attr-defined]  # see above
@@ -321,7 +313,7 @@ def device_type() -> str:
             actual = _type_of_platform(jax.default_backend())
             if actual != wanted:
                 raise RuntimeConfigError(
-                    f"PJRT_DEVICE={os.environ['PJRT_DEVICE']!r} but JAX is running "
+                    f"PJRT_DEVICE={wanted!r} but JAX is running "
                     f"on {actual}; set PJRT_DEVICE before the first JAX computation."
                 )
         return wanted
@@ -407,10 +399,6 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 100
 DEFAULT_INIT_TIMEOUT_S = 300
 
 
-class DistributedInitError(RuntimeConfigError):
-    """``initialize_distributed`` cannot join the processes as asked."""
-
-
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
     """How this process joined (or did not join) a multi-process job.
@@ -445,29 +433,6 @@ class DistributedConfig:
 _DISTRIBUTED: list[DistributedConfig | None] = [None]  # the DistributedConfig this process initialised with
 
 
-def _env_int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise DistributedInitError(f"{name}={raw!r} is not an integer; set it to a whole number") from None
-    if value < minimum:
-        raise DistributedInitError(f"{name}={raw!r} must be >= {minimum}")
-    return value
-
-
-def _env_device_ids(env: Mapping[str, str], name: str) -> tuple[int, ...] | None:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        return tuple(int(x) for x in raw.split(","))
-    except ValueError:
-        raise DistributedInitError(f"{name}={raw!r} must be a comma-separated list of device ids, e.g. '0,1'") from None
-
-
 def _torchrun_address(env: Mapping[str, str]) -> str:
     """``MASTER_ADDR:port`` for JAX's coordinator when torchrun started us.
 
@@ -475,16 +440,16 @@ def _torchrun_address(env: Mapping[str, str]) -> str:
     ``TORCHELASTIC_USE_AGENT_STORE=True``, so the coordinator then takes the
     next port. ``SPMDTORCH_COORDINATOR_PORT`` overrides both.
     """
-    port = _env_int(env, ENV_COORDINATOR_PORT, 1)
+    port = config.read_one("coordinator_port", env)
     if port is None:
-        master_port = _env_int(env, "MASTER_PORT", 1)
+        master_port = config.read_one("master_port", env)
         if master_port is None:
             raise DistributedInitError(
                 "MASTER_ADDR is set but MASTER_PORT is not; set MASTER_PORT (or "
                 f"{ENV_COORDINATOR_PORT}) to the port process 0 should listen on"
             )
-        port = master_port + 1 if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else master_port
-    return f"{env['MASTER_ADDR']}:{port}"
+        port = master_port + 1 if config.read_one("torchelastic_agent_store", env) else master_port
+    return f"{config.read_one('master_addr', env)}:{port}"
 
 
 def resolve_distributed_config(
@@ -528,9 +493,16 @@ def resolve_distributed_config(
         >>> cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.source
         ('10.0.0.1:29500', 4, 1, 'torchrun')
     """
+    # Each variable is parsed (spmdtorch.config) only where this resolution
+    # order consults it: torchrun's RANK is not ours to reject when the
+    # launcher's variables decide.
     env = os.environ if env is None else env
+
+    def var(field):
+        return config.read_one(field, env)
+
     if heartbeat_timeout_s is None:
-        heartbeat_timeout_s = _env_int(env, ENV_HEARTBEAT_TIMEOUT, 1) or DEFAULT_HEARTBEAT_TIMEOUT_S
+        heartbeat_timeout_s = var("heartbeat_timeout_s") or DEFAULT_HEARTBEAT_TIMEOUT_S
     if isinstance(local_device_ids, bool):  # an int to Python, never a device id
         raise DistributedInitError(
             f"local_device_ids must be a device id or a sequence of device ids, got {local_device_ids!r}"
@@ -543,22 +515,22 @@ def resolve_distributed_config(
     given = (coordinator_address, num_processes, process_id)
     source = "arguments"
     if None in given:
-        if env.get(ENV_COORDINATOR_ADDRESS):
+        if var("coordinator_address"):
             source = "SPMDTORCH_*"
             found: tuple[str | None, int | None, int | None] = (
-                env[ENV_COORDINATOR_ADDRESS],
-                _env_int(env, ENV_NUM_PROCESSES, 1),
-                _env_int(env, ENV_PROCESS_ID, 0),
+                var("coordinator_address"),
+                var("num_processes"),
+                var("process_id"),
             )
             if local_device_ids is None:
-                local_device_ids = _env_device_ids(env, ENV_LOCAL_DEVICE_IDS)
-        elif env.get("MASTER_ADDR") and env.get("WORLD_SIZE") and env.get("RANK"):
+                local_device_ids = var("local_device_ids")
+        elif var("master_addr") and var("world_size") is not None and var("rank") is not None:
             source = "torchrun"
-            found = (_torchrun_address(env), _env_int(env, "WORLD_SIZE", 1), _env_int(env, "RANK", 0))
-            local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1)
+            found = (_torchrun_address(env), var("world_size"), var("rank"))
+            local_world = var("local_world_size")
             if local_device_ids is None and local_world is not None and local_world > 1:
                 # Several processes on this host: each takes the device of its local rank.
-                local_rank = _env_int(env, "LOCAL_RANK", 0)
+                local_rank = var("local_rank")
                 local_device_ids = None if local_rank is None else (local_rank,)
         else:
             source = "jax"
@@ -694,7 +666,7 @@ def initialize_distributed(
             "tensors on 'xla' or querying devices"
         )
     if initialization_timeout_s is None:
-        initialization_timeout_s = _env_int(os.environ, ENV_INIT_TIMEOUT, 1) or DEFAULT_INIT_TIMEOUT_S
+        initialization_timeout_s = config.read_one("init_timeout_s") or DEFAULT_INIT_TIMEOUT_S
     # Untyped run-time flag attribute (see _apply_pjrt_device_env).
     platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()  # type: ignore[attr-defined]
     if platforms.split(",")[0].strip() in ("", "cpu"):
@@ -733,7 +705,6 @@ def initialize_distributed(
 
 #: Environment variable with the default gather limit in bytes.
 ENV_MAX_GATHER_BYTES = "SPMDTORCH_MAX_GATHER_BYTES"
-_DEFAULT_MAX_GATHER_BYTES = 1 << 30  # 1 GiB: a copy of this size lands on every host
 _MAX_GATHER: list[int | None] = [None]
 
 
@@ -750,7 +721,8 @@ def max_gather_bytes() -> int:
     default (1 GiB); :func:`set_max_gather_bytes` overrides it.
 
     Raises:
-        ValueError: ``SPMDTORCH_MAX_GATHER_BYTES`` is not a whole number >= 0.
+        spmdtorch.config.ConfigError: ``SPMDTORCH_MAX_GATHER_BYTES`` is not a whole number >= 0
+            (a ``ValueError``).
 
     Example:
         >>> max_gather_bytes() > 0
@@ -758,16 +730,8 @@ def max_gather_bytes() -> int:
     """
     if _MAX_GATHER[0] is not None:
         return _MAX_GATHER[0]
-    raw = os.environ.get(ENV_MAX_GATHER_BYTES)
-    if raw is None or not raw.strip():
-        return _DEFAULT_MAX_GATHER_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_MAX_GATHER_BYTES}={raw!r} must be a whole number of bytes") from None
-    if value < 0:
-        raise ValueError(f"{ENV_MAX_GATHER_BYTES}={raw!r} must be >= 0")
-    return value
+    # At the call (the documented contract: the environment, then the override).
+    return config.read_one("max_gather_bytes")
 
 
 def set_max_gather_bytes(limit: int | None) -> None:

@@ -8,7 +8,9 @@ from spmdtorch._cpu_devices import CPU_REMAT_XLA_FLAG, SimulatedDevicesError, cp
 
 
 def test_env_replaces_the_count_keeps_other_flags_and_raises_nproc():
-    env = cpu_device_env(12, {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8", "NPROC": "4"})
+    env = cpu_device_env(
+        12, {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8", "NPROC": "4"}
+    )
     assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=12"
     assert env["NPROC"] == "24"  # at least 2 x devices (docs/design.md, hazard "CPU collective deadlock")
     assert (env["JAX_PLATFORMS"], env["PJRT_DEVICE"]) == ("cpu", "CPU")

@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
+from spmdtorch.lazy._engine import ENGINE
+
 __all__ = ["device_fingerprints", "fingerprint_numpy"]
 
 _U = jnp.uint32
@@ -132,6 +134,9 @@ def _program(logical_shapes: tuple[tuple[int, ...] | None, ...]) -> Callable[...
         return tuple(_one(x, s) for x, s in zip(xs, logical_shapes))
 
     return jax.jit(run)
+
+
+ENGINE.register_cache("checkpoint.fingerprint.programs", _program)
 
 
 def device_fingerprints(

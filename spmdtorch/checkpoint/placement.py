@@ -27,6 +27,7 @@ from spmdtorch import _dtypes
 from spmdtorch.checkpoint.errors import UnsupportedValueError
 from spmdtorch.checkpoint.tree import KeyPath, keystr
 from spmdtorch.lazy import executor, padding
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import transfer
 from spmdtorch.tensor.dispatch import concrete_value
@@ -135,6 +136,9 @@ def _unpad_program(
     return jax.jit(functools.partial(padding.unpad, shape=logical_shape), out_shardings=out_sharding)
 
 
+ENGINE.register_cache("checkpoint.placement.unpad_programs", _unpad_program)
+
+
 def save_value(t: XlaTensor) -> tuple[jax.Array, jax.Array, tuple[int, ...] | None]:
     """``(array to save, array to fingerprint, logical shape or None)`` for an xla tensor.
 
@@ -161,6 +165,9 @@ def install(t: XlaTensor, array: jax.Array) -> None:
 @functools.lru_cache(maxsize=256)
 def _cast_program(dtype: np.dtype[Any], sharding: jax.sharding.Sharding) -> Callable[[jax.Array], jax.Array]:
     return jax.jit(lambda x: x.astype(dtype), out_shardings=sharding)
+
+
+ENGINE.register_cache("checkpoint.placement.cast_programs", _cast_program)
 
 
 def cast(array: jax.Array, dtype: npt.DTypeLike, sharding: jax.sharding.Sharding) -> jax.Array:

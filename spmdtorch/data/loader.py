@@ -37,7 +37,7 @@ import torch
 
 from spmdtorch.data import transfer
 from spmdtorch.data.errors import InputShardingError, LoaderWorkerError
-from spmdtorch.partition.marking import ShardingSpec
+from spmdtorch.sharding import ShardingSpec
 
 __all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
 

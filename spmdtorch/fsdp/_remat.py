@@ -42,7 +42,6 @@ from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 __all__ = ["CPU_REMAT_XLA_FLAG", "checkpoint_module", "cpu_keeps_barriers", "optimization_barrier"]
 
 
-
 def cpu_keeps_barriers(xla_flags: str | None = None) -> bool:
     """Whether ``XLA_FLAGS`` disables XLA:CPU's ``cse_barrier_expander`` pass.
 

@@ -21,16 +21,36 @@ counters live on the device), and a change in an optimizer's hyper-parameters
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import warnings
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
 from spmdtorch.lazy import executor, metrics
+from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy._trace_records import (
+    AliasResult,
+    ArgInput,
+    ArgResult,
+    ConstInput,
+    ConstResult,
+    FreshOutput,
+    FreshResult,
+    InputRole,
+    OutputTarget,
+    ResultRecipe,
+    ScalarInput,
+    StorageInput,
+    StorageOutput,
+    TensorMeta,
+    ValueResult,
+)
 from spmdtorch.lazy.contract import CompileContractError, TraceState, tracing
 from spmdtorch.lazy.graph import LazyRef, Scalar
 from spmdtorch.tensor import xla_tensor
@@ -99,6 +119,7 @@ def _install_optimizer_hook():
 
 _LEAF_TYPES = (int, float, bool, str, type(None))
 _FLAT_SPECS: dict = {}
+ENGINE.register_cache("lazy.compiled.flat_specs", _FLAT_SPECS)
 
 
 def _flatten(args, kwargs):
@@ -149,29 +170,40 @@ def _signature(flat_args, spec):
     return tuple(sig)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Record:
-    """What one trace computed: the program and the role of each input/output."""
+    """What one trace computed: the program and the role of each input/output (``_make_record``).
 
-    __slots__ = (
-        "prog",
-        "plan_key",
-        "leaf_roles",
-        "out_targets",
-        "result_spec",
-        "result_leaves",
-        "scalars",
-        "optimizers",
-        "compare_key",
-    )
+    Attributes:
+        prog: the program (``executor._Program``), or None when the trace computed nothing.
+        plan_key: its ``executor.PlanKey`` (None without a program).
+        leaf_roles: per program leaf, where it comes from on the next call.
+        out_targets: per program output, where it goes.
+        result_spec: the ``TreeSpec`` of the returned value.
+        result_leaves: per leaf of the returned value, how to rebuild it.
+        scalars: ``(type, value)`` of each frozen Python scalar.
+        optimizers: ``id(optimizer)`` -> ``(weakref to it, its hyper-parameters)``.
+        compare_key: equal for two traces that recorded the same program and roles.
+    """
+
+    prog: Any
+    plan_key: Any
+    leaf_roles: tuple[InputRole, ...]
+    out_targets: tuple[OutputTarget, ...]
+    result_spec: Any
+    result_leaves: tuple[ResultRecipe, ...]
+    scalars: tuple
+    optimizers: dict
+    compare_key: tuple
 
 
+@dataclasses.dataclass(slots=True)
 class _Entry:
-    __slots__ = ("last", "streak", "stable")
+    """One input signature's history: the last trace, how many agreed in a row, the replayed one."""
 
-    def __init__(self):
-        self.last = None
-        self.streak = 0
-        self.stable = None
+    last: _Record | None = None
+    streak: int = 0
+    stable: _Record | None = None
 
 
 class CompiledFunction:
@@ -253,7 +285,6 @@ class CompiledFunction:
         return result, record
 
     def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in):
-        rec = _Record()
         plan = captured.get("plan")
         storages = captured.get("storages", [])
         arg_storages = {}
@@ -265,16 +296,16 @@ class CompiledFunction:
             if isinstance(r, XlaTensor):
                 returned.setdefault(id(r._st), i)
         # Inputs: where each leaf of the program comes from on the next call.
-        roles = []
+        roles: list[InputRole] = []
         scalars = []
         if plan is not None:
             for leaf in plan.leaves:
                 if type(leaf) is Scalar:
-                    roles.append(("scalar", leaf))  # packed with the others at each call
+                    roles.append(ScalarInput(leaf))  # packed with the others at each call
                     scalars.append((type(leaf.value), leaf.value))
                     continue
                 if id(leaf) in arg_arrays:
-                    roles.append(("arg", arg_arrays[id(leaf)]))
+                    roles.append(ArgInput(arg_arrays[id(leaf)]))
                     continue
                 # Every storage that held this array when fn started: the
                 # program read them all through this one input, so a replay
@@ -285,51 +316,54 @@ class CompiledFunction:
                     holders += [h for h in (first, *more) if all(h is not o for o in holders)]
                 holders = [h for h in holders if id(h) not in created]
                 if holders:
-                    roles.append(("storage", weakref.ref(holders[0]), tuple(weakref.ref(h) for h in holders[1:])))
+                    roles.append(StorageInput(weakref.ref(holders[0]), tuple(weakref.ref(h) for h in holders[1:])))
                 else:
                     # Data made inside fn from host values: frozen like a jit constant.
-                    roles.append(("const", leaf))
+                    roles.append(ConstInput(leaf))
         # Outputs: which storage each program output goes to.
-        targets = []
+        targets: list[OutputTarget] = []
         for st in storages:
             if id(st) in returned and id(st) in created:
-                targets.append(("fresh", returned[id(st)]))
+                targets.append(FreshOutput(returned[id(st)]))
             else:
-                targets.append(("storage", weakref.ref(st), id(st) in created))
+                targets.append(StorageOutput(weakref.ref(st), id(st) in created))
         # Returned values: rebuilt per call.
-        res_leaves = []
+        res_leaves: list[ResultRecipe] = []
         out_pos = {id(st): k for k, st in enumerate(storages)}
         for r in res_flat:
             if isinstance(r, XlaTensor):
                 k = out_pos.get(id(r._st))
-                meta = (tuple(r.shape), r.stride(), r.storage_offset(), r.dtype, r._chain)
-                if k is not None and targets[k][0] == "fresh":
-                    res_leaves.append(("fresh", k, meta))
+                meta = TensorMeta(tuple(r.shape), r.stride(), r.storage_offset(), r.dtype, r._chain)
+                if k is not None and type(targets[k]) is FreshOutput:
+                    res_leaves.append(FreshResult(k, meta))
                 elif id(r._st) in arg_storages:
-                    res_leaves.append(("arg", arg_storages[id(r._st)], meta))
+                    res_leaves.append(ArgResult(arg_storages[id(r._st)], meta))
                 else:
-                    res_leaves.append(("alias", weakref.ref(r._st), meta))
+                    res_leaves.append(AliasResult(weakref.ref(r._st), meta))
             elif isinstance(r, torch.Tensor):
-                res_leaves.append(("const", r))
+                res_leaves.append(ConstResult(r))
             else:
-                res_leaves.append(("value", r))
-        rec.prog = captured.get("prog")
-        rec.plan_key = None if plan is None else plan.key
-        rec.leaf_roles = roles
-        rec.out_targets = targets
-        rec.result_spec = res_spec
-        rec.result_leaves = res_leaves
-        rec.scalars = tuple(scalars)
-        rec.optimizers = dict(_TraceState.optimizers)
-        rec.compare_key = (
-            rec.plan_key,
-            tuple(_role_key(r) for r in roles),
-            tuple(t[0] if t[0] == "storage" else t for t in targets),
-            rec.scalars,
-            res_spec,
-            tuple(_res_key(r) for r in res_leaves),
+                res_leaves.append(ValueResult(r))
+        plan_key = None if plan is None else plan.key
+        scalars = tuple(scalars)
+        return _Record(
+            prog=captured.get("prog"),
+            plan_key=plan_key,
+            leaf_roles=tuple(roles),
+            out_targets=tuple(targets),
+            result_spec=res_spec,
+            result_leaves=tuple(res_leaves),
+            scalars=scalars,
+            optimizers=dict(_TraceState.optimizers),
+            compare_key=(
+                plan_key,
+                tuple(_role_key(r) for r in roles),
+                tuple(_target_key(t) for t in targets),
+                scalars,
+                res_spec,
+                tuple(_res_key(r) for r in res_leaves),
+            ),
         )
-        return rec
 
     # -- replaying -----------------------------------------------------------
     def _warn_dropped_state(self):
@@ -354,37 +388,38 @@ class CompiledFunction:
         args = []
         if rec.prog is not None:
             for role in rec.leaf_roles:
-                kind = role[0]
-                if kind == "arg":
-                    args.append(flat_in[role[1]]._st.value)
-                elif kind == "storage":
-                    st = role[1]()
-                    if st is None or isinstance(st.value, LazyRef):
-                        return _RETRACE
-                    value = st.value
-                    for other in role[2]:  # storages that shared this input when traced
-                        o = other()
-                        if o is not None and o.value is not value:
+                match role:
+                    case StorageInput(ref, co_holders):
+                        st = ref()
+                        if st is None or isinstance(st.value, LazyRef):
                             return _RETRACE
-                    args.append(value)
-                elif kind == "scalar":
-                    args.append(role[1])
-                else:
-                    args.append(role[1])
+                        value = st.value
+                        for other in co_holders:  # storages that shared this input when traced
+                            o = other()
+                            if o is not None and o.value is not value:
+                                return _RETRACE
+                        args.append(value)
+                    case ArgInput(index):
+                        args.append(flat_in[index]._st.value)
+                    case ScalarInput(leaf):
+                        args.append(leaf)
+                    case ConstInput(array):
+                        args.append(array)
             targets = []
             for t in rec.out_targets:
-                if t[0] == "storage":
-                    st = t[1]()
-                    if st is None and t[2]:
-                        # fn made this tensor and stored it outside its result (a
-                        # gradient in p.grad, new optimizer state); the holder has
-                        # since dropped it (zero_grad() outside fn): replaying would
-                        # write the value nowhere, so fn must run again.
-                        self._warn_dropped_state()
-                        return _RETRACE
-                    targets.append(st)  # a dead pre-existing storage just drops its output
-                else:
-                    targets.append(None)
+                match t:
+                    case StorageOutput(ref, created):
+                        st = ref()
+                        if st is None and created:
+                            # fn made this tensor and stored it outside its result (a
+                            # gradient in p.grad, new optimizer state); the holder has
+                            # since dropped it (zero_grad() outside fn): replaying would
+                            # write the value nowhere, so fn must run again.
+                            self._warn_dropped_state()
+                            return _RETRACE
+                        targets.append(st)  # a dead pre-existing storage just drops its output
+                    case FreshOutput():
+                        targets.append(None)
             from spmdtorch.lazy import rng
 
             if rec.prog.has_random:
@@ -400,37 +435,52 @@ class CompiledFunction:
         for k, (t, arr) in enumerate(zip(targets, outs)):
             if t is not None:
                 t.set(arr)
-            elif rec.out_targets[k][0] == "fresh":
+            elif type(rec.out_targets[k]) is FreshOutput:
                 fresh[k] = arr
         res = []
         for leaf in rec.result_leaves:
-            kind = leaf[0]
-            if kind == "fresh":
-                shape, stride, offset, dtype, chain = leaf[2]
-                st = xla_tensor.Storage(fresh[leaf[1]])
-                res.append(XlaTensor(st, chain, shape, stride, offset, dtype))
-            elif kind in ("alias", "arg"):
-                st = flat_in[leaf[1]]._st if kind == "arg" else leaf[1]()
-                if st is None:
-                    return _RETRACE
-                shape, stride, offset, dtype, chain = leaf[2]
-                res.append(XlaTensor(st, chain, shape, stride, offset, dtype))
-            else:
-                res.append(leaf[1])
+            match leaf:
+                case FreshResult(k, m):
+                    st = xla_tensor.Storage(fresh[k])
+                    res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
+                case ArgResult(index, m):
+                    st = flat_in[index]._st
+                    res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
+                case AliasResult(ref, m):
+                    st = ref()
+                    if st is None:
+                        return _RETRACE
+                    res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
+                case ConstResult(tensor):
+                    res.append(tensor)
+                case ValueResult(value):
+                    res.append(value)
         return pytree.tree_unflatten(res, rec.result_spec)
 
 
 _RETRACE = object()
 
 
-def _role_key(role):
-    if role[0] == "scalar":  # values are compared through ``_Record.scalars``
-        return ("scalar",)
-    if role[0] == "storage":
-        return ("storage", id(role[1]()), tuple(id(r()) for r in role[2]))
-    if role[0] == "const":
-        return ("const",) + _const_key(role[1])
-    return role
+def _role_key(role: InputRole) -> tuple | InputRole:
+    """What must be equal between two traces for an input (``_Record.compare_key``)."""
+    match role:
+        case ScalarInput():  # values are compared through ``_Record.scalars``
+            return ("scalar",)
+        case StorageInput(ref, co_holders):
+            return ("storage", id(ref()), tuple(id(r()) for r in co_holders))
+        case ConstInput(array):
+            return ("const",) + _const_key(array)
+        case ArgInput():
+            return role
+
+
+def _target_key(target: OutputTarget) -> str | OutputTarget:
+    """Same, for an output: its storage is identified through the plan's key."""
+    match target:
+        case StorageOutput():
+            return "storage"
+        case FreshOutput():
+            return target
 
 
 def _const_key(arr) -> tuple:
@@ -448,18 +498,23 @@ def _const_key(arr) -> tuple:
     return (data.shape, str(data.dtype), arr.sharding, hashlib.blake2b(data.tobytes(), digest_size=16).digest())
 
 
-def _res_key(leaf):
-    if leaf[0] == "alias":
-        return ("alias", id(leaf[1]()), leaf[2][:4])
-    if leaf[0] in ("fresh", "arg"):
-        return (leaf[0], leaf[1], leaf[2][:4])
-    if leaf[0] == "const":
-        return ("const", id(leaf[1]))
-    try:
-        hash(leaf[1])
-        return leaf
-    except TypeError:
-        return (leaf[0], repr(leaf[1]))
+def _res_key(leaf: ResultRecipe) -> tuple:
+    """Same, for a returned value."""
+    match leaf:
+        case AliasResult(ref, meta):
+            return ("alias", id(ref()), meta.layout())
+        case FreshResult(k, meta):
+            return ("fresh", k, meta.layout())
+        case ArgResult(index, meta):
+            return ("arg", index, meta.layout())
+        case ConstResult(tensor):
+            return ("const", id(tensor))
+        case ValueResult(value):
+            try:
+                hash(value)
+                return ("value", value)
+            except TypeError:
+                return ("value", repr(value))
 
 
 def _to_xla_arg(a):

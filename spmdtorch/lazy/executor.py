@@ -6,38 +6,43 @@ arguments, input wiring, and the shape/dtype/sharding of each input — and
 looks it up in the compile cache. A training loop therefore compiles once per
 distinct step structure. Inputs whose storage was overwritten in this step are
 donated so that parameters are not held twice. Executions are asynchronous;
-at most ``MAX_IN_FLIGHT`` are queued so that XLA's CPU client cannot deadlock
-on collectives (DESIGN.md, Known hazards).
+at most ``SPMDTORCH_MAX_IN_FLIGHT`` are queued so that XLA's CPU client cannot
+deadlock on collectives (DESIGN.md, Known hazards).
+
+The state this module keeps between steps (compile cache, in-flight queue,
+owed calls, scalar arrays) lives on ``lazy._engine.ENGINE``; the knobs come
+from ``spmdtorch.config``.
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import logging
-import os
 import struct
-import threading
 import time
 import warnings
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src.lax.lax import _convert_element_type  # weak-typed scalars (no public spelling)
 
+from spmdtorch import config
 from spmdtorch.lazy import contract, keys, metrics, rng
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
 from spmdtorch.tensor import xla_tensor
 
-__all__ = ["sync", "evaluate", "lower", "MAX_IN_FLIGHT", "LoweringError"]
+__all__ = ["sync", "evaluate", "lower", "LoweringError"]
 
 log = logging.getLogger("spmdtorch.compile")
 
-# Blocking on the oldest result once this many executions are queued keeps the
-# CPU client's thread pool from filling with executions waiting on collectives.
-MAX_IN_FLIGHT = int(os.environ.get("SPMDTORCH_MAX_IN_FLIGHT", "8"))
-
-# Per queued execution: (its sentinel, its donated inputs). The sentinel is a
+# Blocking on the oldest result once ENGINE.max_in_flight executions are queued
+# keeps the CPU client's thread pool from filling with executions waiting on
+# collectives.
+#
+# ENGINE.inflight, per queued execution: (its sentinel, its donated inputs). The sentinel is a
 # tiny extra output of every program, ready when the execution is done and
 # never handed to a user, so it is never donated. Holding real outputs instead
 # would keep the values later steps replaced (last steps' gradients) alive
@@ -45,13 +50,10 @@ MAX_IN_FLIGHT = int(os.environ.get("SPMDTORCH_MAX_IN_FLIGHT", "8"))
 # the last reference to an array while the execution that took its buffer
 # still runs costs the host more than dropping it once that execution is done
 # (their buffers are gone: they pin no memory).
-_INFLIGHT: collections.deque = collections.deque()
 
 # XLA says so when a donated input has no output of its shape to reuse; that
 # is harmless, and a per-call catch_warnings would cost more than the call.
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-_CACHE: dict = {}
-_last_key = None
 
 
 class LoweringError(RuntimeError):
@@ -67,17 +69,67 @@ def _fill(x, vals):
     return x
 
 
-class _Plan:
-    """The graph behind a set of roots, in post-order, with its cache key.
+class PlanKey(NamedTuple):
+    """A plan's structure: what its program computes, independent of input values.
 
-    ``key`` is ``(entries, outputs)``: per node its signature (an int standing
-    for its name and static arguments, ``lazy.keys``), its random draw rank
-    and where each input comes from (an earlier node's output, or a leaf).
     All ints, so hashing and comparing the key of a whole training step is
     done in C.
+
+    Attributes:
+        entries: per node ``(signature, draw rank, input codes)``: the
+            signature is an int standing for its name and static arguments
+            (``lazy.keys``); an input code is ``(node index, output index)``
+            for an earlier node's output or a negative int ``-1 - leaf index``.
+        outputs: ``(node index, output index)`` per program output.
+    """
+
+    entries: tuple
+    outputs: tuple
+
+
+class ProgramKey(NamedTuple):
+    """The compile cache's key: a plan's structure plus what its inputs and outputs look like.
+
+    Attributes:
+        plan: the :class:`PlanKey`.
+        leaves: per leaf ``(shape, dtype, sharding)``, or ``("S", type)`` for a Python scalar.
+        donate: per leaf, whether its buffer is donated.
+        out_shardings: per output, its sharding (None: XLA's choice).
+    """
+
+    plan: PlanKey
+    leaves: tuple
+    donate: tuple
+    out_shardings: tuple
+
+
+class _Plan:
+    """The graph behind a set of roots, in post-order, with its cache key (:class:`PlanKey`).
+
+    Built in one place (``__init__``, one walk); ``pair_outputs`` reorders the
+    outputs once before compilation.
+
+    Attributes:
+        nodes: the graph's nodes, post-order, common subexpressions merged.
+        codes: per node, its input codes (see :class:`PlanKey`).
+        leaves: the program's inputs: ``jax.Array`` or ``Scalar``.
+        outputs: ``(node index, output index)`` per output.
+        key: the :class:`PlanKey`.
+        has_random: some node draws random numbers (the program takes a key).
+        draws: per node, its rank among the random nodes (-1: not random).
+        donatable: leaf positions that may be donated (None: every unheld array).
     """
 
     __slots__ = ("nodes", "codes", "leaves", "outputs", "key", "has_random", "draws", "donatable")
+
+    nodes: list
+    codes: list
+    leaves: list
+    outputs: tuple
+    key: PlanKey
+    has_random: bool
+    draws: list
+    donatable: frozenset | None
 
     def __init__(self, refs):
         # Post-order, depth first, each node's inputs scanned once (an
@@ -160,7 +212,7 @@ class _Plan:
         self.outputs = tuple((node_ids[id(r.node)], r.index) for r in refs)
         self.has_random = has_random
         self.donatable = None  # leaf positions that may be donated (None: every unheld array)
-        self.key = (tuple(zip(sigs, draws, codes)), self.outputs)
+        self.key = PlanKey(tuple(zip(sigs, draws, codes)), self.outputs)
 
     def pair_outputs(self, storages: list) -> list:
         """Order the outputs so that each donated input's buffer goes to its own storage's new value.
@@ -185,7 +237,7 @@ class _Plan:
         order = [k for _, k in pairs] + [k for k in range(len(storages)) if k not in taken]
         self.outputs = tuple(self.outputs[k] for k in order)
         self.donatable = frozenset(i for i, _ in pairs)
-        self.key = (self.key[0], self.outputs)
+        self.key = PlanKey(self.key.entries, self.outputs)
         return [storages[k] for k in order]
 
 
@@ -230,7 +282,8 @@ def _rehome(plan, mesh) -> None:
             plan.leaves[i] = new
 
 
-_SCALAR_SIGS: dict = {}
+_SCALAR_SIGS: dict = {}  # type -> ("S", type): one key object per Python number type
+ENGINE.register_cache("lazy.executor.scalar_signatures", _SCALAR_SIGS)
 
 
 def _leaf_sig(leaf):
@@ -309,17 +362,15 @@ class _Layout:
         return out
 
 
-_PACKED_CACHE: dict = {}
-
-
 def _packed_array(kind, values, mesh):
     """A replicated device vector of ``values``; repeated value sets reuse one array."""
     # Floats by bit pattern (0.0 and -0.0 differ; one struct.pack for all).
     key = (kind, struct.pack(f"{len(values)}d", *values) if kind == "f" else values, mesh)
-    arr = _PACKED_CACHE.get(key)
+    cache = ENGINE.packed_arrays
+    arr = cache.get(key)
     if arr is None:
-        if len(_PACKED_CACHE) >= _SCALAR_CACHE_MAX:
-            _PACKED_CACHE.clear()
+        if len(cache) >= _SCALAR_CACHE_MAX:
+            cache.clear()
         np_dtype = next(k[1] for k in _SCALAR_KINDS if k[0] == kind)
         if kind == "i":
             for v in values:
@@ -330,7 +381,7 @@ def _packed_array(kind, values, mesh):
         sharding = (
             replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         )
-        arr = _PACKED_CACHE[key] = jax.device_put(np.array(values, dtype=np_dtype), sharding)
+        arr = cache[key] = jax.device_put(np.array(values, dtype=np_dtype), sharding)
     return arr
 
 
@@ -338,7 +389,7 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
     """The program as a function of its arguments (``layout``: how leaves are passed;
     None passes one argument per leaf, as a nested body such as a shard_map region wants).
     ``outputs``: the ``(node, index)`` pairs it returns (default: the plan's).
-    ``sentinel``: also return a 0-d bool last (see ``_INFLIGHT``)."""
+    ``sentinel``: also return a 0-d bool last (see ``ENGINE.inflight``)."""
     if layout is None:
         layout = _Layout(plan, pack=False)
     nodes = [(n.fn, n.template, d, n.out_avals, n.name) for n, d in zip(plan.nodes, plan.draws)]
@@ -389,27 +440,52 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
     return run
 
 
+def _program_args(layout: _Layout, n_leaves: int, mesh, leaf_args) -> list:
+    """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
+    return layout.pack(leaf_args[:n_leaves], mesh) + list(leaf_args[n_leaves:])
+
+
+@dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)  # weakly held by tests of eviction
 class _Program:
-    __slots__ = ("compiled", "lowered", "n_leaves", "has_random", "mesh", "layout", "out_map", "donated")
+    """One compiled program and how to call it (made once, by ``_program_for``).
+
+    Attributes:
+        compiled: the executable (``jax.stages.Compiled``).
+        lowered: its ``jax.stages.Lowered`` (HLO for debugging).
+        n_leaves: leaves of the plan it was compiled from (the random key follows them).
+        has_random: it takes a random key after the leaves.
+        mesh: the user mesh its replicated scalars live on (None: the default placement).
+        layout: where each leaf goes in its argument list.
+        out_map: per storage, which program output it receives (None: one each, in order).
+        donated: argument positions whose buffers it takes.
+    """
+
+    compiled: Any
+    lowered: Any
+    n_leaves: int
+    has_random: bool
+    mesh: Any
+    layout: _Layout
+    out_map: tuple | None
+    donated: tuple
 
     def call_args(self, leaf_args) -> list:
         """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
-        n = self.n_leaves
-        return self.layout.pack(leaf_args[:n], self.mesh) + list(leaf_args[n:])
+        return _program_args(self.layout, self.n_leaves, self.mesh, leaf_args)
 
 
 def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
-    global _last_key
     leaf_sigs = tuple([_leaf_sig(leaf) for leaf in plan.leaves])
-    key = (plan.key, leaf_sigs, donate, out_shardings)
-    prog = _CACHE.get(key)
+    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings)
+    cache = ENGINE.compile_cache
+    prog = cache.get(key)
     if prog is not None:
         metrics.inc("CachedCompile")
         return prog, key
     metrics.inc("UncachedCompile")
-    if log.isEnabledFor(logging.INFO) or os.environ.get("SPMDTORCH_LOG_RECOMPILES"):
-        _log_recompile(_last_key, key, plan)
-    _last_key = key
+    if log.isEnabledFor(logging.INFO) or config.settings().log_recompiles:
+        _log_recompile(ENGINE.last_key, key, plan)
+    ENGINE.last_key = key
     start = time.perf_counter()
     layout = _Layout(plan)
     # Storages whose values are the same output with the same placement get
@@ -423,19 +499,21 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     # The sentinel is replicated: it is ready only once every device is done.
     out_sh = [sh for _, sh in unique] + [_replicated_on(mesh)]
     jitted = jax.jit(fn, donate_argnums=donate_idx, out_shardings=out_sh, keep_unused=True)
-    prog = _Program()
-    prog.out_map = out_map if len(unique) < len(out_map) else None
-    prog.n_leaves = len(plan.leaves)
-    prog.has_random = plan.has_random
-    prog.mesh = mesh
-    prog.layout = layout
     # Lowering needs only the key's type: drawing here would consume a key
     # that no execution uses (a first run would then differ from a cached one).
-    lowered = jitted.lower(*prog.call_args(_call_args(plan, mesh, draw_key=False)))
-    prog.compiled = lowered.compile()
-    prog.lowered = lowered
-    prog.donated = donate_idx
-    _CACHE[key] = prog
+    n_leaves = len(plan.leaves)
+    lowered = jitted.lower(*_program_args(layout, n_leaves, mesh, _call_args(plan, mesh, draw_key=False)))
+    prog = _Program(
+        compiled=lowered.compile(),
+        lowered=lowered,
+        n_leaves=n_leaves,
+        has_random=plan.has_random,
+        mesh=mesh,
+        layout=layout,
+        out_map=out_map if len(unique) < len(out_map) else None,
+        donated=donate_idx,
+    )
+    cache.put(key, prog)
     metrics.add_time("CompileTime", time.perf_counter() - start)
     return prog, key
 
@@ -444,21 +522,21 @@ def _log_recompile(old, new, plan=None):
     """Say which input made this graph miss the cache (opt-in)."""
     if old is None:
         msg = "first compilation"
-    elif old[0] != new[0]:
-        o, n = old[0][0], new[0][0]
+    elif old.plan != new.plan:
+        o, n = old.plan.entries, new.plan.entries
         first = next((i for i, (a, b) in enumerate(zip(o, n)) if a != b), min(len(o), len(n)))
         what = plan.nodes[first].name if plan is not None and first < len(plan.nodes) else "(end)"
         msg = f"graph structure changed: {len(o)} -> {len(n)} ops, first difference at op {first} ({what})"
-    elif old[1] != new[1]:
+    elif old.leaves != new.leaves:
         diffs = []
-        for i, (a, b) in enumerate(zip(old[1], new[1])):
+        for i, (a, b) in enumerate(zip(old.leaves, new.leaves)):
             if a != b:
                 names = ("shape", "dtype", "sharding")
                 for k, (x, y) in enumerate(zip(a, b)):
                     if x != y and k < 3:
                         diffs.append(f"input {i} {names[k] if a[0] != 'S' else 'scalar type'}: {x} -> {y}")
-        if len(old[1]) != len(new[1]):
-            diffs.append(f"number of inputs: {len(old[1])} -> {len(new[1])}")
+        if len(old.leaves) != len(new.leaves):
+            diffs.append(f"number of inputs: {len(old.leaves)} -> {len(new.leaves)}")
         msg = "; ".join(diffs[:5]) or "inputs changed"
     else:
         msg = "donation or output shardings changed"
@@ -466,8 +544,7 @@ def _log_recompile(old, new, plan=None):
     log.warning(line)
 
 
-_SCALAR_CACHE: dict = {}
-_SCALAR_CACHE_MAX = 4096
+_SCALAR_CACHE_MAX = 4096  # per scalar cache (ENGINE.scalar_arrays, .packed_arrays); emptied when full
 
 
 def scalar_array(value, mesh=None):
@@ -479,16 +556,17 @@ def scalar_array(value, mesh=None):
     pattern so that 0.0 and -0.0 stay distinct.
     """
     key = (type(value), value.hex() if type(value) is float else value, mesh)
-    arr = _SCALAR_CACHE.get(key)
+    cache = ENGINE.scalar_arrays
+    arr = cache.get(key)
     if arr is None:
-        if len(_SCALAR_CACHE) >= _SCALAR_CACHE_MAX:
-            _SCALAR_CACHE.clear()
+        if len(cache) >= _SCALAR_CACHE_MAX:
+            cache.clear()
         from spmdtorch.tensor.transfer import replicated_sharding
 
         sharding = (
             replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         )
-        arr = _SCALAR_CACHE[key] = jax.device_put(jnp.asarray(value), sharding)
+        arr = cache[key] = jax.device_put(jnp.asarray(value), sharding)
     return arr
 
 
@@ -537,10 +615,9 @@ def run_plan(plan: _Plan, storages):
     return execute(prog, _call_args(plan, mesh)), prog
 
 
-# Dispatches owed before the next program runs (an async checkpoint's
-# fingerprints read arrays that the next step donates); see before_next_execution.
-_BEFORE_NEXT: list = []
-_BEFORE_NEXT_LOCK = threading.Lock()
+# ENGINE.before_next: dispatches owed before the next program runs (an async
+# checkpoint's fingerprints read arrays that the next step donates); see
+# before_next_execution. Guarded by ENGINE.before_next_lock.
 
 
 def before_next_execution(fn) -> None:
@@ -552,13 +629,13 @@ def before_next_execution(fn) -> None:
     ahead of the next training step. ``fn`` runs exactly once, on whichever
     thread gets there first, always before any later execution.
     """
-    with _BEFORE_NEXT_LOCK:
-        _BEFORE_NEXT.append(fn)
+    with ENGINE.before_next_lock:
+        ENGINE.before_next.append(fn)
 
 
 def flush_before_next() -> None:
     """Run the calls owed by :func:`before_next_execution` now (any thread)."""
-    with _BEFORE_NEXT_LOCK:
+    with ENGINE.before_next_lock:
         _run_owed()
 
 
@@ -566,27 +643,29 @@ def _run_owed() -> None:
     # Under the lock, and each call leaves the list only once it has run:
     # execute() checks the list without the lock, so it must see the call
     # (and wait for the lock) until the call is done.
-    while _BEFORE_NEXT:
+    owed = ENGINE.before_next
+    while owed:
         try:
-            _BEFORE_NEXT[0]()
+            owed[0]()
         except Exception:  # the owner reports its own failure (SaveFingerprints.fail)
             log.exception("a dispatch owed before the next execution failed")
         finally:
-            _BEFORE_NEXT.pop(0)
+            owed.pop(0)
 
 
 def execute(prog: _Program, args) -> list:
     """Run a compiled program asynchronously, bounding executions in flight."""
-    if _BEFORE_NEXT:
-        with _BEFORE_NEXT_LOCK:
+    engine = ENGINE
+    if engine.before_next:
+        with engine.before_next_lock:
             _run_owed()
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
     call = prog.call_args(args)
     outs = prog.compiled(*call)
     metrics.add_time("ExecuteTime", time.perf_counter() - start)
-    _INFLIGHT.append((outs.pop(), [call[j] for j in prog.donated]))
-    _bound_in_flight(MAX_IN_FLIGHT)
+    engine.inflight.append((outs.pop(), [call[j] for j in prog.donated]))
+    _bound_in_flight(engine.max_in_flight)
     if prog.out_map is not None:  # one buffer for several storages with equal values
         outs = [outs[j] for j in prog.out_map]
     return outs
@@ -603,8 +682,9 @@ def _replicated_on(mesh):
 
 def _bound_in_flight(limit: int) -> None:
     """Block until at most ``limit`` executions are queued."""
-    while len(_INFLIGHT) > limit:
-        sentinel, _ = _INFLIGHT.popleft()
+    inflight = ENGINE.inflight
+    while len(inflight) > limit:
+        sentinel, _ = inflight.popleft()
         sentinel.block_until_ready()
 
 
@@ -684,4 +764,5 @@ def lower(refs):
 
 
 def reset_cache() -> None:
-    _CACHE.clear()
+    """Forget every compiled program (``spmdtorch.debug.clear_caches`` clears every cache)."""
+    ENGINE.compile_cache.clear()

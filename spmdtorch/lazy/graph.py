@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from spmdtorch.lazy._engine import ENGINE
+
 __all__ = ["LazyRef", "Node", "Scalar", "Slot", "interned_scalar"]
 
 
@@ -68,6 +70,7 @@ class Scalar:
 # (context, type, value) -> Scalar. Bounded: lazy-mode values that change every
 # step (Adam's bias corrections) would otherwise accumulate.
 _INTERNED: dict = {}
+ENGINE.register_cache("lazy.graph.interned_scalars", _INTERNED)
 _INTERNED_MAX = 4096
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import itertools
 
+from spmdtorch.lazy._engine import ENGINE
+
 __all__ = ["SIG_TABLE_MAX", "BoundedCache", "fresh_sig", "node_sig"]
 
 # Distinct (name, static_key) pairs kept interned. A training step has a few
@@ -29,6 +31,7 @@ __all__ = ["SIG_TABLE_MAX", "BoundedCache", "fresh_sig", "node_sig"]
 SIG_TABLE_MAX = 1 << 16
 
 _SIGS: dict = {}
+ENGINE.register_cache("lazy.keys.signatures", _SIGS)
 _NEXT = itertools.count()
 
 

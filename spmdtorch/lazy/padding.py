@@ -13,6 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from spmdtorch.lazy._engine import ENGINE
+
 __all__ = ["shards_per_dim", "padded_shape", "pad_to", "unpad"]
 
 
@@ -31,6 +33,7 @@ def shards_per_dim(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, spec, nd
 
 _PADDED: dict = {}  # (shape, sharding) -> padded shape or None; every sync asks once per output
 _PADDED_MAX = 4096
+ENGINE.register_cache("lazy.padding.padded_shapes", _PADDED)
 
 
 def padded_shape(shape, sharding) -> tuple | None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
 from spmdtorch.ops import linalg
 from spmdtorch.ops.registry import get_lowering
@@ -104,6 +105,7 @@ def _fold_permutation(name, template, inputs, out_avals):
 # Weak both ways: the cache must neither keep a replaced parameter's buffer
 # alive nor outlive the graph that holds the node.
 _INPUT_VIEWS: dict[int, tuple[weakref.ref[Any], dict[tuple[int, Any], weakref.ref[Node]]]] = {}
+ENGINE.register_cache("lazy.rewrite.input_views", _INPUT_VIEWS)
 
 
 def _forget(key):

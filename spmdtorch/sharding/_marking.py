@@ -20,6 +20,7 @@ import jax
 import torch
 
 from spmdtorch.lazy import metrics, padding
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Slot
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -40,6 +41,9 @@ class ShardingError(ValueError):
 @functools.lru_cache(maxsize=256)
 def _pad_program(target, sharding):
     return jax.jit(functools.partial(padding.pad_to, shape=target), out_shardings=sharding)
+
+
+ENGINE.register_cache("partition.marking.pad_programs", _pad_program)
 
 
 def _constrain(x, *, sharding):

@@ -468,6 +468,7 @@ _CPU_OK_OPS = frozenset(
 # arguments never repeat (a loop over slice offsets) must not grow it forever.
 META_CACHE_MAX = 1 << 14
 _META_CACHE = keys.BoundedCache(META_CACHE_MAX)
+keys.ENGINE.register_cache("tensor.dispatch.meta_cache", _META_CACHE)
 
 
 def _run_meta(func, args, kwargs, facts):
@@ -573,6 +574,9 @@ def reset_op_facts() -> None:
     """Forget every op's cached facts (after changing the lowering or decomposition tables)."""
     op_facts.cache_clear()
     _FACTS_BY_ID.clear()
+
+
+keys.ENGINE.register_cache("tensor.dispatch.op_facts", reset_op_facts, size=lambda: len(_FACTS_BY_ID))
 
 
 def _facts(func) -> OpFacts:

@@ -23,6 +23,7 @@ import jax
 import torch
 
 from spmdtorch import _dtypes
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 
 __all__ = ["XlaTensor", "Storage", "XLA_DEVICE", "is_xla_tensor"]
@@ -539,6 +540,7 @@ def new_base(value, dtype: torch.dtype, requires_grad: bool = False, sharding=No
 
 
 _STRIDES: dict = {}
+ENGINE.register_cache("tensor.xla_tensor.contiguous_strides", _STRIDES)
 
 
 def _contiguous_strides(shape) -> tuple:

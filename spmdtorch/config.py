@@ -1,0 +1,431 @@
+"""Every environment variable spmdtorch reads, parsed and validated in one place.
+
+Each knob is one :class:`Knob` in :data:`KNOBS` (variable name, type, default,
+meaning, valid values) and one field of the frozen :class:`Settings`. No other
+module reads these variables from ``os.environ``: they ask :func:`settings`
+(the process's snapshot, read once, on first use) or, where the public contract
+is to honour the environment at the moment of the call, :func:`read`.
+
+================================  =================  ==========  ===============================================
+Variable                          Settings field     Default     Meaning
+================================  =================  ==========  ===============================================
+``SPMDTORCH_MAX_IN_FLIGHT``       max_in_flight      8           executions queued before the host waits for the
+                                                                 oldest (docs/design.md, Known hazards: the CPU
+                                                                 client deadlocks on collectives when unbounded)
+``SPMDTORCH_COMPILE_CACHE_SIZE``  compile_cache_size 1024        compiled programs kept (least recently used are
+                                                                 evicted; PyTorch/XLA's default cache size)
+``SPMDTORCH_LOG_RECOMPILES``      log_recompiles     False       log which input changed on every recompilation
+``SPMDTORCH_MAX_GATHER_BYTES``    max_gather_bytes   1 GiB       largest tensor read from other hosts
+``PJRT_DEVICE``                   pjrt_device        None        device type (CPU, CUDA/GPU, TPU), as PyTorch/XLA
+``SPMDTORCH_COORDINATOR_ADDRESS`` coordinator_addr.  None        process 0's ``host:port`` (the local launcher)
+``SPMDTORCH_NUM_PROCESSES``       num_processes      None        processes in the job (the local launcher)
+``SPMDTORCH_PROCESS_ID``          process_id         None        this process's index (the local launcher)
+``SPMDTORCH_LOCAL_DEVICE_IDS``    local_device_ids   None        devices this process may use, ``0,1`` (GPU)
+``SPMDTORCH_COORDINATOR_PORT``    coordinator_port   None        coordinator port under torchrun
+``SPMDTORCH_HEARTBEAT_TIMEOUT``   heartbeat_timeout  None (100)  seconds before a silent peer counts as dead
+``SPMDTORCH_INIT_TIMEOUT``        init_timeout       None (300)  seconds to wait for every process to join
+``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
+================================  =================  ==========  ===============================================
+
+An empty value means "unset" (the default), as a shell's ``VAR= cmd`` intends.
+A malformed value raises :class:`ConfigError` (a ``ValueError``) naming the
+variable, the value, the valid values and the fix.
+
+Not read here: ``JAX_PLATFORMS`` and ``XLA_FLAGS`` belong to JAX and XLA,
+which read them themselves; ``spmdtorch.runtime`` and
+``spmdtorch.fsdp`` (activation checkpointing) only look at them to agree with
+JAX at the moment it matters.
+
+Tests that change a variable call :func:`reload` afterwards (and again after
+restoring it); the engine reads its knobs through :func:`settings` at each use,
+so a reload takes effect at the next compilation / execution.
+
+Example:
+    >>> from spmdtorch import config
+    >>> config.read({"SPMDTORCH_MAX_IN_FLIGHT": "2"}).max_in_flight
+    2
+    >>> config.read({"SPMDTORCH_MAX_IN_FLIGHT": "two"})
+    Traceback (most recent call last):
+    ...
+    spmdtorch.config.ConfigError: SPMDTORCH_MAX_IN_FLIGHT='two' is not an integer; valid values: ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "KNOBS",
+    "ConfigError",
+    "DistributedInitError",
+    "InvalidPjrtDeviceError",
+    "Knob",
+    "RuntimeConfigError",
+    "Settings",
+    "read",
+    "read_one",
+    "reload",
+    "settings",
+]
+
+
+# -- errors ----------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """An environment variable has a value spmdtorch cannot use.
+
+    Attributes:
+        name: the variable.
+        value: its value, as found.
+        valid: the valid values, in words.
+        fix: what to do about it.
+    """
+
+    def __init__(self, name: str, value: str, reason: str, valid: str, fix: str):
+        self.name, self.value, self.reason, self.valid, self.fix = name, value, reason, valid, fix
+        super().__init__(f"{name}={value!r} {reason}; valid values: {valid}. Fix: {fix}")
+
+    def __reduce__(self):  # the message is derived: pickle the parts (errors cross process pools)
+        return (type(self), (self.name, self.value, self.reason, self.valid, self.fix))
+
+
+class RuntimeConfigError(RuntimeError):
+    """The runtime configuration (environment, JAX config) is inconsistent."""
+
+
+class InvalidPjrtDeviceError(ConfigError, RuntimeConfigError):
+    """``PJRT_DEVICE`` names a device type spmdtorch does not support."""
+
+
+class DistributedInitError(RuntimeConfigError):
+    """``initialize_distributed`` cannot join the processes as asked."""
+
+
+class DistributedEnvError(ConfigError, DistributedInitError):
+    """A launcher variable (``SPMDTORCH_NUM_PROCESSES``, torchrun's ``RANK``...) is malformed."""
+
+
+# -- parsers -----------------------------------------------------------------------
+# A parser takes the stripped, non-empty raw value and returns the typed value,
+# or raises ValueError with the reason (the clause after "NAME='value'").
+
+
+def _whole(minimum: int, unit: str = "") -> Callable[[str], int]:
+    """An int >= ``minimum``; ``unit`` words the reason ("of bytes")."""
+
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"must be a whole number {unit}".rstrip() if unit else "is not an integer") from None
+        if value < minimum:
+            raise ValueError(f"must be >= {minimum}")
+        return value
+
+    return parse
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(raw: str) -> bool:
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("is not a boolean")
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _device_ids(raw: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in raw.split(","))
+    except ValueError:
+        raise ValueError("must be a comma-separated list of device ids") from None
+
+
+#: Accepted ``PJRT_DEVICE`` values and the device type each one means.
+PJRT_DEVICE_ALIASES = {"CPU": "CPU", "CUDA": "CUDA", "GPU": "CUDA", "TPU": "TPU"}
+
+
+def _pjrt_device(raw: str) -> str:
+    key = raw.upper()
+    if key not in PJRT_DEVICE_ALIASES:
+        raise ValueError("is not supported")
+    return PJRT_DEVICE_ALIASES[key]
+
+
+def _torch_true(raw: str) -> bool:
+    # torchrun writes the Python spelling; anything else is false, as torch reads it.
+    return raw == "True"
+
+
+# -- the knobs ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Knob:
+    """One environment variable: how to read it and what it means.
+
+    Attributes:
+        field: the :class:`Settings` attribute it fills.
+        env: the variable's name.
+        parse: raw (stripped, non-empty) string -> value; ``ValueError(reason)`` if malformed.
+        default: the value when unset or empty.
+        valid: the valid values, in words (for the error message).
+        doc: what it controls.
+        error: the :class:`ConfigError` subclass a malformed value raises.
+    """
+
+    field: str
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    valid: str
+    doc: str
+    error: type[ConfigError] = ConfigError
+
+    def read(self, env: Mapping[str, str]) -> Any:
+        """This knob's value in ``env``.
+
+        Raises:
+            ConfigError: the value is malformed (``self.error``, a subclass).
+        """
+        raw = env.get(self.env)
+        if raw is None or not raw.strip():
+            return self.default
+        try:
+            return self.parse(raw.strip())
+        except ValueError as e:
+            default = "" if self.default is None else f" for the default ({self.default!r})"
+            fix = f"set {self.env} to {self.valid}, or unset it{default}"
+            raise self.error(self.env, raw, str(e), self.valid, fix) from None
+
+
+_COUNT = "a whole number"
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "max_in_flight",
+        "SPMDTORCH_MAX_IN_FLIGHT",
+        _whole(0),
+        8,
+        f"{_COUNT} >= 0",
+        "Executions queued before the host blocks on the oldest. Bounded so that XLA's CPU client "
+        "cannot deadlock on collectives (docs/design.md, Known hazards); 0 waits for each one.",
+    ),
+    Knob(
+        "compile_cache_size",
+        "SPMDTORCH_COMPILE_CACHE_SIZE",
+        _whole(1),
+        1024,
+        f"{_COUNT} >= 1",
+        "Compiled programs kept by the lazy engine; the least recently used is evicted beyond it "
+        "(counter CompileCacheEvictions). 1024 is PyTorch/XLA's XLA_COMPILATION_CACHE_SIZE default.",
+    ),
+    Knob(
+        "log_recompiles",
+        "SPMDTORCH_LOG_RECOMPILES",
+        _flag,
+        False,
+        "1/true/yes/on or 0/false/no/off",
+        "Log a line on every recompilation saying which input changed (logger spmdtorch.compile).",
+    ),
+    Knob(
+        "max_gather_bytes",
+        "SPMDTORCH_MAX_GATHER_BYTES",
+        _whole(0, "of bytes"),
+        1 << 30,
+        f"{_COUNT} of bytes >= 0",
+        "Largest tensor .cpu()/.item()/print gathers from other processes (spmdtorch.runtime.max_gather_bytes).",
+    ),
+    Knob(
+        "pjrt_device",
+        "PJRT_DEVICE",
+        _pjrt_device,
+        None,
+        "CPU, CUDA, GPU or TPU (GPU is an alias of CUDA; any case)",
+        "The device type, as PyTorch/XLA names it; points JAX at that platform when set before JAX starts.",
+        InvalidPjrtDeviceError,
+    ),
+    # Set by ``python -m spmdtorch.launch`` for each process (read by runtime.initialize_distributed).
+    Knob(
+        "coordinator_address",
+        "SPMDTORCH_COORDINATOR_ADDRESS",
+        _text,
+        None,
+        "host:port",
+        "Process 0's coordinator.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "num_processes",
+        "SPMDTORCH_NUM_PROCESSES",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "Processes in the job.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "process_id",
+        "SPMDTORCH_PROCESS_ID",
+        _whole(0),
+        None,
+        f"{_COUNT} >= 0",
+        "This process's index.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "local_device_ids",
+        "SPMDTORCH_LOCAL_DEVICE_IDS",
+        _device_ids,
+        None,
+        "comma-separated device ids, e.g. '0,1'",
+        "Devices this process may use (GPU).",
+        DistributedEnvError,
+    ),
+    Knob(
+        "coordinator_port",
+        "SPMDTORCH_COORDINATOR_PORT",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "Coordinator port under torchrun (default MASTER_PORT, or the next one with the agent's store).",
+        DistributedEnvError,
+    ),
+    Knob(
+        "heartbeat_timeout_s",
+        "SPMDTORCH_HEARTBEAT_TIMEOUT",
+        _whole(1),
+        None,
+        f"{_COUNT} of seconds >= 1",
+        "Seconds without a heartbeat before a peer counts as dead (None: runtime's default, 100).",
+        DistributedEnvError,
+    ),
+    Knob(
+        "init_timeout_s",
+        "SPMDTORCH_INIT_TIMEOUT",
+        _whole(1),
+        None,
+        f"{_COUNT} of seconds >= 1",
+        "Seconds to wait for every process to join (None: runtime's default, 300).",
+        DistributedEnvError,
+    ),
+    # torchrun's variables (read when no SPMDTORCH_* launcher variables are set).
+    Knob("master_addr", "MASTER_ADDR", _text, None, "a host name", "torchrun: process 0's host.", DistributedEnvError),
+    Knob("master_port", "MASTER_PORT", _whole(1), None, f"{_COUNT} >= 1", "torchrun: its port.", DistributedEnvError),
+    Knob("world_size", "WORLD_SIZE", _whole(1), None, f"{_COUNT} >= 1", "torchrun: processes.", DistributedEnvError),
+    Knob("rank", "RANK", _whole(0), None, f"{_COUNT} >= 0", "torchrun: this process's index.", DistributedEnvError),
+    Knob(
+        "local_rank",
+        "LOCAL_RANK",
+        _whole(0),
+        None,
+        f"{_COUNT} >= 0",
+        "torchrun: index on this host.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "local_world_size",
+        "LOCAL_WORLD_SIZE",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "torchrun: processes on this host.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "torchelastic_agent_store",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        _torch_true,
+        False,
+        "True or False",
+        "torchrun: its agent holds MASTER_PORT with its own store (the coordinator then takes the next port).",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """The parsed value of every knob (see the module's table and :data:`KNOBS`)."""
+
+    max_in_flight: int = 8
+    compile_cache_size: int = 1024
+    log_recompiles: bool = False
+    max_gather_bytes: int = 1 << 30
+    pjrt_device: str | None = None
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: tuple[int, ...] | None = None
+    coordinator_port: int | None = None
+    heartbeat_timeout_s: int | None = None
+    init_timeout_s: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    world_size: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    torchelastic_agent_store: bool = False
+
+
+def read(env: Mapping[str, str] | None = None) -> Settings:
+    """Parses every knob from ``env`` (default ``os.environ``), now; caches nothing.
+
+    For entry points whose contract is to honour the environment at the call
+    (``runtime.resolve_distributed_config``, ``runtime.device_type``), and tests.
+
+    Raises:
+        ConfigError: a variable is malformed (the first one in :data:`KNOBS` order).
+    """
+    env = os.environ if env is None else env
+    return Settings(**{k.field: k.read(env) for k in KNOBS})
+
+
+_BY_FIELD = {k.field: k for k in KNOBS}
+
+
+def read_one(field: str, env: Mapping[str, str] | None = None) -> Any:
+    """Parses one knob (a :class:`Settings` field name) from ``env`` (default ``os.environ``), now.
+
+    For values whose documented contract is to follow the environment at the
+    call (``runtime.max_gather_bytes``, ``PJRT_DEVICE`` in ``runtime.device_type``,
+    torchrun's variables only when no launcher variables are set).
+
+    Raises:
+        ConfigError: the value is malformed.
+        KeyError: ``field`` is not a knob.
+    """
+    return _BY_FIELD[field].read(os.environ if env is None else env)
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process's settings: the environment as it was at the first call.
+
+    Raises:
+        ConfigError: a variable is malformed.
+    """
+    return read()
+
+
+def reload() -> Settings:
+    """Re-reads the environment (tests that change a variable); returns the new settings."""
+    settings.cache_clear()
+    return settings()
+
+
+# Every Settings field has exactly one knob, with the same default (checked at import).
+if {k.field: k.default for k in KNOBS} != {f.name: f.default for f in dataclasses.fields(Settings)}:  # pragma: no cover
+    raise RuntimeError("spmdtorch.config: KNOBS and Settings disagree on the fields or their defaults")

@@ -1,0 +1,166 @@
+"""The roles of a compiled function's inputs, outputs and returned values.
+
+A trace of an ``spmdtorch.compile`` function records, for its program, where
+each input comes from on the next call (:data:`InputRole`), where each output
+goes (:data:`OutputTarget`) and how each returned value is rebuilt
+(:data:`ResultRecipe`). A replay reads them with ``match``, in the manner of
+JAX's trace recipes (``jax/_src/interpreters/partial_eval.py``).
+
+Every record is a frozen, slotted dataclass: made once per trace, read per
+replay (attribute reads on slots), and equal only to a record of the *same*
+class (a ``NamedTuple`` would make ``ArgInput(1) == FreshOutput(1)``), which
+the stability check (two traces recording the same roles) relies on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
+
+__all__ = [
+    "AliasResult",
+    "ArgInput",
+    "ArgResult",
+    "ConstInput",
+    "ConstResult",
+    "FreshOutput",
+    "FreshResult",
+    "InputRole",
+    "OutputTarget",
+    "ResultRecipe",
+    "ScalarInput",
+    "StorageInput",
+    "StorageOutput",
+    "TensorMeta",
+    "ValueResult",
+]
+
+_RECORD = dataclasses.dataclass(frozen=True, slots=True)
+
+
+@_RECORD
+class TensorMeta:
+    """The view a returned tensor had when traced (``XlaTensor``'s constructor arguments)."""
+
+    shape: tuple
+    stride: tuple
+    offset: int
+    dtype: Any  # torch.dtype
+    chain: tuple
+
+    def layout(self) -> tuple:
+        """What must match between two traces (the view chain is compared through the program)."""
+        return (self.shape, self.stride, self.offset, self.dtype)
+
+
+# -- inputs: where each program leaf comes from on the next call ---------------------
+
+
+@_RECORD
+class ArgInput:
+    """The value of the call's flat argument ``index`` (an xla tensor)."""
+
+    index: int
+
+
+@_RECORD
+class StorageInput:
+    """The current value of a storage that existed before the call (a parameter, optimizer state).
+
+    Attributes:
+        storage: the storage (weakly: a dead one forces a re-trace).
+        co_holders: other storages that held the same array when traced; the
+            replay is valid only while they still hold one array.
+    """
+
+    storage: weakref.ref
+    co_holders: tuple
+
+
+@_RECORD
+class ScalarInput:
+    """A Python number frozen at trace time (its value is part of the stability check)."""
+
+    leaf: Any  # lazy.graph.Scalar
+
+
+@_RECORD
+class ConstInput:
+    """Data made inside the function from host values: frozen like a jit constant."""
+
+    array: Any  # jax.Array
+
+
+InputRole = ArgInput | StorageInput | ScalarInput | ConstInput
+
+
+# -- outputs: where each program output goes ------------------------------------------
+
+
+@_RECORD
+class FreshOutput:
+    """A tensor the function made and returned: a new storage per call (``FreshResult``)."""
+
+    result_index: int
+
+
+@_RECORD
+class StorageOutput:
+    """A storage the function wrote (in place, or a new tensor it kept, e.g. in ``p.grad``).
+
+    Attributes:
+        storage: the storage (weakly).
+        created: the function made it; if it has died since (``zero_grad()``
+            outside the function), replaying would write nowhere: re-trace.
+    """
+
+    storage: weakref.ref
+    created: bool
+
+
+OutputTarget = FreshOutput | StorageOutput
+
+
+# -- returned values: how each leaf of the result is rebuilt ---------------------------
+
+
+@_RECORD
+class FreshResult:
+    """A new tensor over program output ``output``."""
+
+    output: int
+    meta: TensorMeta
+
+
+@_RECORD
+class ArgResult:
+    """A view of the call's flat argument ``index``'s storage."""
+
+    index: int
+    meta: TensorMeta
+
+
+@_RECORD
+class AliasResult:
+    """A view of a storage that outlives the call (a parameter returned as is)."""
+
+    storage: weakref.ref
+    meta: TensorMeta
+
+
+@_RECORD
+class ConstResult:
+    """A CPU tensor returned as is."""
+
+    tensor: Any  # torch.Tensor
+
+
+@_RECORD
+class ValueResult:
+    """A non-tensor value returned as is."""
+
+    value: Any
+
+
+ResultRecipe = FreshResult | ArgResult | AliasResult | ConstResult | ValueResult
