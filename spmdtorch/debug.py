@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from spmdtorch.lazy import metrics
+from spmdtorch.lazy import executor, metrics
 from spmdtorch.lazy.graph import LazyRef
+from spmdtorch.tensor.dispatch import read_value
+from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
     "metrics_report",
@@ -72,9 +74,6 @@ def metrics_report() -> str:
 
 
 def _pending_refs(tensors):
-    from spmdtorch.tensor.dispatch import read_value
-    from spmdtorch.tensor.xla_tensor import XlaTensor
-
     refs = []
     for t in tensors:
         if not isinstance(t, XlaTensor):
@@ -87,8 +86,6 @@ def _pending_refs(tensors):
 
 def get_hlo_text(tensors) -> str:
     """HLO text of the pending graph computing ``tensors`` (before partitioning)."""
-    from spmdtorch.lazy import executor
-
     refs = _pending_refs(tensors)
     if not refs:
         return ""
@@ -97,8 +94,6 @@ def get_hlo_text(tensors) -> str:
 
 def get_stablehlo(tensors) -> str:
     """StableHLO (MLIR text) of the pending graph computing ``tensors``."""
-    from spmdtorch.lazy import executor
-
     refs = _pending_refs(tensors)
     if not refs:
         return ""
@@ -124,7 +119,5 @@ def last_executable():
         >>> spmdtorch.debug.last_executable().memory_analysis() is not None
         True
     """
-    from spmdtorch.lazy import executor
-
     prog = executor._CACHE.get(executor._last_key)
     return None if prog is None else prog.compiled

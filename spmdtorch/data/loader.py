@@ -34,6 +34,7 @@ from collections.abc import Iterable
 
 import torch
 
+from spmdtorch._step import mark_step
 from spmdtorch.data import transfer
 from spmdtorch.data.errors import InputShardingError, LoaderWorkerError
 
@@ -257,8 +258,6 @@ class PerDeviceLoader:
         return self._loader.per_device_samples()
 
     def next(self):
-        from spmdtorch.lazy.step import mark_step
-
         if self._mark_step_batch_count <= self._batches_yielded:
             self._batches_yielded = 0
             mark_step()

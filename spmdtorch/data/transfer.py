@@ -27,10 +27,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from spmdtorch.data.errors import InputShardingError
-from spmdtorch.lazy import padding
+from spmdtorch.lazy import Storage, padding
 from spmdtorch.partition.marking import ShardingSpec
 from spmdtorch.tensor import multihost, transfer
-from spmdtorch.tensor.xla_tensor import Storage, XlaTensor, _contiguous_strides
+from spmdtorch.tensor.xla_tensor import XlaTensor, contiguous_strides
 
 __all__ = ["InputShardings", "Placed", "place", "send_cpu_data_to_device", "wrap"]
 
@@ -177,7 +177,7 @@ def _wrap_one(p: Placed) -> XlaTensor:
     if p.sharding is not None:
         st.annotated = True  # as if mark_sharding(t, spec.mesh, spec.partition_spec) was called
         st.logical_shape = p.logical_shape
-    return XlaTensor(st, (), shape, _contiguous_strides(shape), 0, p.dtype)
+    return XlaTensor(st, (), shape, contiguous_strides(shape), 0, p.dtype)
 
 
 def wrap(leaves, treespec):

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch.lazy import executor, metrics
+from spmdtorch.lazy import TRACE_HOOK, Storage, executor, holders_of, metrics, rng
 from spmdtorch.lazy.contract import CompileContractError, TraceState, tracing
 from spmdtorch.lazy.graph import LazyRef, Scalar
-from spmdtorch.tensor import xla_tensor
+from spmdtorch.tensor.device_mode import to_xla
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["compile", "CompiledFunction", "CompileContractError", "tracing"]
@@ -229,7 +229,7 @@ class CompiledFunction:
         _TraceState.created = []
         _TraceState.replaced = {}
         _TraceState.optimizers = {}
-        xla_tensor._TRACE_HOOK[0] = _storage_hook
+        TRACE_HOOK[0] = _storage_hook
         captured = {}
         try:
             arg_arrays = {}
@@ -240,7 +240,7 @@ class CompiledFunction:
             res_flat, res_spec = pytree.tree_flatten(result)
             created = {id(r()) for r in _TraceState.created if r() is not None}
             replaced = dict(_TraceState.replaced)
-            xla_tensor._TRACE_HOOK[0] = None
+            TRACE_HOOK[0] = None
 
             def on_plan(plan, storages, prog):
                 captured["plan"], captured["storages"], captured["prog"] = plan, storages, prog
@@ -248,7 +248,7 @@ class CompiledFunction:
             executor.sync(_on_plan=on_plan)
         finally:
             _TraceState.active = False
-            xla_tensor._TRACE_HOOK[0] = None
+            TRACE_HOOK[0] = None
         record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in)
         return result, record
 
@@ -279,7 +279,7 @@ class CompiledFunction:
                 # Every storage that held this array when fn started: the
                 # program read them all through this one input, so a replay
                 # is only valid while they still hold one array.
-                holders = xla_tensor.holders_of(leaf)
+                holders = holders_of(leaf)
                 if id(leaf) in replaced:
                     _, first, more = replaced[id(leaf)]
                     holders += [h for h in (first, *more) if all(h is not o for o in holders)]
@@ -385,8 +385,6 @@ class CompiledFunction:
                     targets.append(st)  # a dead pre-existing storage just drops its output
                 else:
                     targets.append(None)
-            from spmdtorch.lazy import rng
-
             if rec.prog.has_random:
                 args.append(rng.next_key_data())
             try:
@@ -407,7 +405,7 @@ class CompiledFunction:
             kind = leaf[0]
             if kind == "fresh":
                 shape, stride, offset, dtype, chain = leaf[2]
-                st = xla_tensor.Storage(fresh[leaf[1]])
+                st = Storage(fresh[leaf[1]])
                 res.append(XlaTensor(st, chain, shape, stride, offset, dtype))
             elif kind in ("alias", "arg"):
                 st = flat_in[leaf[1]]._st if kind == "arg" else leaf[1]()
@@ -464,8 +462,6 @@ def _res_key(leaf):
 
 def _to_xla_arg(a):
     if isinstance(a, torch.Tensor) and not isinstance(a, XlaTensor):
-        from spmdtorch.tensor.device_mode import to_xla
-
         return to_xla(a)
     return a
 
