@@ -22,19 +22,31 @@ counters live on the device), and a change in an optimizer's hyper-parameters
 from __future__ import annotations
 
 import functools
-import hashlib
 import warnings
 import weakref
 
-import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from spmdtorch._compile_records import (
+    AliasResult,
+    ArgInput,
+    ArgResult,
+    ConstInput,
+    ConstResult,
+    FreshOutput,
+    FreshResult,
+    Record,
+    ScalarInput,
+    StorageInput,
+    StorageOutput,
+    ValueResult,
+)
 from spmdtorch.lazy import TRACE_HOOK, Storage, executor, holders_of, metrics, rng
 from spmdtorch.lazy.contract import CompileContractError, TraceState, tracing
 from spmdtorch.lazy.graph import LazyRef, Scalar
 from spmdtorch.tensor.device_mode import to_xla
-from spmdtorch.tensor.xla_tensor import XlaTensor
+from spmdtorch.tensor.xla_tensor import XlaTensor, view_tensor
 
 __all__ = ["compile", "CompiledFunction", "CompileContractError", "tracing"]
 
@@ -149,22 +161,6 @@ def _signature(flat_args, spec):
     return tuple(sig)
 
 
-class _Record:
-    """What one trace computed: the program and the role of each input/output."""
-
-    __slots__ = (
-        "prog",
-        "plan_key",
-        "leaf_roles",
-        "out_targets",
-        "result_spec",
-        "result_leaves",
-        "scalars",
-        "optimizers",
-        "compare_key",
-    )
-
-
 class _Entry:
     __slots__ = ("last", "streak", "stable")
 
@@ -253,7 +249,6 @@ class CompiledFunction:
         return result, record
 
     def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in):
-        rec = _Record()
         plan = captured.get("plan")
         storages = captured.get("storages", [])
         arg_storages = {}
@@ -270,11 +265,11 @@ class CompiledFunction:
         if plan is not None:
             for leaf in plan.leaves:
                 if type(leaf) is Scalar:
-                    roles.append(("scalar", leaf))  # packed with the others at each call
+                    roles.append(ScalarInput(leaf))  # packed with the others at each call
                     scalars.append((type(leaf.value), leaf.value))
                     continue
                 if id(leaf) in arg_arrays:
-                    roles.append(("arg", arg_arrays[id(leaf)]))
+                    roles.append(ArgInput(arg_arrays[id(leaf)]))
                     continue
                 # Every storage that held this array when fn started: the
                 # program read them all through this one input, so a replay
@@ -285,51 +280,43 @@ class CompiledFunction:
                     holders += [h for h in (first, *more) if all(h is not o for o in holders)]
                 holders = [h for h in holders if id(h) not in created]
                 if holders:
-                    roles.append(("storage", weakref.ref(holders[0]), tuple(weakref.ref(h) for h in holders[1:])))
+                    roles.append(StorageInput(weakref.ref(holders[0]), tuple(weakref.ref(h) for h in holders[1:])))
                 else:
                     # Data made inside fn from host values: frozen like a jit constant.
-                    roles.append(("const", leaf))
+                    roles.append(ConstInput(leaf))
         # Outputs: which storage each program output goes to.
         targets = []
         for st in storages:
             if id(st) in returned and id(st) in created:
-                targets.append(("fresh", returned[id(st)]))
+                targets.append(FreshOutput(returned[id(st)]))
             else:
-                targets.append(("storage", weakref.ref(st), id(st) in created))
+                targets.append(StorageOutput(weakref.ref(st), id(st) in created))
         # Returned values: rebuilt per call.
         res_leaves = []
         out_pos = {id(st): k for k, st in enumerate(storages)}
         for r in res_flat:
             if isinstance(r, XlaTensor):
                 k = out_pos.get(id(r._st))
-                meta = (tuple(r.shape), r.stride(), r.storage_offset(), r.dtype, r._chain)
-                if k is not None and targets[k][0] == "fresh":
-                    res_leaves.append(("fresh", k, meta))
+                if k is not None and isinstance(targets[k], FreshOutput):
+                    res_leaves.append(FreshResult(k, r._mk, r._chain))
                 elif id(r._st) in arg_storages:
-                    res_leaves.append(("arg", arg_storages[id(r._st)], meta))
+                    res_leaves.append(ArgResult(arg_storages[id(r._st)], r._mk, r._chain))
                 else:
-                    res_leaves.append(("alias", weakref.ref(r._st), meta))
+                    res_leaves.append(AliasResult(weakref.ref(r._st), r._mk, r._chain))
             elif isinstance(r, torch.Tensor):
-                res_leaves.append(("const", r))
+                res_leaves.append(ConstResult(r))
             else:
-                res_leaves.append(("value", r))
-        rec.prog = captured.get("prog")
-        rec.plan_key = None if plan is None else plan.key
-        rec.leaf_roles = roles
-        rec.out_targets = targets
-        rec.result_spec = res_spec
-        rec.result_leaves = res_leaves
-        rec.scalars = tuple(scalars)
-        rec.optimizers = dict(_TraceState.optimizers)
-        rec.compare_key = (
-            rec.plan_key,
-            tuple(_role_key(r) for r in roles),
-            tuple(t[0] if t[0] == "storage" else t for t in targets),
-            rec.scalars,
-            res_spec,
-            tuple(_res_key(r) for r in res_leaves),
+                res_leaves.append(ValueResult(r))
+        return Record(
+            prog=captured.get("prog"),
+            plan_key=None if plan is None else plan.key,
+            leaf_roles=tuple(roles),
+            out_targets=tuple(targets),
+            result_spec=res_spec,
+            result_leaves=tuple(res_leaves),
+            scalars=tuple(scalars),
+            optimizers=dict(_TraceState.optimizers),
         )
-        return rec
 
     # -- replaying -----------------------------------------------------------
     def _warn_dropped_state(self):
@@ -346,7 +333,7 @@ class CompiledFunction:
             stacklevel=3,
         )
 
-    def _replay(self, rec: _Record, flat_in):
+    def _replay(self, rec: Record, flat_in):
         for ref, hp in rec.optimizers.values():
             opt = ref()
             if opt is None or _hparams(opt) != hp:
@@ -354,28 +341,28 @@ class CompiledFunction:
         args = []
         if rec.prog is not None:
             for role in rec.leaf_roles:
-                kind = role[0]
-                if kind == "arg":
-                    args.append(flat_in[role[1]]._st.value)
-                elif kind == "storage":
-                    st = role[1]()
-                    if st is None or isinstance(st.value, LazyRef):
-                        return _RETRACE
-                    value = st.value
-                    for other in role[2]:  # storages that shared this input when traced
-                        o = other()
-                        if o is not None and o.value is not value:
+                match role:
+                    case ArgInput(index):
+                        args.append(flat_in[index]._st.value)
+                    case StorageInput(holder, co_holders):
+                        st = holder()
+                        if st is None or isinstance(st.value, LazyRef):
                             return _RETRACE
-                    args.append(value)
-                elif kind == "scalar":
-                    args.append(role[1])
-                else:
-                    args.append(role[1])
+                        value = st.value
+                        for other in co_holders:  # storages that shared this input when traced
+                            o = other()
+                            if o is not None and o.value is not value:
+                                return _RETRACE
+                        args.append(value)
+                    case ScalarInput(scalar):
+                        args.append(scalar)
+                    case ConstInput(array):
+                        args.append(array)
             targets = []
             for t in rec.out_targets:
-                if t[0] == "storage":
-                    st = t[1]()
-                    if st is None and t[2]:
+                if isinstance(t, StorageOutput):
+                    st = t.storage()
+                    if st is None and t.created:
                         # fn made this tensor and stored it outside its result (a
                         # gradient in p.grad, new optimizer state); the holder has
                         # since dropped it (zero_grad() outside fn): replaying would
@@ -398,66 +385,28 @@ class CompiledFunction:
         for k, (t, arr) in enumerate(zip(targets, outs)):
             if t is not None:
                 t.set(arr)
-            elif rec.out_targets[k][0] == "fresh":
+            elif isinstance(rec.out_targets[k], FreshOutput):
                 fresh[k] = arr
         res = []
         for leaf in rec.result_leaves:
-            kind = leaf[0]
-            if kind == "fresh":
-                shape, stride, offset, dtype, chain = leaf[2]
-                st = Storage(fresh[leaf[1]])
-                res.append(XlaTensor(st, chain, shape, stride, offset, dtype))
-            elif kind in ("alias", "arg"):
-                st = flat_in[leaf[1]]._st if kind == "arg" else leaf[1]()
-                if st is None:
-                    return _RETRACE
-                shape, stride, offset, dtype, chain = leaf[2]
-                res.append(XlaTensor(st, chain, shape, stride, offset, dtype))
-            else:
-                res.append(leaf[1])
+            match leaf:
+                case FreshResult(k, mk, chain):
+                    res.append(view_tensor(Storage(fresh[k]), chain, mk))
+                case ArgResult(i, mk, chain):
+                    res.append(view_tensor(flat_in[i]._st, chain, mk))
+                case AliasResult(ref, mk, chain):
+                    st = ref()
+                    if st is None:
+                        return _RETRACE
+                    res.append(view_tensor(st, chain, mk))
+                case ConstResult(tensor):
+                    res.append(tensor)
+                case ValueResult(value):
+                    res.append(value)
         return pytree.tree_unflatten(res, rec.result_spec)
 
 
 _RETRACE = object()
-
-
-def _role_key(role):
-    if role[0] == "scalar":  # values are compared through ``_Record.scalars``
-        return ("scalar",)
-    if role[0] == "storage":
-        return ("storage", id(role[1]()), tuple(id(r()) for r in role[2]))
-    if role[0] == "const":
-        return ("const",) + _const_key(role[1])
-    return role
-
-
-def _const_key(arr) -> tuple:
-    """What makes two host-made constants of two traces the same: placement and contents.
-
-    Each trace makes its own array from the same host values (a rope table, a
-    mask built on the CPU): by identity no two traces would ever agree, and
-    ``fn`` would never replay. Read back only while tracing (a few calls).
-    """
-    if arr.is_deleted() or not arr.is_fully_addressable:
-        # Donated by the program itself (then the next trace makes another one
-        # anyway), or another host holds part of it: keep it distinct.
-        return (id(arr),)
-    data = np.asarray(arr)
-    return (data.shape, str(data.dtype), arr.sharding, hashlib.blake2b(data.tobytes(), digest_size=16).digest())
-
-
-def _res_key(leaf):
-    if leaf[0] == "alias":
-        return ("alias", id(leaf[1]()), leaf[2][:4])
-    if leaf[0] in ("fresh", "arg"):
-        return (leaf[0], leaf[1], leaf[2][:4])
-    if leaf[0] == "const":
-        return ("const", id(leaf[1]))
-    try:
-        hash(leaf[1])
-        return leaf
-    except TypeError:
-        return (leaf[0], repr(leaf[1]))
 
 
 def _to_xla_arg(a):

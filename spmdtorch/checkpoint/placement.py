@@ -163,7 +163,7 @@ def host_array(t: torch.Tensor) -> np.ndarray:
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
     """A numpy array (bfloat16 included) as a CPU tensor (sharing memory when possible)."""
-    return transfer._numpy_to_torch(np.asarray(a))
+    return transfer.numpy_to_torch(np.asarray(a))
 
 
 def device_put(host: np.ndarray, layout: Layout):

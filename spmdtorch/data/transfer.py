@@ -131,7 +131,7 @@ class Placed:
 def _place_tensor(t: torch.Tensor, spec: ShardingSpec | None, where: str) -> Placed:
     if t.device.type != "cpu":
         raise InputShardingError(f"{where} is on {t.device}; the loader moves CPU tensors to the devices")
-    host = np.array(transfer._host_numpy(t), copy=True)  # the loader may reuse its buffers
+    host = np.array(transfer.host_numpy(t), copy=True)  # the loader may reuse its buffers
     if spec is None:
         return Placed(multihost.put_global(host, transfer.replicated_sharding()), t.dtype, None, None)
     sharding = spec.mesh.named_sharding(spec.partition_spec, t.dim())

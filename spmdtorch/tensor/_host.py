@@ -16,7 +16,7 @@ from spmdtorch import _dtypes
 from spmdtorch.lazy import metrics, replicated_sharding
 from spmdtorch.tensor import multihost
 
-__all__ = ["array_to_torch", "plain_cpu", "to_device_array"]
+__all__ = ["array_to_torch", "host_numpy", "numpy_to_torch", "plain_cpu", "to_device_array"]
 
 
 def plain_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -29,7 +29,7 @@ def plain_cpu(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _host_numpy(t: torch.Tensor) -> np.ndarray:
+def host_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view (no copy) of a CPU tensor, narrowed to the storage dtype."""
     t = plain_cpu(t)
     storage = _dtypes.to_torch_dtype(_dtypes.to_jax_dtype(t.dtype))
@@ -62,7 +62,7 @@ def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
         # into their tensor right after .to("xla"). Hand JAX a private copy: it
         # is the one copy this transfer makes, JAX may then alias it freely.
         # Multi-process: each process puts only its own shards (tensor/multihost.py).
-        return multihost.put_global(np.array(_host_numpy(t), copy=True), sharding or replicated_sharding())
+        return multihost.put_global(np.array(host_numpy(t), copy=True), sharding or replicated_sharding())
 
 
 def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
@@ -79,15 +79,16 @@ def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
             try:
                 out = torch.from_dlpack(shard).clone()
             except (RuntimeError, TypeError, BufferError):
-                out = _numpy_to_torch(np.asarray(shard))
+                out = numpy_to_torch(np.asarray(shard))
         else:  # sharded; across processes this is a collective (tensor/multihost.py)
-            out = _numpy_to_torch(multihost.gather(arr))
+            out = numpy_to_torch(multihost.gather(arr))
     if out.dtype != dtype:
         out = out.to(dtype)
     return out
 
 
-def _numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+    """A CPU tensor owning a copy of ``a`` (bfloat16 through its int16 bits: torch cannot read ml_dtypes)."""
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(np.array(a.view(np.int16))).view(torch.bfloat16)
     return torch.from_numpy(np.array(a))

@@ -8,7 +8,15 @@ set and any two of them can meet in one program. The array-level copies are in
 """
 
 from spmdtorch.lazy import replicated_sharding
-from spmdtorch.tensor._host import array_to_torch, plain_cpu, to_device_array
+from spmdtorch.tensor._host import array_to_torch, host_numpy, numpy_to_torch, plain_cpu, to_device_array
 from spmdtorch.tensor._values import to_cpu
 
-__all__ = ["array_to_torch", "plain_cpu", "replicated_sharding", "to_cpu", "to_device_array"]
+__all__ = [
+    "array_to_torch",
+    "host_numpy",
+    "numpy_to_torch",
+    "plain_cpu",
+    "replicated_sharding",
+    "to_cpu",
+    "to_device_array",
+]
