@@ -3,11 +3,13 @@
 Resolution order for one ATen overload, decided once per op (``_resolve``)
 and stored on its ``OpFacts`` as ``route`` (+ ``decompose_first``):
 
-1. a *special op*: a handler registered by name with ``@special`` (transfers,
-   ``copy_``, ``.item()``, metadata-changing in-place views, ``equal``...), by
-   schema-name prefix (every ``_foreach_*`` overload), including the
-   data-dependent ops that run on CPU copies (``nonzero``, boolean-mask
-   indexing: the CPU fallback, ``spmdtorch.tensor.dispatch._fallback``);
+1. a *special op*: a handler registered with ``@special``, by name or by
+   schema-name prefix: transfers, ``copy_``, ``.item()``, metadata-changing
+   in-place views, ``equal``/``allclose``, batch norm's decomposition
+   (``dispatch._special``); every ``_foreach_*`` overload (``dispatch._foreach``);
+   the data-dependent ops, run on CPU copies (``nonzero``, ``unique``...), and
+   ``index``/``index_put``, which go there for boolean masks and on to 4/5
+   otherwise (the CPU fallback, ``dispatch._fallback``);
 2. a CompositeImplicitAutograd op with no lowering: ``op.decompose()`` first
    (``decompose_first``); if torch returns NotImplemented, on to 3-6;
 3. a view op: a new tensor sharing the storage, with one more ``ViewStep``;
