@@ -33,10 +33,10 @@ from spmdtorch import (  # noqa: E402
     plan,
     sharding,
 )
-from spmdtorch.lazy.compiled import CompiledFunction, compile  # noqa: E402
+from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
+from spmdtorch._step import mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
-from spmdtorch.lazy.step import mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.plan import materialize  # noqa: E402
 from spmdtorch.runtime import device, device_count, devices  # noqa: E402
 from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402

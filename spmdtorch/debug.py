@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 
-from spmdtorch.lazy import metrics
+from spmdtorch.lazy import executor, metrics
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
+from spmdtorch.tensor.dispatch import read_value
+from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
     "metrics_report",
@@ -109,9 +111,6 @@ def metrics_report() -> str:
 
 
 def _pending_refs(tensors):
-    from spmdtorch.tensor.dispatch import read_value
-    from spmdtorch.tensor.xla_tensor import XlaTensor
-
     refs = []
     for t in tensors:
         if not isinstance(t, XlaTensor):
@@ -124,8 +123,6 @@ def _pending_refs(tensors):
 
 def get_hlo_text(tensors) -> str:
     """HLO text of the pending graph computing ``tensors`` (before partitioning)."""
-    from spmdtorch.lazy import executor
-
     refs = _pending_refs(tensors)
     if not refs:
         return ""
@@ -134,8 +131,6 @@ def get_hlo_text(tensors) -> str:
 
 def get_stablehlo(tensors) -> str:
     """StableHLO (MLIR text) of the pending graph computing ``tensors``."""
-    from spmdtorch.lazy import executor
-
     refs = _pending_refs(tensors)
     if not refs:
         return ""

@@ -344,9 +344,9 @@ def main(argv=None) -> int:
         rewrite.RULES.clear()
     if args.no_interning:
         from spmdtorch.lazy.graph import Scalar
-        from spmdtorch.tensor import dispatch
+        from spmdtorch.tensor.dispatch import _args
 
-        dispatch.interned_scalar = lambda value, context: Scalar(value)
+        _args.interned_scalar = lambda value, context: Scalar(value)
     for cfg in [c.strip() for c in args.configs.split(",") if c.strip()]:
         _print(cfg, compare(cfg, args.dump, args.rounds, args.twin_per_param_adamw))
     return 0

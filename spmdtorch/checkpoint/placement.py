@@ -189,7 +189,7 @@ def host_array(t: torch.Tensor) -> npt.NDArray[Any]:
 
 def to_torch(a: npt.ArrayLike) -> torch.Tensor:
     """A numpy array (bfloat16 included) as a CPU tensor (sharing memory when possible)."""
-    return transfer._numpy_to_torch(np.asarray(a))
+    return transfer.numpy_to_torch(np.asarray(a))
 
 
 def device_put(host: npt.NDArray[Any], layout: Layout) -> jax.Array:

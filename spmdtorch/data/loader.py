@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from spmdtorch._step import mark_step
 from spmdtorch.data import transfer
 from spmdtorch.data.errors import InputShardingError, LoaderWorkerError
 from spmdtorch.sharding import ShardingSpec
@@ -270,8 +271,6 @@ class PerDeviceLoader:
         return self._loader.per_device_samples()
 
     def next(self) -> Any:
-        from spmdtorch.lazy.step import mark_step
-
         if self._mark_step_batch_count <= self._batches_yielded:
             self._batches_yielded = 0
             mark_step()

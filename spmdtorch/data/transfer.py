@@ -29,10 +29,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from spmdtorch.data.errors import InputShardingError
-from spmdtorch.lazy import padding
+from spmdtorch.lazy import Storage, padding
 from spmdtorch.sharding import ShardingSpec
 from spmdtorch.tensor import multihost, transfer
-from spmdtorch.tensor.xla_tensor import Storage, XlaTensor, _contiguous_strides
+from spmdtorch.tensor.xla_tensor import XlaTensor, contiguous_strides
 
 __all__ = ["InputShardings", "Placed", "place", "send_cpu_data_to_device", "wrap"]
 
@@ -133,7 +133,7 @@ class Placed:
 def _place_tensor(t: torch.Tensor, spec: ShardingSpec | None, where: str) -> Placed:
     if t.device.type != "cpu":
         raise InputShardingError(f"{where} is on {t.device}; the loader moves CPU tensors to the devices")
-    host = np.array(transfer._host_numpy(t), copy=True)  # the loader may reuse its buffers
+    host = np.array(transfer.host_numpy(t), copy=True)  # the loader may reuse its buffers
     if spec is None:
         return Placed(multihost.put_global(host, transfer.replicated_sharding()), t.dtype, None, None)
     sharding = spec.mesh.named_sharding(spec.partition_spec, t.dim())
@@ -179,7 +179,7 @@ def _wrap_one(p: Placed) -> XlaTensor:
     if p.sharding is not None:
         st.annotated = True  # as if mark_sharding(t, spec.mesh, spec.partition_spec) was called
         st.logical_shape = p.logical_shape
-    return XlaTensor(st, (), shape, _contiguous_strides(shape), 0, p.dtype)
+    return XlaTensor(st, (), shape, contiguous_strides(shape), 0, p.dtype)
 
 
 def wrap(leaves: Sequence[Any], treespec: pytree.TreeSpec) -> Any:

@@ -29,10 +29,11 @@ import numpy as np
 from jax._src.lax.lax import _convert_element_type  # weak-typed scalars (no public spelling)
 
 from spmdtorch import config
-from spmdtorch.lazy import contract, keys, metrics, rng
+from spmdtorch.lazy import _storage, contract, keys, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy._placement import replicated_sharding
+from spmdtorch.lazy._record import record
 from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
-from spmdtorch.tensor import xla_tensor
 
 __all__ = ["sync", "evaluate", "lower", "LoweringError"]
 
@@ -230,7 +231,7 @@ class _Plan:
         pairs = []
         for k, st in enumerate(storages):
             i = leaf_pos.get(st.prev) if st is not None and st.prev is not None else None
-            if i is not None and xla_tensor.holder_of(self.leaves[i]) is None:
+            if i is not None and _storage.holder_of(self.leaves[i]) is None:
                 pairs.append((i, k))
         pairs.sort()
         taken = {k for _, k in pairs}
@@ -243,8 +244,6 @@ class _Plan:
 
 def _user_mesh(plan, out_shardings):
     """The first mesh other than the default placement's that the program uses."""
-    from spmdtorch.tensor.transfer import replicated_sharding
-
     default_mesh = replicated_sharding().mesh
     candidates = [getattr(leaf, "sharding", None) for leaf in plan.leaves if type(leaf) is not Scalar]
     candidates += list(out_shardings)
@@ -264,9 +263,6 @@ def _rehome(plan, mesh) -> None:
     A replicated array has the same data on every device, so re-homing it is
     a relabelling, done once per tensor (its storage keeps the new array).
     """
-    from spmdtorch.tensor import xla_tensor
-    from spmdtorch.tensor.transfer import replicated_sharding
-
     default_mesh = replicated_sharding().mesh
     target = _replicated_on(mesh)
     for i, leaf in enumerate(plan.leaves):
@@ -275,7 +271,7 @@ def _rehome(plan, mesh) -> None:
         sh = leaf.sharding
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh:
             new = jax.device_put(leaf, target)
-            for holder in xla_tensor.holders_of(leaf):
+            for holder in _storage.holders_of(leaf):
                 if holder.sharding is not None and not holder.annotated:
                     holder.sharding = None  # inherited placement: let the new one apply
                 holder.set(new)
@@ -376,7 +372,6 @@ def _packed_array(kind, values, mesh):
             for v in values:
                 if not -(2**31) <= v < 2**31:
                     raise OverflowError(f"Python int {v} too large to convert to int32")
-        from spmdtorch.tensor.transfer import replicated_sharding
 
         sharding = (
             replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -561,7 +556,6 @@ def scalar_array(value, mesh=None):
     if arr is None:
         if len(cache) >= _SCALAR_CACHE_MAX:
             cache.clear()
-        from spmdtorch.tensor.transfer import replicated_sharding
 
         sharding = (
             replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -589,7 +583,6 @@ def run_plan(plan: _Plan, storages):
     Returns ``(outputs, program)``; the program can be called again with new
     leaf values (``spmdtorch.compile`` replays it without re-tracing).
     """
-    from spmdtorch.tensor.transfer import replicated_sharding
 
     out_shardings = tuple(st.sharding if st is not None else None for st in storages)
     mesh = _user_mesh(plan, out_shardings)
@@ -607,7 +600,7 @@ def run_plan(plan: _Plan, storages):
         out_shardings = tuple(fallback if sh is None else sh for sh in out_shardings)
     donate = tuple(
         type(leaf) is not Scalar
-        and xla_tensor.holder_of(leaf) is None
+        and _storage.holder_of(leaf) is None
         and (plan.donatable is None or i in plan.donatable)
         for i, leaf in enumerate(plan.leaves)
     )
@@ -674,8 +667,6 @@ def execute(prog: _Program, args) -> list:
 def _replicated_on(mesh):
     """Replicated over ``mesh`` (None: the default placement's devices)."""
     if mesh is None:
-        from spmdtorch.tensor.transfer import replicated_sharding
-
         return replicated_sharding()
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
@@ -690,8 +681,6 @@ def _bound_in_flight(limit: int) -> None:
 
 def _padded_output(st):
     """The value a storage receives: padded when its sharding is uneven."""
-    from spmdtorch.lazy import padding
-    from spmdtorch.tensor.dispatch import record
 
     ref = st.value
     shape = tuple(ref.shape)
@@ -705,7 +694,7 @@ def _padded_output(st):
 
 def pending_storages() -> list:
     """Live storages whose value is pending (what the next barrier computes)."""
-    live = [st for st in list(xla_tensor._PENDING) if isinstance(st.value, LazyRef)]
+    live = [st for st in list(_storage.PENDING) if isinstance(st.value, LazyRef)]
     live.sort(key=lambda st: st.pseq)
     return live
 
@@ -721,7 +710,7 @@ def sync(wait: bool = False, _on_plan=None) -> None:
     metrics.inc("MarkStep")
     rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
     storages = pending_storages()
-    xla_tensor._PENDING.clear()
+    _storage.PENDING.clear()
     if storages:
         plan = _Plan([_padded_output(st) for st in storages])
         storages = plan.pair_outputs(storages)
@@ -734,7 +723,7 @@ def sync(wait: bool = False, _on_plan=None) -> None:
             raise
         except BaseException:  # KeyboardInterrupt etc.: nothing failed, retry next sync
             for st in storages:
-                xla_tensor._PENDING.add(st)
+                _storage.PENDING.add(st)
             raise
         if _on_plan is not None:
             _on_plan(plan, storages, prog)

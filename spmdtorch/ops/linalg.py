@@ -274,7 +274,7 @@ def _det_lu(A):
     solves with ``adjoint = not (A contiguous and real)`` accordingly. A
     lowering sees values only, so real inputs always take the A^T branch
     here; the dispatcher hands a non-contiguous real A over as the
-    contiguous A^T (``dispatch._linalg_det_factors``), whose factors are
+    contiguous A^T (``spmdtorch.tensor.dispatch._special``), whose factors are
     those of A.
     """
     src = A if jnp.iscomplexobj(A) else _mT(A)

@@ -14,7 +14,7 @@ import torch
 from jax import lax
 
 from spmdtorch.ops._util import upcast
-from spmdtorch.ops.registry import register, register_meta
+from spmdtorch.ops.registry import LOWERINGS, Lowering, register, register_meta
 
 
 def _reduce(loss, reduction):
@@ -321,8 +321,6 @@ def _lce_chunked_no_reduction(
 
 def _register_custom_op(namespace, name, fn):
     """Register ``fn`` for a non-aten custom op (``torch.ops.<namespace>.<name>.default``) if it exists."""
-    from spmdtorch.ops.registry import LOWERINGS, Lowering
-
     packet = getattr(getattr(torch.ops, namespace), name, None) if hasattr(torch.ops, namespace) else None
     op = getattr(packet, "default", None) if packet is not None else None
     if op is not None:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from spmdtorch._dtypes import to_torch_dtype
 from spmdtorch.ops._util import canon_dim, jdtype
 from spmdtorch.ops.registry import register, resolve_ops
 
@@ -444,8 +445,6 @@ def _inv_as_strided(base, v, size, stride, storage_offset=None):
 
 @register_inverse("view.dtype")
 def _inv_view_dtype(base, v, dtype):
-    from spmdtorch._dtypes import to_torch_dtype
-
     return _view_dtype(v, to_torch_dtype(base.dtype)).reshape(base.shape)
 
 

@@ -21,11 +21,10 @@ import jax
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _dtypes
+from spmdtorch import _dtypes, lazy
 from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
 from spmdtorch.sharding._marking import ShardingError
-from spmdtorch.tensor import xla_tensor
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -97,7 +96,7 @@ def _jax_spec(mesh, spec, ndim, what):
 def _begin(mesh, args, in_specs) -> list:
     if len(args) != len(in_specs):
         raise ShardingError(f"shard_map got {len(args)} arguments but {len(in_specs)} in_specs")
-    region = _Region(mesh, list(args), [], [], next(xla_tensor._SEQ))
+    region = _Region(mesh, list(args), [], [], next(lazy.SEQ))
     for i, (a, spec) in enumerate(zip(args, in_specs)):
         if not isinstance(a, XlaTensor):
             raise ShardingError(f"shard_map argument {i} must be an xla tensor, got {type(a).__name__}")
@@ -143,9 +142,9 @@ def _end(region: _Region, outs, out_specs):
     refs = [read_value(o) for o in flat]
     # Tensors computed inside the region are local blocks: they must not join
     # the next global program as outputs of their own.
-    for st in list(xla_tensor._PENDING):
+    for st in list(lazy.PENDING):
         if st.pseq > region.start_seq:
-            xla_tensor._PENDING.discard(st)
+            lazy.PENDING.discard(st)
     if not all(isinstance(r, LazyRef) for r in refs):
         raise ShardingError("a manual region must compute its outputs from its arguments")
     plan = executor._Plan(refs)

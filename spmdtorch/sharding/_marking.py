@@ -22,6 +22,7 @@ import torch
 from spmdtorch.lazy import metrics, padding
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Slot
+from spmdtorch.tensor.dispatch import base_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -113,8 +114,6 @@ def mark_sharding(t, mesh, partition_spec):
             f"{tuple(st.sharding.spec)}; call spmdtorch.partition.clear_sharding(t) before "
             f"annotating it with {tuple(partition_spec)}"
         )
-    from spmdtorch.tensor.dispatch import base_value, record
-
     value = base_value(st)
     if isinstance(value, LazyRef):
         ref = record(

@@ -103,7 +103,7 @@ def load_local_shards_(t, shards) -> torch.Tensor:
             raise ShardingError(f"shard {i} has shape {tuple(data.shape)}, expected {expected} for device {dst.device}")
         block = torch.zeros(dst.data.shape, dtype=t.dtype)
         block[tuple(slice(0, n) for n in expected)] = data.to(t.dtype)
-        pieces.append(jax.device_put(transfer._host_numpy(block).copy(), dst.device))
+        pieces.append(jax.device_put(transfer.host_numpy(block).copy(), dst.device))
     new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, pieces)
     t._st.set(new)  # same (padded) shape and logical shape as before
     t._vcache = None

@@ -30,6 +30,7 @@ import torch
 
 from spmdtorch.ops import registry
 from spmdtorch.tensor import transfer
+from spmdtorch.tensor._router import torch_function_handler
 from spmdtorch.tensor.autocast import autocast_inputs
 from spmdtorch.tensor.dispatch import CAPTURE_FUNCS, MetaFactoryLeak, capture_meta_factories, factory_kernel
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
@@ -182,6 +183,7 @@ def _any_xla(args, kwargs) -> bool:
     return False
 
 
+@torch_function_handler
 def torch_function(func, args, kwargs):
     """Run one torch call that has an xla tensor among its arguments.
 

@@ -5,7 +5,7 @@ for its own devices (``_default_to_fused_or_foreach``: cuda, xpu...); on any
 other device a ``foreach=None`` optimizer runs its per-parameter Python loop.
 For the lazy tracer that loop costs one torch call (dispatcher, autograd
 check, Python dispatch) per op per parameter, while one ``_foreach_*`` call
-reaches ``spmdtorch.tensor.dispatch._foreach`` once and records the
+reaches ``spmdtorch.tensor.dispatch.foreach`` once and records the
 per-parameter nodes straight from there. The recorded arithmetic is the same
 per-element ops either way.
 

@@ -44,8 +44,10 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from spmdtorch.lazy import rng
+from spmdtorch.lazy import record, rng
 from spmdtorch.lazy.graph import Slot
+from spmdtorch.tensor.dispatch import read_value
+from spmdtorch.tensor.xla_tensor import new_base
 
 __all__ = ["XlaRngState", "XlaRngStateError", "device_module", "get_rng_state", "set_rng_state"]
 
@@ -120,8 +122,6 @@ class _Stream:
         self.count = count
 
     def keyed(self, fn, name, template, inputs):
-        from spmdtorch.tensor.dispatch import read_value
-
         key = self.cell.get()
         index = self.count
         self.count += 1
@@ -132,9 +132,6 @@ class _Stream:
 
 
 def _new_key():
-    from spmdtorch.tensor.dispatch import record
-    from spmdtorch.tensor.xla_tensor import new_base
-
     shape = jax.eval_shape(_key_words, key=jax.random.key(0)).shape
     with rng.keyed_region(None):  # the key itself comes from the program's key
         ref = record(_key_words, "spmdtorch.rng_stream_key", ((), ()), [], ((shape, jnp.int32),), random=True)

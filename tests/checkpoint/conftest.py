@@ -8,8 +8,8 @@ import pytest
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spmdtorch.lazy import padding
-from spmdtorch.tensor.xla_tensor import Storage, XlaTensor, _contiguous_strides
+from spmdtorch.lazy import Storage, padding
+from spmdtorch.tensor.xla_tensor import XlaTensor, contiguous_strides
 
 
 def place(cpu: torch.Tensor, n_devices: int, spec=(), axis_names=("x",), mesh_shape=None) -> XlaTensor:
@@ -29,7 +29,7 @@ def place(cpu: torch.Tensor, n_devices: int, spec=(), axis_names=("x",), mesh_sh
     st.annotated = True
     if padded != logical:
         st.logical_shape = logical
-    return XlaTensor(st, (), logical, _contiguous_strides(logical), 0, cpu.dtype)
+    return XlaTensor(st, (), logical, contiguous_strides(logical), 0, cpu.dtype)
 
 
 @pytest.fixture

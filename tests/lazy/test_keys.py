@@ -58,8 +58,9 @@ def test_bounded_cache_stays_bounded_and_keeps_the_newest():
 
 
 def test_meta_cache_is_bounded_and_results_stay_right(monkeypatch):
-    cache = keys.BoundedCache(4)
-    monkeypatch.setattr(dispatch, "_META_CACHE", cache)
+    cache = dispatch.META_CACHE
+    cache.clear()  # only a cache: emptied so that the smaller bound applies from here
+    monkeypatch.setattr(cache, "maxsize", 4)
     x = torch.arange(64.0).reshape(8, 8)
     xx = x.to("xla")
     outs = []

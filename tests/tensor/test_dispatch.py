@@ -216,3 +216,36 @@ def test_determinant_gradients_match_eager_for_every_input_layout(name, layout):
     out_xla.sum().backward()
     torch.testing.assert_close(out_xla.cpu(), out_cpu.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(xla.grad.cpu(), cpu.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_router_refuses_a_second_special_handler_for_one_op():
+    from spmdtorch.tensor import _router
+
+    with pytest.raises(ValueError, match=r"copy_\.default already has the special handler copy_"):
+        _router.special("copy_.default")(lambda func, args, kwargs, facts: None)
+
+
+def test_router_names_the_valid_path_kinds():
+    from spmdtorch.tensor import _router
+
+    with pytest.raises(ValueError, match=r"unknown dispatch path 'fast'; expected one of \('view', 'mutation'"):
+        _router.path("fast")
+
+
+def test_every_op_resolves_once_to_one_route():
+    """The route is cached on the op's facts: a view, an in-place op, a lowered op, a special op."""
+    from spmdtorch.tensor import dispatch
+
+    aten = torch.ops.aten
+    x = torch.ones(2, 3, device="xla")
+    x.t()
+    x.add_(1)
+    x.exp()
+    x.cpu()
+    names = {op: dispatch.facts_of(op).route.__name__ for op in (aten.t.default, aten.add_.Tensor, aten.exp.default)}
+    assert names == {
+        aten.t.default: "dispatch_view",
+        aten.add_.Tensor: "dispatch_mutation",
+        aten.exp.default: "dispatch_lowering",
+    }
+    assert dispatch.facts_of(aten._to_copy.default).route.__name__ == "_to_copy"

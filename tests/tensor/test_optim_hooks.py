@@ -23,17 +23,17 @@ OPTIMIZERS = {
 def counted():
     """Counts the top-level ATen calls that reach XlaTensor.__torch_dispatch__, by packet name."""
     names = collections.Counter()
-    inner = xla_tensor._DISPATCH[0]
+    inner = xla_tensor.dispatch
 
     def counting(func, args, kwargs):
         names[func._schema.name.split("::")[-1]] += 1
         return inner(func, args, kwargs)
 
-    xla_tensor._DISPATCH[0] = counting
+    xla_tensor.dispatch = counting  # what XlaTensor.__torch_dispatch__ calls
     try:
         yield names
     finally:
-        xla_tensor._DISPATCH[0] = inner
+        xla_tensor.dispatch = inner
 
 
 def _model():
@@ -175,4 +175,4 @@ def test_foreach_out_of_place_matches_cpu(call):
 def test_foreach_length_mismatch_raises():
     _, xa = _pair((2,), (3,))
     with pytest.raises(dispatch.ForeachError, match="same length"):
-        dispatch._foreach(torch.ops.aten._foreach_mul_.ScalarList, (xa, [1.0, 2.0, 3.0]), {})
+        dispatch.dispatch(torch.ops.aten._foreach_mul_.ScalarList, (xa, [1.0, 2.0, 3.0]), {})

@@ -177,7 +177,7 @@ def test_data_dependent_ops_materialise_and_continue():
     torch.testing.assert_close(z.cpu(), src * 2)
 
 
-# -- the pending set and cached view values (spmdtorch.tensor.xla_tensor) ----------
+# -- the pending set and cached view values (spmdtorch.lazy._storage) ----------
 
 
 def _program_outputs(monkeypatch):
@@ -209,12 +209,12 @@ def test_a_storage_written_many_times_is_one_output_and_dropped_ones_none(monkey
 
 
 def test_pending_set_discard_and_compaction_keep_live_members(monkeypatch):
-    from spmdtorch.tensor import xla_tensor
+    from spmdtorch.lazy import _storage
 
     spmdtorch.sync()
-    pending = xla_tensor._PENDING
+    pending = _storage.PENDING
     # Compact often: dead references pile up in a loop that never syncs.
-    monkeypatch.setattr(xla_tensor._PendingSet, "_COMPACT_MIN", 8)
+    monkeypatch.setattr(_storage._PendingSet, "_COMPACT_MIN", 8)
     monkeypatch.setattr(pending, "_compact_at", 8)
     keep = [torch.ones(2, device="xla") * i for i in range(3)]
     for _ in range(40):
@@ -250,13 +250,13 @@ def test_a_write_drops_cached_view_values_so_no_old_graph_stays_alive():
 
 
 def test_holder_table_forgets_dead_tensors_and_keeps_live_ones():
-    from spmdtorch.tensor import xla_tensor
+    from spmdtorch.lazy import _storage
     from spmdtorch.tensor.dispatch import read_value
 
     keep = torch.arange(4.0).to("xla")
-    for _ in range(3 * xla_tensor._HOLDERS_SWEEP_AT[0]):  # tensors that die holding their arrays
+    for _ in range(3 * _storage._HOLDERS_SWEEP_AT[0]):  # tensors that die holding their arrays
         torch.ones(2).to("xla")
-    assert len(xla_tensor._HOLDERS) <= 2 * max(4096, xla_tensor._HOLDERS_SWEEP_AT[0])
+    assert len(_storage.HOLDERS) <= 2 * max(4096, _storage._HOLDERS_SWEEP_AT[0])
     arr = read_value(keep)
-    assert xla_tensor.holder_of(arr) is keep._st  # so its buffer is never donated from under it
+    assert _storage.holder_of(arr) is keep._st  # so its buffer is never donated from under it
     torch.testing.assert_close(keep.cpu(), torch.arange(4.0))

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch.lazy import executor, metrics
+from spmdtorch.lazy import TRACE_HOOK, Storage, executor, holders_of, metrics, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._trace_records import (
     AliasResult,
@@ -53,7 +53,7 @@ from spmdtorch.lazy._trace_records import (
 )
 from spmdtorch.lazy.contract import CompileContractError, TraceState, tracing
 from spmdtorch.lazy.graph import LazyRef, Scalar
-from spmdtorch.tensor import xla_tensor
+from spmdtorch.tensor.device_mode import to_xla
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["compile", "CompiledFunction", "CompileContractError", "tracing"]
@@ -261,7 +261,7 @@ class CompiledFunction:
         _TraceState.created = []
         _TraceState.replaced = {}
         _TraceState.optimizers = {}
-        xla_tensor._TRACE_HOOK[0] = _storage_hook
+        TRACE_HOOK[0] = _storage_hook
         captured = {}
         try:
             arg_arrays = {}
@@ -272,7 +272,7 @@ class CompiledFunction:
             res_flat, res_spec = pytree.tree_flatten(result)
             created = {id(r()) for r in _TraceState.created if r() is not None}
             replaced = dict(_TraceState.replaced)
-            xla_tensor._TRACE_HOOK[0] = None
+            TRACE_HOOK[0] = None
 
             def on_plan(plan, storages, prog):
                 captured["plan"], captured["storages"], captured["prog"] = plan, storages, prog
@@ -280,7 +280,7 @@ class CompiledFunction:
             executor.sync(_on_plan=on_plan)
         finally:
             _TraceState.active = False
-            xla_tensor._TRACE_HOOK[0] = None
+            TRACE_HOOK[0] = None
         record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in)
         return result, record
 
@@ -310,7 +310,7 @@ class CompiledFunction:
                 # Every storage that held this array when fn started: the
                 # program read them all through this one input, so a replay
                 # is only valid while they still hold one array.
-                holders = xla_tensor.holders_of(leaf)
+                holders = holders_of(leaf)
                 if id(leaf) in replaced:
                     _, first, more = replaced[id(leaf)]
                     holders += [h for h in (first, *more) if all(h is not o for o in holders)]
@@ -420,8 +420,6 @@ class CompiledFunction:
                         targets.append(st)  # a dead pre-existing storage just drops its output
                     case FreshOutput():
                         targets.append(None)
-            from spmdtorch.lazy import rng
-
             if rec.prog.has_random:
                 args.append(rng.next_key_data())
             try:
@@ -441,7 +439,7 @@ class CompiledFunction:
         for leaf in rec.result_leaves:
             match leaf:
                 case FreshResult(k, m):
-                    st = xla_tensor.Storage(fresh[k])
+                    st = Storage(fresh[k])
                     res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
                 case ArgResult(index, m):
                     st = flat_in[index]._st
@@ -519,8 +517,6 @@ def _res_key(leaf: ResultRecipe) -> tuple:
 
 def _to_xla_arg(a):
     if isinstance(a, torch.Tensor) and not isinstance(a, XlaTensor):
-        from spmdtorch.tensor.device_mode import to_xla
-
         return to_xla(a)
     return a
 

@@ -1,0 +1,290 @@
+"""Storages, view chains, the pending set and the holder registry: the lazy engine's data model.
+
+Storage model (why it looks like this): torch programs alias freely --
+``x[0].add_(1)`` must change ``x``, ``p.data`` shares ``p``'s data -- while JAX
+arrays are immutable. Every xla tensor therefore points at a ``Storage`` (one
+mutable cell holding the current value of a dense base array, concrete
+``jax.Array`` or pending ``LazyRef``) plus a *view chain*: a tuple of
+``ViewStep`` objects leading from the base to the tensor. Reading a view replays the
+chain lazily; writing through a view records the inverse ops that produce the
+base's next value (``spmdtorch.tensor._values``). This is functionalization done
+at the storage level, so eager aliasing semantics hold for lazy graphs.
+
+The module-level singletons of the engine live here, one each:
+
+* ``PENDING``: the storages whose value is pending (the next barrier computes them).
+* ``HOLDERS`` / ``CO_HOLDERS``: which storage holds which concrete array
+  (buffer donation rests on it: ``holder_of``/``holders_of``).
+* ``TRACE_HOOK``: ``spmdtorch.compile``'s callback while it traces.
+* ``SEQ``: the order in which pending values were set (program output order).
+
+Nothing here knows about torch tensors: ``spmdtorch.tensor`` wraps storages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+from spmdtorch.lazy.graph import LazyRef
+
+__all__ = [
+    "CO_HOLDERS",
+    "HOLDERS",
+    "PENDING",
+    "SEQ",
+    "TRACE_HOOK",
+    "Storage",
+    "ViewStep",
+    "holder_of",
+    "holders_of",
+]
+
+# id(jax.Array) -> a Storage currently holding it. Buffer donation rests on
+# this: an array that no storage holds any more can be donated to the step
+# that replaces it. Usually one storage holds an array; several do when one
+# program output is the value of several tensors (the executor gives equal
+# results one buffer, e.g. the step counters of AdamW's parameters). Those
+# further holders are listed in CO_HOLDERS, only then, so the common path
+# stays one dict operation.
+# A plain dict of weak references (not a WeakValueDictionary, whose Python-level
+# get/set/delete cost ~1 us each, three per program output): entries of dead
+# storages are swept when the dict has doubled since the last sweep.
+HOLDERS: dict = {}  # id(jax.Array) -> weakref.ref(Storage)
+_HOLDERS_SWEEP_AT = [4096]
+CO_HOLDERS: dict = {}  # id(jax.Array) -> {id(Storage): weakref to it} beyond HOLDERS'
+_CO_HOLDERS_SWEEP = 1024  # entries kept before those of dead arrays are dropped
+
+
+class _PendingSet:
+    """The storages whose value is pending: a weak set, in insertion order.
+
+    The recording path adds a storage on every write (hundreds per step).
+    ``weakref.WeakSet.add`` is Python code and every dying member runs a
+    Python callback; here an add is a flag test plus a plain weakref, and dead
+    members are simply skipped. A storage's ``queued`` field holds the
+    generation it was added in, so ``clear()`` is O(1) and an add is a no-op
+    while the storage is already a member.
+    """
+
+    __slots__ = ("_compact_at", "_gen", "_refs")
+    _COMPACT_MIN = 4096  # references kept before dead ones are dropped
+
+    def __init__(self):
+        self._refs: list = []
+        self._gen = 1
+        self._compact_at = self._COMPACT_MIN
+
+    def add(self, st: Storage) -> None:
+        if st.queued != self._gen:
+            st.queued = self._gen
+            self._refs.append(weakref.ref(st))
+            if len(self._refs) >= self._compact_at:
+                self._compact()
+
+    def discard(self, st: Storage) -> None:
+        if st.queued == self._gen:
+            st.queued = 0
+
+    def clear(self) -> None:
+        self._refs = []
+        self._gen += 1
+
+    def _compact(self) -> None:
+        # Storages recorded and dropped without a barrier (a long loop that
+        # never syncs) leave dead references: drop them, keep the order.
+        self._refs = [ref for ref in self._refs if (st := ref()) is not None and st.queued == self._gen]
+        self._compact_at = max(self._COMPACT_MIN, 2 * len(self._refs))
+
+    def __iter__(self):
+        gen = self._gen
+        seen = set()
+        for ref in list(self._refs):
+            st = ref()
+            if st is not None and st.queued == gen and id(st) not in seen:
+                seen.add(id(st))
+                yield st
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+# Storages whose value is pending; the next barrier computes all of them.
+PENDING = _PendingSet()
+# spmdtorch.compile installs a callback here while it traces: it sees every
+# storage created or overwritten, which is how it learns what a step mutates.
+TRACE_HOOK: list = [None]
+
+
+SEQ = itertools.count()
+
+
+class Storage:
+    """A mutable cell holding the current value of one dense base array.
+
+    Attributes:
+        value: a concrete ``jax.Array`` or a pending ``LazyRef``.
+        version: bumped on every write, so cached view values know they are stale.
+        sharding: the ``jax.sharding.Sharding`` the next program must give this
+            storage's value (None lets XLA choose). Either a user annotation
+            or, after an in-place update, the placement the data already had.
+        annotated: ``sharding`` comes from ``mark_sharding`` (so re-marking with
+            another sharding is an error until ``clear_sharding``).
+    """
+
+    __slots__ = (
+        "value",
+        "version",
+        "sharding",
+        "annotated",
+        "pseq",
+        "logical_shape",
+        "unpadded",
+        "prev",
+        "queued",
+        "vcache",
+        "__weakref__",
+    )
+
+    def __init__(self, value, sharding=None):
+        self.value = None
+        self.queued = 0  # the PENDING generation this storage was added in (0: not a member)
+        # {view chain: value} of the views read since the last write (spmdtorch.tensor._values.read_value).
+        self.vcache = None
+        self.version = 0
+        self.pseq = 0
+        self.sharding = sharding
+        self.annotated = False
+        # Uneven shardings (spmdtorch.lazy.padding): when set, a concrete
+        # ``value`` is padded and this is the shape the tensor really has;
+        # ``unpadded`` caches (version, LazyRef) of the slice that reads it.
+        self.logical_shape = None
+        self.unpadded = None
+        # id() of the concrete array a pending value replaced: the executor
+        # pairs that (donated) input with this storage's output buffer.
+        self.prev = None
+        self.set(value)
+
+    def set(self, value) -> None:
+        old = self.value
+        if TRACE_HOOK[0] is not None:
+            TRACE_HOOK[0](self, old)
+        if old is not None and not isinstance(old, LazyRef):
+            r = HOLDERS.get(id(old))
+            if r is not None and r() is self:
+                del HOLDERS[id(old)]
+            if CO_HOLDERS and id(old) in CO_HOLDERS:
+                _release_shared(self, old)
+            # An in-place update keeps the placement the data had (parameters
+            # keep their sharding across steps).
+            if self.sharding is None and self.logical_shape is None and tuple(old.shape) == tuple(value.shape):
+                self.sharding = old.sharding
+        self.value = value
+        self.version += 1
+        # Cached reads of the old value (views, the unpadded slice) are stale:
+        # drop them now rather than when next read, so they pin no old graph.
+        self.vcache = None
+        self.unpadded = None
+        if isinstance(value, LazyRef):
+            if old is not None and not isinstance(old, LazyRef):
+                self.prev = id(old)
+            # Program outputs are ordered by when their value was last set, so
+            # the same step gives the same graph key every time.
+            self.pseq = next(SEQ)
+            PENDING.add(self)
+        else:
+            self.prev = None
+            r = HOLDERS.get(id(value))
+            cur = None if r is None else r()
+            if cur is None or cur is self or cur.value is not value:
+                HOLDERS[id(value)] = weakref.ref(self)
+                if len(HOLDERS) > _HOLDERS_SWEEP_AT[0]:
+                    _sweep_holders()
+            else:
+                _hold_shared(self, value)
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.value.shape)
+
+
+def _sweep_holders() -> None:
+    """Drop the entries of storages that died or moved on (amortised: the bound doubles)."""
+    stale = []
+    for k, r in HOLDERS.items():
+        st = r()
+        if st is None or isinstance(st.value, LazyRef) or id(st.value) != k:
+            stale.append(k)
+    for k in stale:
+        del HOLDERS[k]
+    _HOLDERS_SWEEP_AT[0] = max(4096, 2 * len(HOLDERS))
+
+
+def _hold_shared(st: Storage, array) -> None:
+    """Record ``st`` as a further holder of ``array`` (another storage holds it already)."""
+    if len(CO_HOLDERS) >= _CO_HOLDERS_SWEEP:
+        for k in [k for k, refs in CO_HOLDERS.items() if all(r() is None for r in refs.values())]:
+            del CO_HOLDERS[k]
+    CO_HOLDERS.setdefault(id(array), {})[id(st)] = weakref.ref(st)
+
+
+def _release_shared(st: Storage, array) -> None:
+    """``st`` no longer holds ``array``: forget it, and promote another holder if any."""
+    refs = CO_HOLDERS[id(array)]
+    refs.pop(id(st), None)
+    primary = HOLDERS.get(id(array))
+    if primary is None or primary() is None:
+        while refs:
+            r = refs.pop(next(iter(refs)))
+            s = r()
+            if s is not None and s.value is array:
+                HOLDERS[id(array)] = r
+                break
+    if not refs:
+        del CO_HOLDERS[id(array)]
+
+
+def _live_holders(array):
+    """The storages that currently hold ``array``: the primary first, then the co-holders."""
+    r = HOLDERS.get(id(array))
+    st = None if r is None else r()
+    if st is not None and st.value is array:
+        yield st
+    if CO_HOLDERS:
+        for r in CO_HOLDERS.get(id(array), {}).values():
+            s = r()
+            if s is not None and s.value is array and s is not st:
+                yield s
+
+
+def holder_of(array) -> Storage | None:
+    """A storage that currently holds ``array`` (None if nobody does)."""
+    return next(_live_holders(array), None)
+
+
+def holders_of(array) -> list:
+    """Every storage that currently holds ``array`` (several when they share one program output)."""
+    return list(_live_holders(array))
+
+
+class ViewStep:
+    """One view op in a chain: ``op(parent, *args)[out_index]``.
+
+    ``template`` holds the op's arguments after ``self`` (all static);
+    ``aval`` is the (shape, jax dtype) of the result.
+    """
+
+    __slots__ = ("op", "args", "kwargs", "out_index", "aval", "replay")
+
+    def __init__(self, op, args, kwargs, out_index, aval):
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.out_index = out_index
+        self.aval = aval
+        # What recording its replay takes, built on the first replay (the
+        # step is immutable): see spmdtorch.tensor._values.
+        self.replay = None
+
+    def __repr__(self):
+        return f"ViewStep({self.op}, {self.args}, {self.kwargs}, {self.out_index})"

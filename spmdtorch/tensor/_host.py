@@ -1,0 +1,94 @@
+"""Host <-> device copies of arrays: CPU tensors to JAX arrays and back.
+
+Array-level only (no xla tensor here): ``spmdtorch.tensor.transfer`` is the
+public face, which adds ``to_cpu`` for xla tensors. Unannotated data is placed
+with ``spmdtorch.lazy.replicated_sharding`` (replicated over every device).
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_dtypes
+import numpy as np
+import torch
+
+from spmdtorch import _dtypes
+from spmdtorch.lazy import metrics, replicated_sharding
+from spmdtorch.tensor import multihost
+
+__all__ = ["array_to_torch", "host_numpy", "numpy_to_torch", "plain_cpu", "to_device_array"]
+
+
+def plain_cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, with lazy conjugate/negative bits applied (numpy cannot see them)."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def host_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (no copy) of a CPU tensor, narrowed to the storage dtype."""
+    t = plain_cpu(t)
+    storage = _dtypes.to_torch_dtype(_dtypes.to_jax_dtype(t.dtype))
+    if storage != t.dtype:
+        if t.dtype == torch.int64 and t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < -(2**31) or hi >= 2**31:
+                raise OverflowError(
+                    f"int64 tensor with values in [{lo}, {hi}] does not fit the int32 device "
+                    "storage spmdtorch uses (jax x64 is off); keep it on the CPU or reduce it"
+                )
+        t = t.to(storage)
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.contiguous().numpy()
+
+
+def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
+    """Copy a CPU tensor to the devices (replicated unless ``sharding`` given).
+
+    The copy is what keeps device data immutable when the user later writes
+    into the CPU tensor.
+    """
+    if t.device.type != "cpu":
+        raise RuntimeError(f"expected a CPU tensor to transfer, got one on {t.device}")
+    metrics.inc("TransferToDevice")
+    with metrics.timed("TransferToDeviceTime"):
+        # On CPU, JAX may alias host memory instead of copying (even with
+        # may_alias=False for replicated shardings), and torch users may write
+        # into their tensor right after .to("xla"). Hand JAX a private copy: it
+        # is the one copy this transfer makes, JAX may then alias it freely.
+        # Multi-process: each process puts only its own shards (tensor/multihost.py).
+        return multihost.put_global(np.array(host_numpy(t), copy=True), sharding or replicated_sharding())
+
+
+def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    """Copy a concrete JAX array into a fresh CPU tensor of torch ``dtype``.
+
+    Single-device and replicated arrays go through DLPack (zero-copy view of
+    one shard) followed by the one copy that makes the result writable without
+    touching device data; sharded arrays are assembled by numpy.
+    """
+    metrics.inc("TransferFromDevice")
+    with metrics.timed("TransferFromDeviceTime"):
+        if arr.is_fully_replicated or len(arr.sharding.device_set) == 1:
+            shard = arr.addressable_data(0)
+            try:
+                out = torch.from_dlpack(shard).clone()
+            except (RuntimeError, TypeError, BufferError):
+                out = numpy_to_torch(np.asarray(shard))
+        else:  # sharded; across processes this is a collective (tensor/multihost.py)
+            out = numpy_to_torch(multihost.gather(arr))
+    if out.dtype != dtype:
+        out = out.to(dtype)
+    return out
+
+
+def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+    """A CPU tensor owning a copy of ``a`` (bfloat16 through its int16 bits: torch cannot read ml_dtypes)."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.array(a.view(np.int16))).view(torch.bfloat16)
+    return torch.from_numpy(np.array(a))

@@ -1,0 +1,97 @@
+"""Data-dependent ops: materialise, run on CPU, carry on (step 1 of the router).
+
+Ops whose output *shape* depends on the data (``nonzero``, ``unique``,
+boolean-mask indexing) cannot be recorded as a node with static shapes: like
+PyTorch/XLA, they run on CPU copies of their arguments, and the results come
+back as new xla tensors. Each such call is a sync (and raises inside
+``spmdtorch.compile``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spmdtorch.lazy import contract, metrics
+from spmdtorch.tensor._host import to_device_array
+from spmdtorch.tensor._router import special
+from spmdtorch.tensor._values import to_cpu
+from spmdtorch.tensor.dispatch._paths import dispatch_lowering, dispatch_mutation
+from spmdtorch.tensor.dispatch._special import copy_
+from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
+
+__all__ = ["cpu_fallback"]
+
+_INDEX_OPS = ("index.Tensor", "index_put.default", "index_put_.default", "_index_put_impl_.default")
+
+
+@special(
+    "nonzero",
+    "nonzero_numpy",
+    "masked_select",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "unique_dim_consecutive",
+    "repeat_interleave.Tensor",
+    "bincount",
+    "histc",
+    "nonzero_static",
+    # histograms: bin edges and counts come from a data pass; the CPU
+    # kernels are what torch_xla falls back to as well
+    "histogram",
+    "_histogramdd_bin_edges",
+    "_histogramdd_from_bin_cts",
+    "_histogramdd_from_bin_tensors",
+    # no meta kernel in torch, so no output shapes to record a node with
+    "geqrf",
+    "linalg_lstsq",
+)
+def cpu_fallback(func, args, kwargs, facts):
+    """Run ``func`` on CPU copies and bring the results back (data-dependent shapes).
+
+    Counted as ``aten::<op>`` in the metrics, like PyTorch/XLA's CPU fallback.
+    """
+    contract.check_not_tracing(f"runs the data-dependent op {func}")
+    metrics.inc(f"aten::{func._schema.name.split('::')[-1]}")
+
+    def cpu(a):
+        if isinstance(a, XlaTensor):
+            return to_cpu(a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(cpu(x) for x in a)
+        return a
+
+    cpu_args = [cpu(a) for a in args]
+    cpu_kwargs = {k: cpu(v) for k, v in kwargs.items()}
+    if "device" in cpu_kwargs and cpu_kwargs["device"] is not None:
+        cpu_kwargs["device"] = torch.device("cpu")
+    out = func(*cpu_args, **cpu_kwargs)
+    # Mutated arguments: write the CPU result back into the xla tensor.
+    for i in facts.mutable_pos:
+        orig = args[i] if i < len(args) else kwargs.get(facts.arg_names[i])
+        new = cpu_args[i] if i < len(args) else cpu_kwargs.get(facts.arg_names[i])
+        if isinstance(orig, XlaTensor):
+            copy_(None, (orig, new), {})
+
+    def back(o):
+        if isinstance(o, torch.Tensor):
+            for i in facts.mutable_pos:
+                if i < len(args) and o is cpu_args[i]:
+                    return args[i]
+            return new_base(to_device_array(o), o.dtype)
+        if isinstance(o, (list, tuple)):
+            return type(o)(back(x) for x in o)
+        return o
+
+    return back(out)
+
+
+@special(*_INDEX_OPS)
+def _dispatch_index(func, args, kwargs, facts):
+    """index/index_put: boolean masks make the shape data-dependent."""
+    if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ())):
+        return cpu_fallback(func, args, kwargs, facts)
+    if facts.mutable_pos and facts.lowering is None:
+        return dispatch_mutation(func, args, kwargs, facts)
+    return dispatch_lowering(func, args, kwargs, facts)

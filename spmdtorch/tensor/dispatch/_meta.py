@@ -1,0 +1,132 @@
+"""Shape inference: torch's meta kernels, cached by argument signature.
+
+Python meta kernels are slow (tens of microseconds), and a training step
+records the same few hundred signatures every time: the outputs' metadata is
+computed once per ``Args.key`` and kept as a ``MetaSpec``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import torch
+
+from spmdtorch import _dtypes
+from spmdtorch.lazy import keys, metrics
+from spmdtorch.tensor.xla_tensor import PYTHON_KEY, MetaFlag, MetaKey, XlaTensor, contiguous_strides
+
+__all__ = ["META_CACHE", "META_CACHE_MAX", "MetaSpec", "TensorSpec", "meta_miss", "meta_outputs"]
+
+# Output specs by argument signature. Bounded: a program whose static
+# arguments never repeat (a loop over slice offsets) must not grow it forever.
+META_CACHE_MAX = 1 << 14
+META_CACHE = keys.BoundedCache(META_CACHE_MAX)
+keys.ENGINE.register_cache("tensor.dispatch.meta_cache", META_CACHE)
+_COUNTERS = metrics.counters
+
+
+class TensorSpec(NamedTuple):
+    """One tensor output as torch's meta kernel made it."""
+
+    shape: tuple
+    stride: tuple
+    offset: int
+    dtype: torch.dtype
+    contiguous_stride: tuple  # the strides of a fresh contiguous tensor of this shape
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class MetaSpec:
+    """What torch's meta kernel says about an op's outputs, precomputed once.
+
+    Attributes:
+        specs: a ``TensorSpec`` per output (None for a non-tensor output).
+        multi: the op returns a tuple/list.
+        avals: ``((shape, jax dtype), ...)`` of the tensor outputs.
+        dense_mks: each output's ``MetaKey`` as a fresh contiguous tensor (a
+            lowered op's result).
+        view_mks: each output's ``MetaKey`` as the view the spec describes.
+        sig: the node signature of a lowered op (filled by its first caller).
+        steps: the ``ViewStep``\\ s of a view op (filled by its first caller).
+        twin: of an in-place op, its functional twin's ``(Lowering, MetaSpec)``,
+            or False where the in-place fast path does not apply (filled by its
+            first caller). The cache key holds the op and its template, so
+            what a first caller fills is valid for every hit.
+    """
+
+    specs: tuple
+    multi: bool
+    avals: tuple = ()
+    dense_mks: tuple = ()
+    view_mks: tuple = ()
+    sig: object = None
+    steps: tuple | None = None
+    twin: object = None
+
+    def __post_init__(self):
+        specs = self.specs
+        self.avals = tuple((sp.shape, _dtypes.to_jax_dtype(sp.dtype)) for sp in specs if sp is not None)
+        self.dense_mks = tuple(
+            None if sp is None else MetaKey(sp.shape, sp.contiguous_stride, 0, sp.dtype) for sp in specs
+        )
+        self.view_mks = tuple(None if sp is None else MetaKey(sp.shape, sp.stride, sp.offset, sp.dtype) for sp in specs)
+
+
+def _run_meta(func, args, kwargs, facts):
+    meta_kwargs = kwargs
+    if facts.has_device and kwargs.get("device") is not None:
+        meta_kwargs = dict(kwargs, device="meta")
+    meta_args = [_to_meta(a) for a in args]
+    meta_kwargs = {k: _to_meta(v) for k, v in meta_kwargs.items()}
+    MetaFlag.active = True
+    try:
+        with torch._C._ExcludeDispatchKeyGuard(PYTHON_KEY):
+            return func(*meta_args, **meta_kwargs)
+    finally:
+        MetaFlag.active = False
+
+
+def _to_meta(a):
+    if isinstance(a, XlaTensor):
+        return a
+    if isinstance(a, torch.Tensor):
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+    if isinstance(a, (list, tuple)):
+        return type(a)(_to_meta(x) for x in a)
+    return a
+
+
+def _tensor_spec(o) -> TensorSpec:
+    shape = tuple(o.shape)
+    return TensorSpec(shape, tuple(o.stride()), o.storage_offset(), o.dtype, contiguous_strides(shape))
+
+
+def _meta_spec(out) -> MetaSpec | None:
+    if isinstance(out, torch.Tensor):
+        return MetaSpec((_tensor_spec(out),), False)
+    if isinstance(out, (tuple, list)):
+        return MetaSpec(tuple(_tensor_spec(o) if isinstance(o, torch.Tensor) else None for o in out), True)
+    return None
+
+
+def meta_outputs(func, args, kwargs, facts, key) -> MetaSpec:
+    """The ``MetaSpec`` of ``func(*args, **kwargs)`` (``key``: its ``Args.key``)."""
+    hit = META_CACHE.get(key)
+    if hit is not None:
+        _COUNTERS["MetaCacheHit"] += 1
+        return hit
+    return meta_miss(func, args, kwargs, facts, key)
+
+
+def meta_miss(func, args, kwargs, facts, key) -> MetaSpec:
+    """``meta_outputs`` after a cache miss (the hot paths look the cache up inline)."""
+    out = _run_meta(func, args, kwargs, facts)
+    spec = _meta_spec(out)
+    if spec is None:
+        raise NotImplementedError(f"{func} returned a non-tensor on meta; spmdtorch cannot record it")
+    try:
+        META_CACHE.put(key, spec)
+    except TypeError:  # an unhashable static argument: just don't cache
+        pass
+    return spec

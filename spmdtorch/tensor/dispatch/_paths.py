@@ -1,0 +1,254 @@
+"""The general paths of the router (steps 3-6 of ``spmdtorch.tensor._router``).
+
+* ``lowering``: record one node for a lowered op; its outputs are new dense tensors.
+* ``view``: a new tensor on the same storage, with one more ``ViewStep``.
+* ``mutation``: an in-place or ``out=`` op without a lowering of its own runs
+  its functional twin and writes the result back (``write``).
+* ``decompose``: torch's decomposition table, then ``op.decompose()``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spmdtorch import _dtypes
+from spmdtorch.lazy import Storage, ViewStep, keys, metrics, record, rng
+from spmdtorch.lazy.graph import LazyRef
+from spmdtorch.tensor._facts import UNSET, functional_twin, op_facts
+from spmdtorch.tensor._router import dispatch, facts_of, path
+from spmdtorch.tensor._values import assign_value, read_value
+from spmdtorch.tensor.dispatch._args import Args, all_ints
+from spmdtorch.tensor.dispatch._errors import DeviceMismatchError
+from spmdtorch.tensor.dispatch._meta import META_CACHE, meta_miss, meta_outputs
+from spmdtorch.tensor.xla_tensor import PYTHON_KEY, XlaTensor, dense_tensor, forget_meta_key, view_tensor
+
+__all__ = ["decompose", "dispatch_lowering", "dispatch_mutation", "dispatch_view", "write"]
+
+aten = torch.ops.aten
+_CLONE = aten.clone.default
+_AS_STRIDED = aten.as_strided.default
+_COUNTERS = metrics.counters  # one object for the process (metrics.reset clears it in place)
+
+
+@path("decompose")
+def decompose(func, args, kwargs, facts=None):
+    """torch's decomposition of ``func``, else ``NotImplementedError`` naming the overload."""
+    decomp = torch._decomp.decomposition_table.get(func)
+    if decomp is not None:
+        metrics.inc("Decomposed")
+        out = decomp(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    out = func.decompose(*args, **kwargs)
+    if out is not NotImplemented:
+        metrics.inc("Decomposed")
+        return out
+    raise NotImplementedError(
+        f"spmdtorch has no lowering for ATen op '{func}' (overload {func._schema.name}."
+        f"{func._overloadname or 'default'}) and torch has no decomposition for it. "
+        "Add a lowering in spmdtorch/ops/ or file an issue with this message."
+    )
+
+
+@path("lowering")
+def dispatch_lowering(func, args, kwargs, facts):
+    """Record ``func``'s lowering as one node; return its outputs as new tensors."""
+    low = facts.lowering
+    if low.random and kwargs.get("generator") is not None:
+        rng.check_generator(func, kwargs["generator"])  # raises: xla draws use the default generator
+    parsed = Args(func, facts, args, kwargs)
+    meta = META_CACHE.get(parsed.key)  # meta_outputs' hit path, inline (one call less per op)
+    if meta is None:
+        meta = meta_miss(func, args, kwargs, facts, parsed.key)
+    else:
+        _COUNTERS["MetaCacheHit"] += 1
+    if facts.mutable_pos:
+        # An in-place-only op with its own lowering (uniform_, copy_, ...):
+        # the lowering returns the new values of the mutated arguments.
+        targets = [args[i] if i < len(args) else kwargs[facts.arg_names[i]] for i in facts.mutable_pos]
+        out_avals = tuple((tuple(t.shape), _dtypes.to_jax_dtype(t.dtype)) for t in targets)
+        refs = record(low.fn, func, parsed.template, parsed.inputs, out_avals, random=low.random)
+        if len(targets) == 1:
+            refs = [refs]
+        for t, r in zip(targets, refs):
+            assign_value(t, r)
+        return targets[0] if len(targets) == 1 else tuple(targets)
+    sig = meta.sig
+    if sig is None:
+        sig = meta.sig = keys.node_sig(func, parsed.template)
+    refs = record(low.fn, func, parsed.template, parsed.inputs, meta.avals, random=low.random, sig=sig)
+    if not meta.multi:
+        out = dense_tensor(Storage(refs), meta.dense_mks[0])  # contiguous, whatever strides meta gave
+        if func is _CLONE and args[0]._st.annotated and not args[0]._chain:
+            # A clone is the same tensor again: it keeps the annotation (XLA
+            # would propagate it anyway, except for uneven shardings, which
+            # JAX cannot return as program outputs without the annotation).
+            out._st.sharding, out._st.annotated = args[0]._st.sharding, True
+        return out
+    if len(meta.avals) == 1:
+        refs = [refs]
+    outs = []
+    it = iter(refs)
+    for sp, mk in zip(meta.specs, meta.dense_mks):
+        outs.append(None if sp is None else dense_tensor(Storage(next(it)), mk))
+    return tuple(outs)
+
+
+@path("view")
+def dispatch_view(func, args, kwargs, facts):
+    """A view of ``args[0]``: same storage, one more ``ViewStep`` (no node until read)."""
+    self = args[0]
+    if not isinstance(self, XlaTensor):
+        raise DeviceMismatchError(f"view op {func} got a {type(self).__name__} on {self.device} as self")
+    mk = self._mk
+    if facts.identity_view:
+        return view_tensor(self._st, self._chain, mk)
+    statics = _view_statics(args)
+    kw = tuple(sorted([(k, _static(v)) for k, v in kwargs.items()])) if kwargs else ()
+    key = (facts, mk, statics, kw)
+    meta = META_CACHE.get(key)
+    if meta is None:
+        meta = meta_miss(func, args, kwargs, facts, key)
+    else:
+        _COUNTERS["MetaCacheHit"] += 1
+    specs, multi = meta.specs, meta.multi
+    # ViewSteps are immutable and the key fixes every field: one set per key
+    # (which also keeps each step's node signature across calls).
+    steps = meta.steps
+    if steps is None:
+        steps = meta.steps = tuple(
+            ViewStep(func, statics, kw, i if multi else None, (s.shape, _dtypes.to_jax_dtype(s.dtype)))
+            for i, s in enumerate(specs)
+        )
+    if func is _AS_STRIDED:
+        # as_strided addresses the *storage*, not the input view.
+        chain_base = ()
+    else:
+        chain_base = self._chain
+    if not multi:
+        return view_tensor(self._st, chain_base + steps, meta.view_mks[0])
+    return [view_tensor(self._st, chain_base + (step,), mk) for step, mk in zip(steps, meta.view_mks)]
+
+
+def _view_statics(args) -> tuple:
+    """The arguments after ``self`` of a view op as a hashable tuple (``_static`` of each).
+
+    Dims and sizes (ints, int lists) are the usual arguments of the ~300
+    views of a training step: those skip the per-element ``_static`` calls.
+    """
+    rest = args[1:]
+    for a in rest:
+        t = type(a)
+        if not (t is int or t is bool or a is None):
+            break
+    else:
+        return rest if type(rest) is tuple else tuple(rest)
+    return tuple([tuple(a) if type(a) is list and all_ints(a) else _static(a) for a in rest])
+
+
+def _static(a):
+    t = type(a)
+    if t is int or t is bool or a is None:  # the common case (dims, sizes), checked first
+        return a
+    if isinstance(a, torch.Tensor):
+        raise NotImplementedError("view ops with tensor arguments are not supported")
+    if isinstance(a, list):
+        return tuple([_static(x) for x in a])
+    return a
+
+
+def _inplace_twin_spec(func, twin, args, kwargs, parsed):
+    """``(lowering, MetaSpec)`` of ``twin`` for an in-place call, or False.
+
+    Valid for every call with the same meta key (the key fixes the shapes,
+    dtypes and template the answer depends on). False when the general path
+    is needed: the twin is not a plain lowered op, it parses its arguments
+    differently (another set of liftable scalars), draws random numbers, or
+    its result needs a cast or broadcast before it can be written into self.
+    """
+    facts = op_facts(func)
+    tf = facts_of(twin)
+    low = tf.lowering
+    if (
+        low is None
+        or low.random
+        or tf.route is not dispatch_lowering
+        or tf.is_view
+        or tf.mutable_pos
+        or tf.lift_pos != facts.lift_pos
+        or tf.lift_names != facts.lift_names
+        or tf.allow_cpu != facts.allow_cpu
+    ):
+        return False
+    spec = meta_outputs(twin, args, kwargs, tf, (tf,) + parsed.key[1:])
+    self = args[0]
+    out = spec.specs[0]
+    if spec.multi or out.shape != tuple(self.shape) or out.dtype != self.dtype:
+        return False
+    if spec.sig is None:
+        spec.sig = keys.node_sig(twin, parsed.template)
+    return low, spec
+
+
+@path("mutation")
+def dispatch_mutation(func, args, kwargs, facts):
+    """``add_``/``out=``: run the functional twin and write its results back."""
+    twin = facts.twin
+    if twin is UNSET:
+        twin = facts.twin = functional_twin(func)
+    if twin is None:
+        return decompose(func, args, kwargs)
+    if facts.is_inplace:
+        self = args[0]
+        if not isinstance(self, XlaTensor):
+            raise DeviceMismatchError(f"in-place {func} on a tensor on {self.device} with xla arguments")
+        # torch's checks (broadcast into self, dtype castability) via meta.
+        parsed = Args(func, facts, args, kwargs)
+        meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+        tw = meta.twin
+        if tw is None:
+            tw = meta.twin = _inplace_twin_spec(func, twin, args, kwargs, parsed)
+        if tw is not False:
+            # The twin's node on the same template and inputs becomes self's
+            # value directly: no result tensor to wrap, no second argument walk.
+            low, spec = tw
+            ref = record(low.fn, twin, parsed.template, parsed.inputs, spec.avals, sig=spec.sig)
+            assign_value(self, ref)
+            return self
+        result = dispatch(twin, args, kwargs)
+        write(self, result)
+        return self
+    # out= variant
+    out_names = facts.mutable_names
+    outs = [kwargs[n] for n in out_names]
+    fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+    result = dispatch(twin, args, fkwargs)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for o, r in zip(outs, results):
+        if tuple(o.shape) != tuple(r.shape):
+            if o._chain:
+                raise RuntimeError(f"{func}: cannot resize out= view of shape {tuple(o.shape)} to {tuple(r.shape)}")
+            with torch._C._ExcludeDispatchKeyGuard(PYTHON_KEY):
+                torch.ops.aten.resize_.default(o, list(r.shape))
+            forget_meta_key(o)
+        write(o, r)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def write(dst: XlaTensor, src: XlaTensor, *, fresh: bool = False) -> None:
+    """``dst`` ← ``src`` broadcast to dst's shape and cast to its dtype.
+
+    The value written is always a node of its own unless ``src`` is a
+    temporary pending result (``fresh=False`` and lazy): two live storages must
+    never share one array or one pending value, or donating one would delete
+    the other's data.
+    """
+    if src.dtype != dst.dtype:
+        src = dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
+    if tuple(src.shape) != tuple(dst.shape):
+        src = dispatch(aten.expand.default, (src, list(dst.shape)), {})
+        fresh = True
+    value = read_value(src)
+    if fresh or not isinstance(value, LazyRef):
+        value = read_value(dispatch(aten.clone.default, (src,), {}))
+    assign_value(dst, value)

@@ -1,0 +1,175 @@
+"""Special ops: ATen calls with a handler of their own (step 1 of the router).
+
+Transfers (``copy_``, ``_to_copy`` to another device, ``.item()``), in-place
+ops that change a tensor's metadata (``t_``, ``set_``, ``resize_``), ops that
+return Python values (``equal``, ``allclose``), and two linear-algebra entry
+points. Each registers with ``@special`` by ATen name.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spmdtorch.lazy import metrics
+from spmdtorch.tensor._facts import view_twin
+from spmdtorch.tensor._host import to_device_array
+from spmdtorch.tensor._router import dispatch, special
+from spmdtorch.tensor._values import to_cpu
+from spmdtorch.tensor.dispatch._errors import DeviceMismatchError, MetaFactoryLeak
+from spmdtorch.tensor.dispatch._paths import decompose, dispatch_lowering, write
+from spmdtorch.tensor.xla_tensor import PYTHON_KEY, XLA_DEVICE, XlaTensor, forget_meta_key, new_base
+
+__all__ = ["copy_", "local_scalar_dense"]
+
+aten = torch.ops.aten
+
+
+@special("copy_.default")
+def copy_(func, args, kwargs, facts=None):
+    """``dst.copy_(src)`` where either side is an xla tensor."""
+    dst, src = args[0], args[1]
+    if not isinstance(dst, XlaTensor):
+        # xla → cpu (or another device): materialise then let torch copy.
+        dst.copy_(to_cpu(src))
+        return dst
+    if not isinstance(src, XlaTensor):
+        if src.device.type == "meta":
+            raise MetaFactoryLeak(f"copy_ from a tensor on meta (it has no data) into an xla tensor {tuple(dst.shape)}")
+        if src.device.type != "cpu":
+            raise DeviceMismatchError(f"copy_ from a tensor on {src.device} into an xla tensor")
+        src = new_base(to_device_array(src), src.dtype)
+    write(dst, src, fresh=True)
+    return dst
+
+
+@special("_to_copy.default")
+def _to_copy(func, args, kwargs, facts):
+    x = args[0]
+    device = kwargs.get("device")
+    # C++ code sees an XlaTensor's storage device (meta): ``x.to(dtype)``
+    # inside a composite op (softmax with dtype=) asks for a copy on meta,
+    # which means "stay where you are". A meta tensor holds no data, so no
+    # caller can want the xla value moved there.
+    if device is not None and torch.device(device).type not in ("xla", "meta"):
+        out = to_cpu(x)
+        dtype = kwargs.get("dtype")
+        if dtype is not None and dtype != out.dtype:
+            out = out.to(dtype)
+        if torch.device(device).type != "cpu":
+            out = out.to(device)
+        return out
+    kwargs = {k: v for k, v in kwargs.items() if k in ("dtype",) and v is not None}
+    return dispatch_lowering(func, (x,), kwargs, facts)
+
+
+@special("_local_scalar_dense.default")
+def local_scalar_dense(func, args, kwargs, facts=None):
+    """``.item()``: the value, computed now."""
+    metrics.inc("aten::_local_scalar_dense")
+    return to_cpu(args[0]).item()
+
+
+@special("t_", "transpose_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "as_strided_")
+def _metadata_inplace_view(func, args, kwargs, facts):
+    """``t_``, ``transpose_``, ``squeeze_``...: self becomes a view of itself."""
+    self = args[0]
+    view = dispatch(view_twin(func), args, kwargs)
+    with torch._C._ExcludeDispatchKeyGuard(PYTHON_KEY):
+        torch.ops.aten.as_strided_.default(self, list(view.shape), list(view.stride()), view.storage_offset())
+    forget_meta_key(self)
+    self._chain = view._chain
+    return self
+
+
+@special("set_.source_Tensor")
+def _set_(func, args, kwargs, facts):
+    self = args[0]
+    if len(args) < 2 or not isinstance(args[1], XlaTensor):
+        raise NotImplementedError(f"{func} is only supported with another xla tensor as source")
+    src = args[1]
+    with torch._C._ExcludeDispatchKeyGuard(PYTHON_KEY):
+        torch.ops.aten.as_strided_.default(self, list(src.shape), list(src.stride()), src.storage_offset())
+    forget_meta_key(self)
+    self._st = src._st
+    self._chain = src._chain
+    return self
+
+
+@special("resize_.default")
+def _resize_(func, args, kwargs, facts):
+    self, size = args[0], list(args[1])
+    if list(self.shape) == size:
+        return self
+    if self._chain:
+        raise RuntimeError("resize_ of a view is not supported on xla tensors")
+    with torch._C._ExcludeDispatchKeyGuard(PYTHON_KEY):
+        torch.ops.aten.resize_.default(self, size)
+    forget_meta_key(self)
+    fresh = dispatch(aten.empty.memory_format, (size,), {"dtype": self.dtype, "device": torch.device("xla")})
+    self._st = fresh._st
+    return self
+
+
+@special("equal.default")
+def _equal(func, args, kwargs, facts):
+    """``torch.equal``: a Python bool, so the comparison is computed now."""
+    a, b = args[0], args[1]
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    return bool(
+        local_scalar_dense(None, (dispatch(aten.all.default, (dispatch(aten.eq.Tensor, (a, b), {}),), {}),), {})
+    )
+
+
+@special("allclose.default")
+def _allclose(func, args, kwargs, facts):
+    """``torch.allclose``: a Python bool, computed now through ``isclose``."""
+    close = dispatch(aten.isclose.default, args, kwargs)
+    return bool(local_scalar_dense(None, (dispatch(aten.all.default, (close,), {}),), {}))
+
+
+@special("_linalg_check_errors.default")
+def _linalg_check_errors(func, args, kwargs, facts):
+    """torch.linalg's ``check_errors``: skipped, as PyTorch/XLA does, because
+    raising needs the ``info`` values on the host (a sync per call, and
+    impossible inside ``spmdtorch.compile``); a failed factorization shows as
+    inf/nan in its results instead."""
+    return None
+
+
+@special("_linalg_det.default", "_linalg_slogdet.default")
+def _linalg_det_factors(func, args, kwargs, facts):
+    """``_linalg_det``/``_linalg_slogdet``: return the LU factors torch's backward expects.
+
+    torch factors ``A^T`` when A is contiguous and real (LAPACK is
+    column-major; det(A^T) = det(A)) and ``A`` itself otherwise, and its
+    backward picks the solve from the saved A's strides. The lowering sees
+    values only and always factors the transpose of what it is given, so a
+    non-contiguous real A (a transposed view...) is handed over as the
+    contiguous ``A^T``: the same determinant, and the factors of A.
+    """
+    A = args[0]
+    if not A.is_complex() and not A.is_contiguous():
+        args = (A.mT.contiguous(),) + tuple(args[1:])
+    return dispatch_lowering(func, args, kwargs, facts)
+
+
+# Ops that update some arguments as a side effect (batch norm's running
+# statistics; ``native_batch_norm`` does so without saying it in its schema).
+# torch's decompositions express the update as a functional op plus copy_,
+# which the engine writes back like any in-place op.
+@special("native_batch_norm.default", "_native_batch_norm_legit.default", "_batch_norm_with_update.default")
+def _decompose_batch_norm(func, args, kwargs, facts):
+    """torch's decomposition, with eager CPU's eval-mode outputs: empty
+    ``save_mean``/``save_invstd`` (the decomposition returns per-channel ones
+    off CPU, as CUDA does; backward in eval mode reads the running stats)."""
+    out = decompose(func, args, kwargs)
+    names = facts.arg_names
+    if "training" not in names:  # _batch_norm_with_update always trains
+        return out
+    i = names.index("training")
+    training = args[i] if i < len(args) else kwargs.get("training")
+    if training or not isinstance(out, (tuple, list)) or len(out) != 3:
+        return out
+    empty = [dispatch(aten.empty.memory_format, ([0],), {"dtype": o.dtype, "device": XLA_DEVICE}) for o in out[1:]]
+    return (out[0], *empty)
