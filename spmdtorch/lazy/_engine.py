@@ -1,9 +1,11 @@
 """The lazy engine's process state, in one object: :data:`ENGINE`.
 
 Everything the engine keeps between ops and steps hangs off this one
-:class:`Engine`: the compile cache (bounded, least recently used evicted), the
-queue of executions in flight, the calls owed before the next execution, the
-device-array caches of Python scalars, and a registry of every other
+:class:`Engine`: the pending set and the holder registry (the data model that
+``lazy._storage`` keeps current), ``spmdtorch.compile``'s trace hook, the
+compile cache (bounded, least recently used evicted), the queue of executions
+in flight, the calls owed before the next execution, the device-array caches
+of Python scalars, and a registry of every other
 per-process cache in the library (node signatures, interned scalars, the
 dispatcher's meta cache and op facts, helper programs...), so that
 :meth:`Engine.clear_caches` (``spmdtorch.debug.clear_caches()``) resets them all
@@ -16,8 +18,13 @@ Invariants:
     * Clearing a cache never changes a result, only costs a miss: every
       registered cache maps a full key to a value recomputable from it
       (``lazy.keys`` explains why a cleared signature table cannot alias).
-    * The in-flight queue and the owed calls are *not* caches: clearing leaves
-      them alone (dropping an execution's entry would lift the in-flight bound).
+    * The pending set, the holder registry, the in-flight queue and the owed
+      calls are *not* caches: clearing leaves them alone (dropping a pending
+      storage would lose a value; dropping an execution's entry would lift the
+      in-flight bound).
+    * Its objects are mutated in place, never rebound, for the same reason:
+      ``lazy._storage`` names ``pending``, ``holders``, ``co_holders``,
+      ``trace_hook`` and ``seq`` at module level for the per-write path.
 
 This module imports only ``spmdtorch.config`` and ``lazy.metrics``: every layer
 above may register with it.
@@ -27,9 +34,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import threading
+import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Protocol
 
 from spmdtorch import config
 from spmdtorch.lazy import metrics
@@ -114,6 +123,65 @@ class RegisteredCache:
     size: Callable[[], int]
 
 
+class _Member(Protocol):
+    """What the pending set needs of a member (``lazy._storage.Storage``)."""
+
+    queued: int
+
+
+class PendingSet:
+    """The storages whose value is pending: a weak set, in insertion order.
+
+    The recording path adds a storage on every write (hundreds per step).
+    ``weakref.WeakSet.add`` is Python code and every dying member runs a
+    Python callback; here an add is a flag test plus a plain weakref, and dead
+    members are simply skipped. A storage's ``queued`` field holds the
+    generation it was added in, so ``clear()`` is O(1) and an add is a no-op
+    while the storage is already a member.
+    """
+
+    __slots__ = ("_compact_at", "_gen", "_refs")
+    _COMPACT_MIN = 4096  # references kept before dead ones are dropped
+
+    def __init__(self):
+        self._refs: list = []
+        self._gen = 1
+        self._compact_at = self._COMPACT_MIN
+
+    def add(self, st: _Member) -> None:
+        if st.queued != self._gen:
+            st.queued = self._gen
+            self._refs.append(weakref.ref(st))
+            if len(self._refs) >= self._compact_at:
+                self._compact()
+
+    def discard(self, st: _Member) -> None:
+        if st.queued == self._gen:
+            st.queued = 0
+
+    def clear(self) -> None:
+        self._refs = []
+        self._gen += 1
+
+    def _compact(self) -> None:
+        # Storages recorded and dropped without a barrier (a long loop that
+        # never syncs) leave dead references: drop them, keep the order.
+        self._refs = [ref for ref in self._refs if (st := ref()) is not None and st.queued == self._gen]
+        self._compact_at = max(self._COMPACT_MIN, 2 * len(self._refs))
+
+    def __iter__(self):
+        gen = self._gen
+        seen = set()
+        for ref in list(self._refs):
+            st = ref()
+            if st is not None and st.queued == gen and id(st) not in seen:
+                seen.add(id(st))
+                yield st
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class Engine:
     """The lazy engine's per-process state (one instance, :data:`ENGINE`).
 
@@ -124,11 +192,15 @@ class Engine:
         before_next: calls owed before the next execution; guarded by ``before_next_lock``.
         scalar_arrays: ``(type, value, mesh)`` -> replicated device scalar.
         packed_arrays: ``(kind, values, mesh)`` -> replicated device vector of scalars.
-        pending: the set of storages with a pending value. Today this is
-            ``tensor.xla_tensor._PENDING``; it moves below ``tensor/`` (issue 16,
-            item 1) and is wired here when it does. None until then.
-        holders: ``id(jax.Array)`` -> the storage(s) holding it; same story
-            (today ``tensor.xla_tensor._HOLDERS``). None until wired.
+        pending: the storages whose value is pending (``lazy._storage``); the
+            next barrier computes them.
+        holders: ``id(jax.Array)`` -> weak reference to the storage holding it
+            (buffer donation rests on it: an array no storage holds can be donated).
+        co_holders: ``id(jax.Array)`` -> ``{id(storage): weak reference}`` for
+            arrays that several storages hold (equal results share one buffer).
+        trace_hook: one slot: ``spmdtorch.compile``'s callback while it traces,
+            called on every storage write (None otherwise).
+        seq: the counter that orders pending values (program output order).
     """
 
     __slots__ = (
@@ -141,6 +213,9 @@ class Engine:
         "packed_arrays",
         "pending",
         "holders",
+        "co_holders",
+        "trace_hook",
+        "seq",
         "_caches",
     )
 
@@ -152,8 +227,12 @@ class Engine:
         self.before_next_lock = threading.Lock()
         self.scalar_arrays: dict = {}
         self.packed_arrays: dict = {}
-        self.pending = None  # wired by the lead when Storage's pending set moves to lazy/
-        self.holders = None  # wired by the lead when the holder registry moves to lazy/
+        # Not caches (clear_caches leaves them alone): the engine's live data model.
+        self.pending = PendingSet()
+        self.holders: dict[int, weakref.ref[Any]] = {}
+        self.co_holders: dict[int, dict[int, weakref.ref[Any]]] = {}
+        self.trace_hook: list[Callable[[Any, Any], None] | None] = [None]
+        self.seq = itertools.count()
         self._caches: dict[str, RegisteredCache] = {}
         self.register_cache("lazy.executor.compile_cache", self.compile_cache)
         self.register_cache("lazy.executor.scalar_arrays", self.scalar_arrays)

@@ -10,7 +10,8 @@ chain lazily; writing through a view records the inverse ops that produce the
 base's next value (``spmdtorch.tensor._values``). This is functionalization done
 at the storage level, so eager aliasing semantics hold for lazy graphs.
 
-The module-level singletons of the engine live here, one each:
+The engine's data-model state is owned by ``spmdtorch.lazy._engine.ENGINE``;
+this module names it for its hot paths:
 
 * ``PENDING``: the storages whose value is pending (the next barrier computes them).
 * ``HOLDERS`` / ``CO_HOLDERS``: which storage holds which concrete array
@@ -23,9 +24,9 @@ Nothing here knows about torch tensors: ``spmdtorch.tensor`` wraps storages.
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 
 __all__ = [
@@ -50,73 +51,18 @@ __all__ = [
 # A plain dict of weak references (not a WeakValueDictionary, whose Python-level
 # get/set/delete cost ~1 us each, three per program output): entries of dead
 # storages are swept when the dict has doubled since the last sweep.
-HOLDERS: dict = {}  # id(jax.Array) -> weakref.ref(Storage)
+HOLDERS = ENGINE.holders  # id(jax.Array) -> weakref.ref(Storage)
 _HOLDERS_SWEEP_AT = [4096]
-CO_HOLDERS: dict = {}  # id(jax.Array) -> {id(Storage): weakref to it} beyond HOLDERS'
+CO_HOLDERS = ENGINE.co_holders  # id(jax.Array) -> {id(Storage): weakref to it} beyond HOLDERS'
 _CO_HOLDERS_SWEEP = 1024  # entries kept before those of dead arrays are dropped
 
 
-class _PendingSet:
-    """The storages whose value is pending: a weak set, in insertion order.
-
-    The recording path adds a storage on every write (hundreds per step).
-    ``weakref.WeakSet.add`` is Python code and every dying member runs a
-    Python callback; here an add is a flag test plus a plain weakref, and dead
-    members are simply skipped. A storage's ``queued`` field holds the
-    generation it was added in, so ``clear()`` is O(1) and an add is a no-op
-    while the storage is already a member.
-    """
-
-    __slots__ = ("_compact_at", "_gen", "_refs")
-    _COMPACT_MIN = 4096  # references kept before dead ones are dropped
-
-    def __init__(self):
-        self._refs: list = []
-        self._gen = 1
-        self._compact_at = self._COMPACT_MIN
-
-    def add(self, st: Storage) -> None:
-        if st.queued != self._gen:
-            st.queued = self._gen
-            self._refs.append(weakref.ref(st))
-            if len(self._refs) >= self._compact_at:
-                self._compact()
-
-    def discard(self, st: Storage) -> None:
-        if st.queued == self._gen:
-            st.queued = 0
-
-    def clear(self) -> None:
-        self._refs = []
-        self._gen += 1
-
-    def _compact(self) -> None:
-        # Storages recorded and dropped without a barrier (a long loop that
-        # never syncs) leave dead references: drop them, keep the order.
-        self._refs = [ref for ref in self._refs if (st := ref()) is not None and st.queued == self._gen]
-        self._compact_at = max(self._COMPACT_MIN, 2 * len(self._refs))
-
-    def __iter__(self):
-        gen = self._gen
-        seen = set()
-        for ref in list(self._refs):
-            st = ref()
-            if st is not None and st.queued == gen and id(st) not in seen:
-                seen.add(id(st))
-                yield st
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-# Storages whose value is pending; the next barrier computes all of them.
-PENDING = _PendingSet()
-# spmdtorch.compile installs a callback here while it traces: it sees every
-# storage created or overwritten, which is how it learns what a step mutates.
-TRACE_HOOK: list = [None]
-
-
-SEQ = itertools.count()
+# Module-level names for the engine's own objects (spmdtorch.lazy._engine owns
+# them; each is mutated in place, never rebound, so these stay the engine's):
+# the hot paths read a module global instead of an attribute chain.
+PENDING = ENGINE.pending  # the storages whose value is pending; the next barrier computes them
+TRACE_HOOK = ENGINE.trace_hook  # spmdtorch.compile's callback while it traces (one slot)
+SEQ = ENGINE.seq  # the order in which pending values were set
 
 
 class Storage:

@@ -195,3 +195,21 @@ def test_max_in_flight_comes_from_config(devices8, monkeypatch):
         monkeypatch.delenv("SPMDTORCH_MAX_IN_FLIGHT")
         config.reload()
     assert ENGINE.max_in_flight == 8
+
+
+def test_engine_owns_the_lazy_data_model():
+    """Pending set, holders, trace hook and order counter are the engine's, not a module's own."""
+    import torch
+
+    from spmdtorch.lazy import _storage
+
+    assert _storage.PENDING is ENGINE.pending
+    assert _storage.HOLDERS is ENGINE.holders and _storage.CO_HOLDERS is ENGINE.co_holders
+    assert _storage.TRACE_HOOK is ENGINE.trace_hook and _storage.SEQ is ENGINE.seq
+    x = torch.ones(3, device="xla") * 2  # pending until the barrier
+    assert x._st in list(ENGINE.pending)
+    spmdtorch.sync()
+    assert ENGINE.holders[id(x._st.value)]() is x._st  # the concrete result's holder
+    debug.clear_caches()  # not caches: clearing leaves the data model alone
+    assert ENGINE.holders[id(x._st.value)]() is x._st
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]

@@ -209,12 +209,12 @@ def test_a_storage_written_many_times_is_one_output_and_dropped_ones_none(monkey
 
 
 def test_pending_set_discard_and_compaction_keep_live_members(monkeypatch):
-    from spmdtorch.lazy import _storage
+    from spmdtorch.lazy._engine import ENGINE, PendingSet
 
     spmdtorch.sync()
-    pending = _storage.PENDING
+    pending = ENGINE.pending
     # Compact often: dead references pile up in a loop that never syncs.
-    monkeypatch.setattr(_storage._PendingSet, "_COMPACT_MIN", 8)
+    monkeypatch.setattr(PendingSet, "_COMPACT_MIN", 8)
     monkeypatch.setattr(pending, "_compact_at", 8)
     keep = [torch.ones(2, device="xla") * i for i in range(3)]
     for _ in range(40):
