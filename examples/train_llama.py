@@ -350,7 +350,7 @@ def main(args: argparse.Namespace) -> int:
     # i-1's loss, keeps one step queued behind the one running, so the host
     # work overlaps device work. It also bounds the queue (at most two steps in
     # flight; k + 1 with --log-every k, which reads only every k-th loss), so a
-    # long queue of executions never builds up (see DESIGN.md, "CPU collective
+    # long queue of executions never builds up (see docs/design.md, hazard "CPU collective
     # deadlock").
     progress = Progress(
         TextColumn("[bold blue]train"),

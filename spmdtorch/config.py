@@ -10,7 +10,7 @@ is to honour the environment at the moment of the call, :func:`read`.
 Variable                          Settings field     Default     Meaning
 ================================  =================  ==========  ===============================================
 ``SPMDTORCH_MAX_IN_FLIGHT``       max_in_flight      8           executions queued before the host waits for the
-                                                                 oldest (docs/design.md, Known hazards: the CPU
+                                                                 oldest (docs/design.md, hazards: the CPU
                                                                  client deadlocks on collectives when unbounded)
 ``SPMDTORCH_COMPILE_CACHE_SIZE``  compile_cache_size 1024        compiled programs kept (least recently used are
                                                                  evicted; PyTorch/XLA's default cache size)
@@ -221,7 +221,7 @@ KNOBS: tuple[Knob, ...] = (
         8,
         f"{_COUNT} >= 0",
         "Executions queued before the host blocks on the oldest. Bounded so that XLA's CPU client "
-        "cannot deadlock on collectives (docs/design.md, Known hazards); 0 waits for each one.",
+        "cannot deadlock on collectives (docs/design.md, hazard 'CPU collective deadlock'); 0 waits for each one.",
     ),
     Knob(
         "compile_cache_size",

@@ -139,7 +139,7 @@ def child_env(
     flags = re.sub(rf"{flag}=\S*", "", env.get("XLA_FLAGS", "")).split()
     env["XLA_FLAGS"] = " ".join(flags + [f"{flag}={devices_per_proc}"])
     # XLA's CPU client sizes its thread pool from NPROC; fewer threads than
-    # 2 x devices can deadlock queued collectives (DESIGN.md, Known hazards).
+    # 2 x devices can deadlock queued collectives (docs/design.md, hazard "CPU collective deadlock").
     try:
         nproc = int(env.get("NPROC", "0"))
     except ValueError:

@@ -7,7 +7,7 @@ looks it up in the compile cache. A training loop therefore compiles once per
 distinct step structure. Inputs whose storage was overwritten in this step are
 donated so that parameters are not held twice. Executions are asynchronous;
 at most ``SPMDTORCH_MAX_IN_FLIGHT`` are queued so that XLA's CPU client cannot
-deadlock on collectives (DESIGN.md, Known hazards).
+deadlock on collectives (docs/design.md, hazard "CPU collective deadlock").
 
 The state this module keeps between steps (compile cache, in-flight queue,
 owed calls, scalar arrays) lives on ``lazy._engine.ENGINE``; the knobs come

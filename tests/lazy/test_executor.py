@@ -139,7 +139,7 @@ _LOOP = textwrap.dedent(
 
 
 def test_thousand_steps_without_reading_never_deadlock():
-    """The CPU-collective deadlock (DESIGN.md) must not hang a user's loop.
+    """The CPU-collective deadlock (docs/design.md, hazard "CPU collective deadlock") must not hang a user's loop.
 
     Runs in a fresh process with XLA's default thread pool on this machine
     (NPROC unset). With the in-flight bound lifted

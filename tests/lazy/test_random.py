@@ -273,7 +273,7 @@ def test_in_place_draw_into_an_annotated_tensor_matches():
 
 
 def test_uneven_sharding_gives_the_same_values():
-    # 10 x 6 in 4 row shards and 8 column shards: padded shards (DESIGN.md decision 6).
+    # 10 x 6 in 4 row shards and 8 column shards: padded shards (docs/design.md, decision 6).
     torch.manual_seed(4)
     ref = torch.randn(10, 6, device="xla").cpu()
     for shape, axes, spec in (((4, 2), ("x", "y"), ("x", None)), ((8,), ("x",), (None, "x"))):
