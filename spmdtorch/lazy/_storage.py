@@ -48,8 +48,8 @@ __all__ = [
 # results one buffer, e.g. the step counters of AdamW's parameters). Those
 # further holders are listed in CO_HOLDERS, only then, so the common path
 # stays one dict operation.
-# A plain dict of weak references (not a WeakValueDictionary, whose Python-level
-# get/set/delete cost ~1 us each, three per program output): entries of dead
+# A plain dict of weak references (not a WeakValueDictionary, whose get, set
+# and delete run Python code, three per program output): entries of dead
 # storages are swept when the dict has doubled since the last sweep.
 HOLDERS = ENGINE.holders  # id(jax.Array) -> weakref.ref(Storage)
 _HOLDERS_SWEEP_AT = [4096]
