@@ -27,6 +27,7 @@ import itertools
 import types
 
 import torch
+import torch.utils._device
 
 from spmdtorch.ops import registry
 from spmdtorch.tensor import transfer
@@ -126,13 +127,34 @@ def _from_data(func, args, kwargs):
     return out
 
 
+def _default_device_is_xla() -> bool:
+    """Whether ``with torch.device("xla")`` or ``set_default_device("xla")`` is in force.
+
+    (``torch.get_default_device()`` itself builds a tensor to find the index,
+    which on "xla" is the failure being handled.)
+    """
+    for mode in reversed(torch.overrides._get_current_function_mode_stack()):
+        if isinstance(mode, torch.utils._device.DeviceContext):
+            return _is_xla(mode.device)
+    return False
+
+
 def _from_data_wrapper(func):
     # torch.tensor, as_tensor and asarray take `device` by keyword only.
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         if kwargs and kwargs.get("device") is not None and _is_xla(kwargs["device"]):
             return _from_data(func, args, kwargs)
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError:
+            # `with torch.device("xla"):` / set_default_device("xla") gave torch's
+            # function the xla device, which torch alone cannot build on
+            # (docs/design.md, hazard "no device guard for xla").
+            if "device" not in kwargs and _default_device_is_xla():
+                with torch.device("cpu"):  # the host copy, and the helpers the transfer makes
+                    return _from_data(func, args, dict(kwargs, device="xla"))
+            raise
 
     return wrapper
 
@@ -261,6 +283,21 @@ def _as_torch_function(fn, original):
     return functools.update_wrapper(wrapper, original)
 
 
+def _identity_sets() -> list[set]:
+    """torch's cached sets of its own functions that are compared by identity.
+
+    torch builds them the first time they are needed, by attribute
+    (``torch.tensor``...), and later tests the function a call receives
+    against them: ``with torch.device("meta"):`` adds its device only to the
+    factories in ``torch.utils._device._device_constructors()``. Built here,
+    before the wrappers replace the attributes, they hold torch's functions
+    (which torch's C++ passes to modes); ``install`` then adds the wrappers
+    (which user code sees as ``torch.tensor``), so both identities answer as
+    torch's function does without spmdtorch.
+    """
+    return [torch.utils._device._device_constructors(), torch.overrides.get_ignored_functions()]
+
+
 def install() -> None:
     """Register XLA-key factory kernels and the CPU -> xla wrappers (idempotent)."""
     global _LIB
@@ -272,9 +309,16 @@ def install() -> None:
             name = op._schema.name.split("::")[-1]
             qual = name if op._overloadname == "default" else f"{name}.{op._overloadname}"
             _LIB.impl(qual, factory_kernel(op))
-    torch.Tensor.to = _as_torch_function(_tensor_to, _TORCH_TO)
-    torch.Tensor.new_tensor = _as_torch_function(_new_tensor, _TORCH_NEW_TENSOR)
+    identity_sets = _identity_sets()
+    wrappers = {
+        _TORCH_TO: _as_torch_function(_tensor_to, _TORCH_TO),
+        _TORCH_NEW_TENSOR: _as_torch_function(_new_tensor, _TORCH_NEW_TENSOR),
+    }
+    torch.Tensor.to = wrappers[_TORCH_TO]
+    torch.Tensor.new_tensor = wrappers[_TORCH_NEW_TENSOR]
     for name, func in _TORCH_FROM_DATA.items():
-        wrapper = _from_data_wrapper(func)
+        wrapper = wrappers[func] = _from_data_wrapper(func)
         setattr(torch, name, wrapper)
         _register_torchscript_builtin(wrapper, func)
+    for functions in identity_sets:
+        functions.update(w for f, w in wrappers.items() if f in functions)

@@ -76,6 +76,16 @@ PROBE = textwrap.dedent(
     show("zeros", lambda: torch.zeros(2, 2, dtype=torch.int32))
     show("empty_like strides", lambda: torch.empty_like(img, memory_format=torch.channels_last).stride())
     show("randn seeded", lambda: (torch.manual_seed(0), torch.randn(3))[1])
+    with torch.device("meta"):
+        show("device ctx tensor", lambda: torch.tensor(0).device)
+        show("device ctx as_tensor", lambda: torch.as_tensor([1.0]).device)
+        show("device ctx asarray", lambda: torch.asarray([1.0]).device)
+        show("device ctx zeros", lambda: torch.zeros(2).device)
+        show("device ctx BatchNorm buffer", lambda: torch.nn.BatchNorm1d(4).num_batches_tracked.device)
+    torch.set_default_device("meta")
+    show("default device tensor", lambda: torch.tensor([1, 2]).device)
+    torch.set_default_device(None)
+    show("ignored functions", lambda: torch.tensor in torch.overrides.get_ignored_functions())
     m = torch.nn.Linear(2, 2)
     show("Module.to dtype", lambda: m.to(torch.float64).weight.dtype)
     show("Module.to device", lambda: type(m.to("cpu").weight).__name__)
@@ -138,6 +148,11 @@ def test_xla_entry_points_still_route_to_xla():
     assert x.to("xla") is x
     assert x.to("xla", copy=True) is not x
     assert torch.equal(x.to("xla", copy=True).cpu(), cpu)
+    with torch.device("xla"):  # the default device reaches the from-data functions too
+        assert torch.tensor([1.0, 2.0]).device.type == "xla"
+        assert torch.as_tensor([1.0]).device.type == "xla"
+        assert torch.zeros(2).device.type == "xla"
+    assert torch.tensor([1.0]).device.type == "cpu"
     m = torch.nn.Linear(2, 2).to("xla")
     assert m.weight.device.type == "xla" and isinstance(m.weight, torch.nn.Parameter)
     w = torch.ones(2, requires_grad=True)
