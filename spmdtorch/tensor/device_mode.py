@@ -272,8 +272,10 @@ def install() -> None:
             name = op._schema.name.split("::")[-1]
             qual = name if op._overloadname == "default" else f"{name}.{op._overloadname}"
             _LIB.impl(qual, factory_kernel(op))
-    torch.Tensor.to = _as_torch_function(_tensor_to, _TORCH_TO)
-    torch.Tensor.new_tensor = _as_torch_function(_new_tensor, _TORCH_NEW_TENSOR)
+    # Deliberate patches of torch's methods (they route "xla" targets here and
+    # leave every other call to torch's own method): mypy forbids assigning to a method.
+    torch.Tensor.to = _as_torch_function(_tensor_to, _TORCH_TO)  # type: ignore[method-assign]
+    torch.Tensor.new_tensor = _as_torch_function(_new_tensor, _TORCH_NEW_TENSOR)  # type: ignore[method-assign]
     for name, func in _TORCH_FROM_DATA.items():
         wrapper = _from_data_wrapper(func)
         setattr(torch, name, wrapper)
