@@ -63,7 +63,7 @@ class MetaSpec:
     avals: tuple = ()
     dense_mks: tuple = ()
     view_mks: tuple = ()
-    sig: object = None
+    sig: int | None = None
     steps: tuple | None = None
     twin: tuple[Lowering, MetaSpec] | Literal[False] | None = None
 
