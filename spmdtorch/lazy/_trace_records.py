@@ -39,6 +39,7 @@ __all__ = [
     "ValueResult",
 ]
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TensorMeta:
     """The view a returned tensor had when traced (``XlaTensor``'s constructor arguments)."""

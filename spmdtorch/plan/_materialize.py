@@ -96,7 +96,9 @@ def _to_pending(model: nn.Module, undo: list) -> dict[int, tuple[str, XlaTensor]
                 # and the init ops that overwrite it make the zeros dead code.
                 # (A Parameter of an xla tensor is an XlaTensor: torch keeps a subclass's type.)
                 data = cast(XlaTensor, torch.empty(t.shape, dtype=t.dtype, device="xla"))
-                new = cast(XlaTensor, nn.Parameter(data, requires_grad=t.requires_grad)) if kind == "parameter" else data
+                new = (
+                    cast(XlaTensor, nn.Parameter(data, requires_grad=t.requires_grad)) if kind == "parameter" else data
+                )
                 made[id(t)] = new
                 fresh[id(new)] = (qual, new)
             table = mod._parameters if kind == "parameter" else mod._buffers
