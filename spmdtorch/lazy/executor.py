@@ -21,6 +21,7 @@ import logging
 import struct
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -137,7 +138,7 @@ class _Plan:
     draws: list
     donatable: frozenset | None
 
-    def __init__(self, refs):
+    def __init__(self, refs: Sequence[LazyRef]) -> None:
         # Post-order, depth first, each node's inputs scanned once (an
         # iterator per open node). Inputs are visited last to first, the order
         # this walk has always had: the program's op order follows it, and
