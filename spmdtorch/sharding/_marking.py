@@ -14,7 +14,7 @@ import dataclasses
 import fnmatch
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import jax
 import torch
@@ -118,9 +118,10 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
     if st.annotated:
         if st.sharding == sharding:
             return t
+        annotation = cast(jax.sharding.NamedSharding, st.sharding)  # annotated: mark_sharding's NamedSharding
         raise ShardingError(
             f"tensor of shape {tuple(t.shape)} is already annotated with spec "
-            f"{tuple(st.sharding.spec)}; call spmdtorch.partition.clear_sharding(t) before "
+            f"{tuple(annotation.spec)}; call spmdtorch.partition.clear_sharding(t) before "
             f"annotating it with {tuple(partition_spec)}"
         )
     value = base_value(st)
