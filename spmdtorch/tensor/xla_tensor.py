@@ -149,6 +149,8 @@ class XlaTensor(torch.Tensor):
     # __init__ would be one more call per recorded op.
 
     # -- what users see ---------------------------------------------------
+    # torch's stub declares device/is_cuda/is_meta as writable attributes (they
+    # are read-only C properties): mypy calls a read-only property over one an override error.
     @property
     def device(self) -> torch.device:  # type: ignore[override]
         return _META_DEVICE if MetaFlag.active else XLA_DEVICE
