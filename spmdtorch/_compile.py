@@ -139,8 +139,8 @@ def _flatten(args, kwargs):
 
 
 def _signature(flat_args, spec):
-    sig = [spec]
-    storages = []
+    sig: list[Any] = [spec]
+    storages: list[Storage] = []
     for a in flat_args:
         if isinstance(a, XlaTensor):
             st = a._st
@@ -264,7 +264,7 @@ class CompiledFunction:
         TRACE_HOOK[0] = _storage_hook
         captured = {}
         try:
-            arg_arrays = {}
+            arg_arrays: dict[int, int] = {}  # id(jax.Array) -> flat argument index
             for i, a in enumerate(flat_in):
                 if isinstance(a, XlaTensor):
                     arg_arrays.setdefault(id(a._st.value), i)
@@ -287,17 +287,17 @@ class CompiledFunction:
     def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in):
         plan = captured.get("plan")
         storages = captured.get("storages", [])
-        arg_storages = {}
+        arg_storages: dict[int, int] = {}  # id(Storage) -> flat argument index
         for i, a in enumerate(flat_in):
             if isinstance(a, XlaTensor):
                 arg_storages.setdefault(id(a._st), i)
-        returned = {}
+        returned: dict[int, int] = {}  # id(Storage) -> result leaf index
         for i, r in enumerate(res_flat):
             if isinstance(r, XlaTensor):
                 returned.setdefault(id(r._st), i)
         # Inputs: where each leaf of the program comes from on the next call.
         roles: list[InputRole] = []
-        scalars = []
+        scalars: list[tuple[type, Any]] = []
         if plan is not None:
             for leaf in plan.leaves:
                 if type(leaf) is Scalar:
@@ -333,7 +333,7 @@ class CompiledFunction:
         for r in res_flat:
             if isinstance(r, XlaTensor):
                 k = out_pos.get(id(r._st))
-                meta = TensorMeta(tuple(r.shape), r.stride(), r.storage_offset(), r.dtype, r._chain)
+                meta = TensorMeta(tuple(r.shape), r.stride(), int(r.storage_offset()), r.dtype, r._chain)
                 if k is not None and type(targets[k]) is FreshOutput:
                     res_leaves.append(FreshResult(k, meta))
                 elif id(r._st) in arg_storages:
@@ -345,7 +345,7 @@ class CompiledFunction:
             else:
                 res_leaves.append(ValueResult(r))
         plan_key = None if plan is None else plan.key
-        scalars = tuple(scalars)
+        frozen_scalars = tuple(scalars)
         return _Record(
             prog=captured.get("prog"),
             plan_key=plan_key,
@@ -353,13 +353,13 @@ class CompiledFunction:
             out_targets=tuple(targets),
             result_spec=res_spec,
             result_leaves=tuple(res_leaves),
-            scalars=scalars,
+            scalars=frozen_scalars,
             optimizers=dict(_TraceState.optimizers),
             compare_key=(
                 plan_key,
                 tuple(_role_key(r) for r in roles),
                 tuple(_target_key(t) for t in targets),
-                scalars,
+                frozen_scalars,
                 res_spec,
                 tuple(_res_key(r) for r in res_leaves),
             ),
@@ -385,7 +385,9 @@ class CompiledFunction:
             opt = ref()
             if opt is None or _hparams(opt) != hp:
                 return _RETRACE
-        args = []
+        args: list[Any] = []
+        outs: list[Any] = []
+        targets: list[Storage | None] = []  # None: a fresh output (FreshOutput)
         if rec.prog is not None:
             for role in rec.leaf_roles:
                 match role:
@@ -405,7 +407,6 @@ class CompiledFunction:
                         args.append(leaf)
                     case ConstInput(array):
                         args.append(array)
-            targets = []
             for t in rec.out_targets:
                 match t:
                     case StorageOutput(ref, created):
@@ -427,15 +428,13 @@ class CompiledFunction:
             except (ValueError, TypeError):
                 # Placement/shape of some state changed outside fn: trace again.
                 return _RETRACE
-        else:
-            outs, targets = [], []
-        fresh = {}
-        for k, (t, arr) in enumerate(zip(targets, outs)):
-            if t is not None:
-                t.set(arr)
+        fresh: dict[int, Any] = {}  # program output index -> its array
+        for k, (target, arr) in enumerate(zip(targets, outs)):
+            if target is not None:
+                target.set(arr)
             elif type(rec.out_targets[k]) is FreshOutput:
                 fresh[k] = arr
-        res = []
+        res: list[Any] = []
         for leaf in rec.result_leaves:
             match leaf:
                 case FreshResult(k, m):

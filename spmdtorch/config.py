@@ -90,7 +90,8 @@ class ConfigError(ValueError):
         self.name, self.value, self.reason, self.valid, self.fix = name, value, reason, valid, fix
         super().__init__(f"{name}={value!r} {reason}; valid values: {valid}. Fix: {fix}")
 
-    def __reduce__(self):  # the message is derived: pickle the parts (errors cross process pools)
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str, str, str, str]]:
+        # The message is derived: pickle the parts (errors cross process pools).
         return (type(self), (self.name, self.value, self.reason, self.valid, self.fix))
 
 

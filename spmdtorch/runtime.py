@@ -27,6 +27,7 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import torch
@@ -89,7 +90,8 @@ def _pjrt_device_from_env() -> str | None:
     """
     # Read at the call, not from the process snapshot: the user may set it
     # before the first device query (tests do), as with PyTorch/XLA.
-    return config.read_one("pjrt_device")
+    device: str | None = config.read_one("pjrt_device")
+    return device
 
 
 def _backends_initialized() -> bool:
@@ -498,7 +500,7 @@ def resolve_distributed_config(
     # launcher's variables decide.
     env = os.environ if env is None else env
 
-    def var(field):
+    def var(field: str) -> Any:  # the field's parsed type (spmdtorch.config's knob table)
         return config.read_one(field, env)
 
     if heartbeat_timeout_s is None:
@@ -507,10 +509,11 @@ def resolve_distributed_config(
         raise DistributedInitError(
             f"local_device_ids must be a device id or a sequence of device ids, got {local_device_ids!r}"
         )
+    device_ids: tuple[int, ...] | None = None
     if isinstance(local_device_ids, int):
-        local_device_ids = (local_device_ids,)
+        device_ids = (local_device_ids,)
     elif local_device_ids is not None:
-        local_device_ids = tuple(int(i) for i in local_device_ids)
+        device_ids = tuple(int(i) for i in local_device_ids)
 
     given = (coordinator_address, num_processes, process_id)
     source = "arguments"
@@ -522,16 +525,16 @@ def resolve_distributed_config(
                 var("num_processes"),
                 var("process_id"),
             )
-            if local_device_ids is None:
-                local_device_ids = var("local_device_ids")
+            if device_ids is None:
+                device_ids = var("local_device_ids")
         elif var("master_addr") and var("world_size") is not None and var("rank") is not None:
             source = "torchrun"
             found = (_torchrun_address(env), var("world_size"), var("rank"))
             local_world = var("local_world_size")
-            if local_device_ids is None and local_world is not None and local_world > 1:
+            if device_ids is None and local_world is not None and local_world > 1:
                 # Several processes on this host: each takes the device of its local rank.
                 local_rank = var("local_rank")
-                local_device_ids = None if local_rank is None else (local_rank,)
+                device_ids = None if local_rank is None else (local_rank,)
         else:
             source = "jax"
             found = (None, None, None)
@@ -570,7 +573,7 @@ def resolve_distributed_config(
             f"coordinator_address {coordinator_address!r} must be 'host:port', e.g. '10.0.0.1:8476'"
         )
     return DistributedConfig(
-        coordinator_address, num_processes, process_id, local_device_ids, source, int(heartbeat_timeout_s)
+        coordinator_address, num_processes, process_id, device_ids, source, int(heartbeat_timeout_s)
     )
 
 
@@ -731,7 +734,8 @@ def max_gather_bytes() -> int:
     if _MAX_GATHER[0] is not None:
         return _MAX_GATHER[0]
     # At the call (the documented contract: the environment, then the override).
-    return config.read_one("max_gather_bytes")
+    limit: int = config.read_one("max_gather_bytes")
+    return limit
 
 
 def set_max_gather_bytes(limit: int | None) -> None:

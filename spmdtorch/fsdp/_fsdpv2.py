@@ -39,8 +39,8 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -95,23 +95,23 @@ class FSDPv2OutputError(FSDPv2Error, RuntimeError):
     """
 
 
-def param_spec(shape) -> tuple:
+def param_spec(shape: Sequence[int]) -> tuple[str | None, ...]:
     """``"fsdp"`` on the largest dim (the first of equals), None elsewhere.
 
     The spec FSDPv2 gives an unsharded parameter. Declared internal API of
     :mod:`spmdtorch.fsdp`: :mod:`spmdtorch.plan` applies and prices the same
     rule, so the plan matches what wrapping does.
     """
-    spec = [None] * len(shape)
+    spec: list[str | None] = [None] * len(shape)
     if spec:
-        shape = tuple(shape)
-        spec[shape.index(max(shape))] = FSDP_AXIS
+        dims = tuple(shape)
+        spec[dims.index(max(dims))] = FSDP_AXIS
     return tuple(spec)
 
 
-def _output_spec(ndim: int, extra_data_axis: str | None) -> tuple:
+def _output_spec(ndim: int, extra_data_axis: str | None) -> tuple[str | tuple[str, str] | None, ...]:
     """``"fsdp"`` (or ``(extra_data_axis, "fsdp")``) on dim 0, None elsewhere."""
-    spec = [None] * ndim
+    spec: list[str | tuple[str, str] | None] = [None] * ndim
     if spec:
         spec[0] = (extra_data_axis, FSDP_AXIS) if extra_data_axis else FSDP_AXIS
     return tuple(spec)
@@ -119,7 +119,7 @@ def _output_spec(ndim: int, extra_data_axis: str | None) -> tuple:
 
 def _is_sharded(p: torch.Tensor) -> bool:
     """Annotated (any spec, replicated included), or concrete data split across devices."""
-    if p._st.annotated:
+    if cast(XlaTensor, p)._st.annotated:  # the wrapper moved the module to xla first
         return True
     sharding = tensor_sharding(p)
     return sharding is not None and not sharding.is_fully_replicated
@@ -169,7 +169,7 @@ def _resolve_mesh(mesh: Mesh | None, extra_data_axis: str | None) -> Mesh:
     return mesh
 
 
-def _annotate_output(t: torch.Tensor, mesh: Mesh, spec: tuple) -> torch.Tensor:
+def _annotate_output(t: torch.Tensor, mesh: Mesh, spec: tuple[Any, ...]) -> torch.Tensor:
     """``mark_sharding(t, mesh, spec)``, on a copy when ``t`` cannot take it in place.
 
     A view cannot be annotated; a tensor with its own annotation (a parameter
@@ -183,7 +183,7 @@ def _annotate_output(t: torch.Tensor, mesh: Mesh, spec: tuple) -> torch.Tensor:
     st = t._st
     if not t._chain and isinstance(st.value, LazyRef) and (not st.annotated or st.sharding == wanted):
         return mark_sharding(t, mesh, spec)
-    copy = t.clone()
+    copy = cast(XlaTensor, t.clone())  # a clone of an xla tensor is one
     if copy._st.annotated and copy._st.sharding != wanted:
         clear_sharding(copy)  # a clone inherits its source's annotation
     return mark_sharding(copy, mesh, spec)
@@ -392,7 +392,8 @@ class FSDPv2(nn.Module):
 
     def __getitem__(self, key: Any) -> Any:
         """Index the wrapped module (an ``nn.Sequential``, say)."""
-        return self.module[key]
+        wrapped: Any = self.module  # indexable when the wrapped module is (nn.Module declares no __getitem__)
+        return wrapped[key]
 
     def extra_repr(self) -> str:
         axis = f", extra_data_axis={self._extra_data_axis!r}" if self._extra_data_axis else ""
@@ -430,7 +431,9 @@ def plain_state_dict(module: nn.Module, *args: Any, **kwargs: Any) -> dict[str, 
     return out
 
 
-def load_plain_state_dict(module: nn.Module, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+def load_plain_state_dict(
+    module: nn.Module, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+) -> Any:  # torch's _IncompatibleKeys (a private NamedTuple)
     """Load a state dict with unwrapped keys into a (possibly FSDPv2-wrapped) ``module``.
 
     Keys without a match are passed through unchanged, so ``strict=True``

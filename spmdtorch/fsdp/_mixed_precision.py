@@ -75,7 +75,7 @@ class MixedPrecision:
     output_dtype: torch.dtype | None = None
     cast_forward_inputs: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_dtype("param_dtype", self.param_dtype, optional=False)
         _check_dtype("output_dtype", self.output_dtype, optional=True)
         if not isinstance(self.cast_forward_inputs, bool):
@@ -83,7 +83,7 @@ class MixedPrecision:
                 f"MixedPrecision cast_forward_inputs must be a bool, got {self.cast_forward_inputs!r}"
             )
 
-    def run(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    def run(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call ``module(*args, **kwargs)`` with its floating parameters cast to ``param_dtype``.
 
         Works the same on CPU and xla tensors (the tests use it as the eager

@@ -26,6 +26,8 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import torch
@@ -76,11 +78,11 @@ def _warn_if_cpu_drops_barriers() -> None:
     )
 
 
-def _barrier(*xs):
+def _barrier(*xs: jax.Array) -> Any:  # jax.lax is unannotated
     return jax.lax.optimization_barrier(tuple(xs))
 
 
-def optimization_barrier(*tensors: torch.Tensor) -> tuple:
+def optimization_barrier(*tensors: torch.Tensor) -> tuple[XlaTensor, ...]:
     """Return copies of ``tensors`` that XLA may not move across this point nor merge.
 
     Every result depends on every argument, so whatever is computed from one
@@ -125,17 +127,21 @@ _RECOMPUTING = threading.local()
 class _Call:
     """One checkpointed call: the module, its arguments' structure, its outputs' structure."""
 
-    def __init__(self, forward, arg_leaves, arg_spec, tensor_pos):
+    # Set by _Checkpoint.forward, before anything reads them.
+    out_leaves: list[Any]
+    out_spec: pytree.TreeSpec
+    out_pos: list[int]  # positions of the tensor leaves in out_leaves
+
+    def __init__(
+        self, forward: Callable[..., Any], arg_leaves: list[Any], arg_spec: pytree.TreeSpec, tensor_pos: list[int]
+    ) -> None:
         self.forward = forward
         self.arg_leaves = arg_leaves  # non-tensor leaves stay here
         self.arg_spec = arg_spec
         self.tensor_pos = tensor_pos
-        self.out_leaves = None
-        self.out_spec = None
-        self.out_pos = None
-        self.rng_state = None  # the RNG state the forward started from
+        self.rng_state: Any = None  # the RNG state the forward started from
 
-    def run(self, tensors):
+    def run(self, tensors: Sequence[torch.Tensor]) -> Any:
         leaves = list(self.arg_leaves)
         for pos, t in zip(self.tensor_pos, tensors):
             leaves[pos] = t
@@ -147,7 +153,7 @@ class _Checkpoint(torch.autograd.Function):
     """Forward without saving activations; recompute them behind a barrier in backward."""
 
     @staticmethod
-    def forward(ctx, call, n_params, *inputs):
+    def forward(ctx: Any, call: _Call, n_params: int, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.call = call
         ctx.n_params = n_params
         ctx.save_for_backward(*inputs)
@@ -165,7 +171,7 @@ class _Checkpoint(torch.autograd.Function):
         return tensors
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         inputs = ctx.saved_tensors
         n = ctx.n_params
         params, args = inputs[:n], inputs[n:]
@@ -243,19 +249,21 @@ def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
     forward = module.forward
 
     @functools.wraps(forward)
-    def checkpointed(*args, **kwargs):
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled() or getattr(_RECOMPUTING, "active", False):
             return forward(*args, **kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         pos = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
         call = _Call(forward, leaves, spec, pos)
         params = [p for p in module.parameters()]
-        outs = _Checkpoint.apply(call, len(params), *params, *(leaves[i] for i in pos))
+        # torch leaves Function.apply unannotated.
+        outs = _Checkpoint.apply(call, len(params), *params, *(leaves[i] for i in pos))  # type: ignore[no-untyped-call]
         result = list(call.out_leaves)
         for i, t in zip(call.out_pos, outs):
             result[i] = t
         return pytree.tree_unflatten(result, call.out_spec)
 
     module.forward = checkpointed
-    module._spmdtorch_checkpointed = True
+    # torch's stub types Module.__setattr__'s value as Tensor | Module; any value is accepted.
+    module._spmdtorch_checkpointed = True  # type: ignore[assignment]
     return module

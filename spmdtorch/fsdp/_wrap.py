@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-def _classes(value: Any, param: str) -> tuple:
+def _classes(value: Any, param: str) -> tuple[type, ...]:
     """A set/list/tuple of module classes (or one class) → tuple of classes."""
     if isinstance(value, type):
         value = (value,)
@@ -129,18 +129,19 @@ def size_based_auto_wrap_policy(
         True
     """
     if force_leaf_modules is None:
-        force_leaf_modules = size_based_auto_wrap_policy.FORCE_LEAF_MODULES
+        force_leaf_modules = vars(size_based_auto_wrap_policy)["FORCE_LEAF_MODULES"]
     if exclude_wrap_modules is None:
-        exclude_wrap_modules = size_based_auto_wrap_policy.EXCLUDE_WRAP_MODULES
+        exclude_wrap_modules = vars(size_based_auto_wrap_policy)["EXCLUDE_WRAP_MODULES"]
     is_large = nonwrapped_numel >= min_num_params
     if recurse:
         return is_large and not isinstance(module, _classes(force_leaf_modules, "force_leaf_modules"))
     return is_large and not isinstance(module, _classes(exclude_wrap_modules, "exclude_wrap_modules"))
 
 
-# The defaults torch's function carries as attributes (and reads from there).
-size_based_auto_wrap_policy.EXCLUDE_WRAP_MODULES = {nn.ModuleList, nn.ModuleDict}  # type: ignore[attr-defined]
-size_based_auto_wrap_policy.FORCE_LEAF_MODULES = {nn.MultiheadAttention}  # type: ignore[attr-defined]
+# The defaults torch's function carries as attributes (and reads from there);
+# through vars(), the function's __dict__, as mypy knows no function attributes.
+vars(size_based_auto_wrap_policy)["EXCLUDE_WRAP_MODULES"] = {nn.ModuleList, nn.ModuleDict}
+vars(size_based_auto_wrap_policy)["FORCE_LEAF_MODULES"] = {nn.MultiheadAttention}
 
 
 def lambda_auto_wrap_policy(
@@ -201,7 +202,7 @@ def recursive_wrap(
         >>> type(seq[0]).__name__
         'Sequential'
     """
-    return _wrap_tree(
+    wrapped, n = _wrap_tree(
         module,
         auto_wrap_policy,
         wrapper_cls,
@@ -210,9 +211,18 @@ def recursive_wrap(
         only_wrap_children,
         kwargs,
     )
+    return wrapped, n
 
 
-def _wrap_tree(module, policy, wrapper_cls, ignored_modules, ignored_ids, only_wrap_children, kwargs):
+def _wrap_tree(
+    module: nn.Module,
+    policy: Callable[..., bool],
+    wrapper_cls: Callable[..., nn.Module],
+    ignored_modules: set[nn.Module],
+    ignored_ids: set[int],
+    only_wrap_children: bool,
+    kwargs: dict[str, Any],
+) -> tuple[nn.Module, int]:
     nonwrapped_numel = sum(p.numel() for p in module.parameters() if id(p) not in ignored_ids)
     if not policy(module=module, recurse=True, nonwrapped_numel=nonwrapped_numel):
         return module, 0

@@ -9,6 +9,9 @@ of ``spmdtorch.lazy.rewrite`` fold known patterns.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from spmdtorch.lazy import rng
 from spmdtorch.lazy.graph import LazyRef, Node
 from spmdtorch.lazy.rewrite import RULES as _REWRITES
@@ -16,8 +19,20 @@ from spmdtorch.lazy.rewrite import RULES as _REWRITES
 __all__ = ["Select", "record"]
 
 
-def record(fn, name, template, inputs, out_avals, *, random=False, out_index=None, sig=None):
-    """Record one node; return its LazyRef (or LazyRefs for several outputs).
+def record(
+    fn: Callable[..., Any],
+    name: Any,
+    template: Any,
+    inputs: Sequence[Any],
+    out_avals: Sequence[Any],
+    *,
+    random: bool = False,
+    out_index: int | None = None,
+    sig: int | None = None,
+) -> Any:
+    """Record one node; return its LazyRef (or a list of LazyRefs for several outputs).
+
+    Typed ``Any``: which of the two depends on ``len(out_avals)``; callers know it.
 
     ``template`` is ``(args, kwargs_items)`` with ``Slot(i)`` for ``inputs[i]``.
     With ``out_index``, ``fn`` returns several values of which the node keeps
@@ -53,7 +68,7 @@ class Select:
 
     __slots__ = ("fn", "index")
 
-    def __init__(self, fn, index):
+    def __init__(self, fn: Callable[..., Any], index: int) -> None:
         self.fn = fn
         self.index = index
 

@@ -25,9 +25,13 @@ Nothing here knows about torch tensors: ``spmdtorch.tensor`` wraps storages.
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING, Any
 
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = [
     "CO_HOLDERS",
@@ -92,8 +96,21 @@ class Storage:
         "__weakref__",
     )
 
-    def __init__(self, value, sharding=None):
-        self.value = None
+    value: jax.Array | LazyRef
+    version: int
+    sharding: jax.sharding.Sharding | None
+    annotated: bool
+    pseq: int
+    logical_shape: tuple[int, ...] | None
+    unpadded: tuple[int, LazyRef] | None
+    prev: int | None
+    queued: int
+    vcache: dict[tuple[ViewStep, ...], Any] | None
+
+    def __init__(self, value: jax.Array | LazyRef, sharding: jax.sharding.Sharding | None = None) -> None:
+        # None only until set() below, which reads the old value (None: there was none);
+        # typing it Optional would make every reader narrow a value that is never None.
+        self.value = None  # type: ignore[assignment]
         self.queued = 0  # the PENDING generation this storage was added in (0: not a member)
         # {view chain: value} of the views read since the last write (spmdtorch.tensor._values.read_value).
         self.vcache = None
@@ -111,7 +128,7 @@ class Storage:
         self.prev = None
         self.set(value)
 
-    def set(self, value) -> None:
+    def set(self, value: jax.Array | LazyRef) -> None:
         old = self.value
         if TRACE_HOOK[0] is not None:
             TRACE_HOOK[0](self, old)
@@ -150,7 +167,7 @@ class Storage:
                 _hold_shared(self, value)
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return tuple(self.value.shape)
 
 

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spmdtorch.lazy._storage import Storage, ViewStep
 
 __all__ = [
     "AliasResult",
@@ -36,20 +39,18 @@ __all__ = [
     "ValueResult",
 ]
 
-_RECORD = dataclasses.dataclass(frozen=True, slots=True)
 
-
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class TensorMeta:
     """The view a returned tensor had when traced (``XlaTensor``'s constructor arguments)."""
 
-    shape: tuple
-    stride: tuple
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
     offset: int
     dtype: Any  # torch.dtype
-    chain: tuple
+    chain: tuple[ViewStep, ...]
 
-    def layout(self) -> tuple:
+    def layout(self) -> tuple[Any, ...]:
         """What must match between two traces (the view chain is compared through the program)."""
         return (self.shape, self.stride, self.offset, self.dtype)
 
@@ -57,14 +58,14 @@ class TensorMeta:
 # -- inputs: where each program leaf comes from on the next call ---------------------
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class ArgInput:
     """The value of the call's flat argument ``index`` (an xla tensor)."""
 
     index: int
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class StorageInput:
     """The current value of a storage that existed before the call (a parameter, optimizer state).
 
@@ -74,18 +75,18 @@ class StorageInput:
             replay is valid only while they still hold one array.
     """
 
-    storage: weakref.ref
-    co_holders: tuple
+    storage: weakref.ref[Storage]
+    co_holders: tuple[weakref.ref[Storage], ...]
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class ScalarInput:
     """A Python number frozen at trace time (its value is part of the stability check)."""
 
     leaf: Any  # lazy.graph.Scalar
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class ConstInput:
     """Data made inside the function from host values: frozen like a jit constant."""
 
@@ -98,14 +99,14 @@ InputRole = ArgInput | StorageInput | ScalarInput | ConstInput
 # -- outputs: where each program output goes ------------------------------------------
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class FreshOutput:
     """A tensor the function made and returned: a new storage per call (``FreshResult``)."""
 
     result_index: int
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class StorageOutput:
     """A storage the function wrote (in place, or a new tensor it kept, e.g. in ``p.grad``).
 
@@ -115,7 +116,7 @@ class StorageOutput:
             outside the function), replaying would write nowhere: re-trace.
     """
 
-    storage: weakref.ref
+    storage: weakref.ref[Storage]
     created: bool
 
 
@@ -125,7 +126,7 @@ OutputTarget = FreshOutput | StorageOutput
 # -- returned values: how each leaf of the result is rebuilt ---------------------------
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class FreshResult:
     """A new tensor over program output ``output``."""
 
@@ -133,7 +134,7 @@ class FreshResult:
     meta: TensorMeta
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class ArgResult:
     """A view of the call's flat argument ``index``'s storage."""
 
@@ -141,22 +142,22 @@ class ArgResult:
     meta: TensorMeta
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class AliasResult:
     """A view of a storage that outlives the call (a parameter returned as is)."""
 
-    storage: weakref.ref
+    storage: weakref.ref[Storage]
     meta: TensorMeta
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class ConstResult:
     """A CPU tensor returned as is."""
 
     tensor: Any  # torch.Tensor
 
 
-@_RECORD
+@dataclasses.dataclass(frozen=True, slots=True)
 class ValueResult:
     """A non-tensor value returned as is."""
 

@@ -21,6 +21,7 @@ import logging
 import struct
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -33,7 +34,7 @@ from spmdtorch.lazy import _storage, contract, keys, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
-from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
+from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot
 
 __all__ = ["sync", "evaluate", "lower", "LoweringError"]
 
@@ -68,6 +69,11 @@ def _fill(x, vals):
     if t is tuple:
         return tuple(_fill(y, vals) for y in x)
     return x
+
+
+# A node input in a plan: ``(node index, output index)`` of an earlier node, or
+# ``-1 - leaf index`` for a program input (see ``PlanKey``).
+InputCode = tuple[int, int] | int
 
 
 class PlanKey(NamedTuple):
@@ -132,7 +138,7 @@ class _Plan:
     draws: list
     donatable: frozenset | None
 
-    def __init__(self, refs):
+    def __init__(self, refs: Sequence[LazyRef]) -> None:
         # Post-order, depth first, each node's inputs scanned once (an
         # iterator per open node). Inputs are visited last to first, the order
         # this walk has always had: the program's op order follows it, and
@@ -151,9 +157,10 @@ class _Plan:
         # array, so the bias corrections are computed once, not per parameter.
         node_ids: dict = {}  # id(node) -> its index in ``kept`` (a merged node: the one it became)
         leaf_codes: dict = {}
-        leaves, codes = [], []
+        leaves: list[Any] = []  # jax.Array | Scalar
+        codes: list[tuple[InputCode, ...]] = []
         sigs = []
-        kept = []
+        kept: list[Node] = []
         seen: dict = {}
         has_random = False
         for ref in refs:
@@ -171,17 +178,17 @@ class _Plan:
                             break
                 else:
                     stack.pop()
-                    c = []
+                    cl: list[InputCode] = []
                     for i in n.inputs:
                         if type(i) is LazyRef:
-                            c.append((node_ids[id(i.node)], i.index))
+                            cl.append((node_ids[id(i.node)], i.index))
                         else:
                             code = leaf_codes.get(id(i))
                             if code is None:
                                 code = leaf_codes[id(i)] = -1 - len(leaves)
                                 leaves.append(i)
-                            c.append(code)
-                    c = tuple(c)
+                            cl.append(code)
+                    c = tuple(cl)
                     sig = n.sig
                     if sig is None:
                         sig = n.sig = keys.node_sig(n.name, n.static_key)
@@ -394,11 +401,11 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
 
     def run(*args):
         leaf_vals = layout.unpack(args[:n_args])
-        key = None
+        key: Any = None  # a jax key; set whenever a node draws (draw >= 0 only in random plans)
         if plan_has_random:
             kd = args[n_args]
             key = jax.random.fold_in(jax.random.fold_in(jax.random.key(kd[0]), kd[1]), kd[2])
-        env = []
+        env: list[list[Any]] = []  # per node, its outputs
         for (fn, template, draw, avals, name), code in zip(nodes, codes):
             vals = [env[c[0]][c[1]] if type(c) is tuple else leaf_vals[-1 - c] for c in code]
             a_t, kw_t = template

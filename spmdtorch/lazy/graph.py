@@ -9,6 +9,7 @@ executor turns a set of nodes into one ``jax.jit`` program.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from spmdtorch.lazy._engine import ENGINE
@@ -127,7 +128,17 @@ class Node:
 
     __slots__ = ("fn", "name", "template", "inputs", "static_key", "out_avals", "random", "draw", "sig", "__weakref__")
 
-    def __init__(self, fn, name, template, inputs, static_key, out_avals, random=False, sig=None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: Any,
+        template: Any,
+        inputs: Sequence[Any],
+        static_key: Any,
+        out_avals: Sequence[Any],
+        random: bool = False,
+        sig: int | None = None,
+    ) -> None:
         self.fn = fn
         self.name = name
         self.template = template

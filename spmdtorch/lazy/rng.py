@@ -32,6 +32,7 @@ a per-op generator would have to be an input of every replayed program.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,7 +120,7 @@ def check_generator(op, generator) -> None:
     )
 
 
-def active_region():
+def active_region() -> Any:
     """The region that keys the random ops recorded now (None: the program key)."""
     return _REGION[0]
 

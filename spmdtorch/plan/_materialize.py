@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -83,7 +83,7 @@ def _to_pending(model: nn.Module, undo: list) -> dict[int, tuple[str, XlaTensor]
     Returns ``id(new tensor) -> (qualified name, new tensor)`` of what was
     replaced; ``undo`` receives ``(table, name, meta tensor)`` to put back.
     """
-    made: dict[int, torch.Tensor] = {}  # id(meta tensor) -> its replacement
+    made: dict[int, XlaTensor] = {}  # id(meta tensor) -> its replacement
     fresh: dict[int, tuple[str, XlaTensor]] = {}
     for mod_name, mod in model.named_modules(remove_duplicate=False):
         for kind, name, t in list(_owned(mod)):
@@ -94,8 +94,11 @@ def _to_pending(model: nn.Module, undo: list) -> dict[int, tuple[str, XlaTensor]
             if new is None:
                 # ``empty`` records a zeros node: nothing is computed until the sync,
                 # and the init ops that overwrite it make the zeros dead code.
-                data = torch.empty(t.shape, dtype=t.dtype, device="xla")
-                new = nn.Parameter(data, requires_grad=t.requires_grad) if kind == "parameter" else data
+                # (A Parameter of an xla tensor is an XlaTensor: torch keeps a subclass's type.)
+                data = cast(XlaTensor, torch.empty(t.shape, dtype=t.dtype, device="xla"))
+                new = (
+                    cast(XlaTensor, nn.Parameter(data, requires_grad=t.requires_grad)) if kind == "parameter" else data
+                )
                 made[id(t)] = new
                 fresh[id(new)] = (qual, new)
             table = mod._parameters if kind == "parameter" else mod._buffers
@@ -119,7 +122,7 @@ def _annotate(model: nn.Module, mesh, rules) -> None:
                 f"'fsdp', but the mesh's axes are {mesh.axis_names!r}; name an axis 'fsdp'"
             )
         for _, p in model.named_parameters():
-            if not p._st.annotated:
+            if not cast(XlaTensor, p)._st.annotated:  # materialised: every parameter is an xla tensor
                 mark_sharding(p, mesh, param_spec(p.shape))
         return
     if not isinstance(rules, Mapping):
@@ -222,7 +225,7 @@ def _check_initialised(model, fresh, versions, custom: bool) -> None:
     untouched = {key for key, (_, t) in fresh.items() if t._st.version == versions[key]}
     if not untouched:
         return
-    owners = {}
+    owners: dict[str, str] = {}  # qualified name -> owning module's class
     for mod_name, mod in model.named_modules():
         for _, name, t in _owned(mod):
             if id(t) in untouched:

@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -225,17 +226,9 @@ class MemoryPlan:
     def __str__(self) -> str:
         from rich.console import Console
 
-        console = Console(width=120, record=True, file=_NullFile())
+        console = Console(width=120, record=True, file=io.StringIO())  # recorded; nothing shown
         console.print(self.table())
         return console.export_text()
-
-
-class _NullFile:
-    def write(self, s):
-        return len(s)
-
-    def flush(self):
-        pass
 
 
 def _fmt(n: int) -> str:
@@ -398,6 +391,7 @@ def memory_plan(
     entries = list(_tensors(model_or_state))
     mesh = _resolve_mesh(mesh)
     matched: dict[str, str] = {}
+    rule_map: Mapping[str, Any] = {}  # the glob rules (a dict given as ``rules``)
     if rules is not None:
         if mesh is None:
             raise MemoryPlanError("memory_plan got sharding rules but no mesh (and no global mesh is set); pass mesh=")
@@ -409,6 +403,7 @@ def memory_plan(
         elif not isinstance(rules, Mapping):
             raise MemoryPlanError(f"rules must be a dict, 'fsdp' or None, got {type(rules).__name__}")
         else:
+            rule_map = rules
             params = [n for n, kind, _ in entries if kind != "buffer"]
             matched = match_rules(params, rules)
     tensors = []
@@ -420,7 +415,7 @@ def memory_plan(
             sharding = mesh.named_sharding(param_spec(shape))
         elif name in matched:
             try:
-                sharding = mesh.named_sharding(tuple(rules[matched[name]]), t.dim())
+                sharding = mesh.named_sharding(tuple(rule_map[matched[name]]), t.dim())
             except ValueError as e:
                 raise ShardingError(f"parameter {name!r} (rule {matched[name]!r}): {e}") from None
         else:

@@ -60,7 +60,7 @@ class HloShardingError(ValueError):
 # --------------------------------------------------------------------------
 
 
-def logical_device_order(devices: Sequence[Any] | None = None) -> list:
+def logical_device_order(devices: Sequence[Any] | None = None) -> list[Any]:
     """Returns devices in logical-ordinal order: sorted by ``(process_index, id)``.
 
     Ordinal ``i`` in a sharding string is the ``i``-th device of this list. Raw
@@ -87,7 +87,7 @@ def logical_device_order(devices: Sequence[Any] | None = None) -> list:
     return sorted(devices, key=lambda d: (d.process_index, d.id))
 
 
-def _default_device_order(assignment: Sequence[Any]) -> list:
+def _default_device_order(assignment: Sequence[Any]) -> list[Any]:
     """All devices of the assignment's platform, in logical-ordinal order."""
     # Ordinals count every device of the platform the sharding lives on, not
     # only the sharding's own devices: a mesh over devices 4..7 must print
@@ -100,7 +100,7 @@ def _default_device_order(assignment: Sequence[Any]) -> list:
     return logical_device_order(devices)
 
 
-def _device_key(d: Any) -> tuple:
+def _device_key(d: Any) -> tuple[Any, int, int]:
     # Identify devices by value, not object identity: a device is its
     # platform, process and id (ids are unique within a platform).
     return (getattr(d, "platform", None), d.process_index, d.id)
@@ -141,7 +141,7 @@ def _check_ndim(ndim: Any) -> int:
     return int(ndim)
 
 
-def _hlo_and_assignment(sharding: Any, ndim: Any) -> tuple[Any, tuple]:
+def _hlo_and_assignment(sharding: Any, ndim: Any) -> tuple[Any, tuple[Any, ...]]:
     """Returns ``(xla HloSharding, device assignment)`` for a JAX sharding.
 
     HloSharding device numbers index into the device assignment (for a
@@ -170,7 +170,7 @@ def _hlo_and_assignment(sharding: Any, ndim: Any) -> tuple[Any, tuple]:
     return hlo, assignment
 
 
-def _is_single_device(hlo: Any, assignment: tuple) -> bool:
+def _is_single_device(hlo: Any, assignment: tuple[Any, ...]) -> bool:
     # PyTorch/XLA gives a tensor on a one-device mesh MAXIMAL sharding
     # (``{maximal device=N}``); JAX says ``{replicated}`` for the same thing.
     return len(assignment) == 1 and not hlo.is_manual() and not hlo.is_unknown()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
+import torch
+
 from spmdtorch.sharding._hlo_sharding import hlo_sharding_string
 from spmdtorch.sharding._marking import _check_tensor
 from spmdtorch.sharding._sharding_type import ShardingType, sharding_type_of
@@ -12,7 +17,7 @@ from spmdtorch.tensor.xla_tensor import XlaTensor
 __all__ = ["get_sharding_spec", "sharding_type", "visualize_tensor_sharding"]
 
 
-def _effective_sharding(t):
+def _effective_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
     """The annotation, else the placement of concrete non-replicated data, else None.
 
     Matches PyTorch/XLA: an unannotated tensor that was never sharded reports
@@ -22,21 +27,23 @@ def _effective_sharding(t):
     if isinstance(t, XlaTensor) and t._chain:
         # A view (gradients often are: mm's backward returns .t() of a result):
         # report the placement its computed value gets.
-        value = concrete_value(t)
-        if value.is_fully_replicated:
+        computed = concrete_value(t)
+        if computed.is_fully_replicated:
             return None
-        return value.sharding
+        view_sharding: jax.sharding.Sharding = computed.sharding
+        return view_sharding
     st = _check_tensor(t, "get_sharding_spec")._st
     if st.annotated:
-        return st.sharding
-    value = st.value
-    sharding = getattr(value, "sharding", None)
+        annotation: jax.sharding.Sharding | None = st.sharding
+        return annotation
+    value: Any = st.value  # a jax.Array or a LazyRef (which has no sharding)
+    sharding: jax.sharding.Sharding | None = getattr(value, "sharding", None)
     if sharding is None or value.is_fully_replicated:
         return None
     return sharding
 
 
-def get_sharding_spec(t) -> str:
+def get_sharding_spec(t: torch.Tensor) -> str:
     """PyTorch/XLA's HLO sharding string for ``t`` (``""`` when it has none).
 
     Example:
@@ -53,7 +60,7 @@ def get_sharding_spec(t) -> str:
     return hlo_sharding_string(sharding, t.dim())
 
 
-def sharding_type(t) -> ShardingType:
+def sharding_type(t: torch.Tensor) -> ShardingType:
     """``ShardingType`` of ``t`` (REPLICATED when it has no sharding)."""
     sharding = _effective_sharding(t)
     if sharding is None:
@@ -61,6 +68,6 @@ def sharding_type(t) -> ShardingType:
     return sharding_type_of(sharding, t.dim())
 
 
-def visualize_tensor_sharding(t, **kwargs):
+def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:
     """Draw which device holds which block of ``t`` (a rich table; see ``visualize_sharding``)."""
     return visualize_sharding(get_sharding_spec(t), shape=tuple(t.shape), **kwargs)

@@ -16,6 +16,8 @@ require grad are refused rather than silently detached).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import torch
@@ -24,6 +26,7 @@ from torch.utils import _pytree as pytree
 from spmdtorch import _dtypes, lazy
 from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
+from spmdtorch.mesh import Mesh
 from spmdtorch.sharding._marking import ShardingError
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
@@ -50,11 +53,11 @@ class _ArgLeaf:
 
     __slots__ = ("i",)
 
-    def __init__(self, i):
+    def __init__(self, i: int) -> None:
         self.i = i
 
     @property
-    def shape(self):
+    def shape(self) -> Any:
         # Only reached when a tensor computed inside a region is used outside it.
         raise ManualRegionError(
             "a tensor local to a manual region (shard_map body) was used outside the region; "
@@ -64,27 +67,27 @@ class _ArgLeaf:
     sharding = dtype = shape
 
 
-def _identity(x):
+def _identity(x: Any) -> Any:
     return x
 
 
 @dataclasses.dataclass
 class _Region:
-    mesh: object
-    args: list
-    in_specs: list
-    placeholders: list
+    mesh: Mesh
+    args: list[XlaTensor]
+    in_specs: list[jax.sharding.PartitionSpec]  # the arguments' (padded to their ndim)
+    placeholders: list[XlaTensor]  # the local blocks the body sees
     start_seq: int = 0
 
 
 _ACTIVE: list[_Region] = []
 
 
-def _axis_sizes(mesh, jspec) -> list[int]:
+def _axis_sizes(mesh: Mesh, jspec: jax.sharding.PartitionSpec) -> list[int]:
     return padding.shards_per_dim(mesh.jax_mesh, jspec, len(jspec))
 
 
-def _jax_spec(mesh, spec, ndim, what):
+def _jax_spec(mesh: Mesh, spec: Sequence[Any], ndim: int, what: str) -> jax.sharding.PartitionSpec:
     jspec = mesh.jax_partition_spec(tuple(spec))
     if len(jspec) < ndim:
         jspec = jax.sharding.PartitionSpec(*(tuple(jspec) + (None,) * (ndim - len(jspec))))
@@ -93,7 +96,7 @@ def _jax_spec(mesh, spec, ndim, what):
     return jspec
 
 
-def _begin(mesh, args, in_specs) -> list:
+def _begin(mesh: Mesh, args: Sequence[Any], in_specs: Sequence[Sequence[Any]]) -> list[XlaTensor]:
     if len(args) != len(in_specs):
         raise ShardingError(f"shard_map got {len(args)} arguments but {len(in_specs)} in_specs")
     region = _Region(mesh, list(args), [], [], next(lazy.SEQ))
@@ -106,7 +109,7 @@ def _begin(mesh, args, in_specs) -> list:
                 "through torch autograd yet: pass t.detach() or run under torch.no_grad()"
             )
         jspec = _jax_spec(mesh, spec, a.dim(), f"in_specs[{i}]")
-        local = []
+        local: list[int] = []
         for dim, (size, parts) in enumerate(zip(a.shape, _axis_sizes(mesh, jspec))):
             if size % parts:
                 raise ShardingError(
@@ -125,15 +128,15 @@ def _begin(mesh, args, in_specs) -> list:
 class _ShardMapBody:
     """The traced body as a callable over (local args, captured inputs)."""
 
-    def __init__(self, plan, n_out):
+    def __init__(self, plan: executor._Plan, n_out: int) -> None:
         self.fn = executor._make_fn(plan)
         self.n_out = n_out
 
-    def __call__(self, *vals):
+    def __call__(self, *vals: Any) -> tuple[Any, ...]:
         return tuple(self.fn(*vals))
 
 
-def _end(region: _Region, outs, out_specs):
+def _end(region: _Region, outs: Any, out_specs: Sequence[Sequence[Any]]) -> Any:
     flat, spec = pytree.tree_flatten(outs)
     if not flat or not all(isinstance(o, XlaTensor) for o in flat):
         raise ShardingError("the body of a manual region must return xla tensors")
@@ -151,7 +154,8 @@ def _end(region: _Region, outs, out_specs):
     if plan.has_random:
         raise NotImplementedError("random ops inside a manual region are not supported yet")
     mesh = region.mesh
-    in_specs, inputs = [], []
+    in_specs: list[jax.sharding.PartitionSpec] = []
+    inputs: list[Any] = []  # the region's arguments' values, then captured leaves
     for leaf in plan.leaves:
         if type(leaf) is _ArgLeaf:
             in_specs.append(region.in_specs[leaf.i])
@@ -159,7 +163,8 @@ def _end(region: _Region, outs, out_specs):
         else:  # captured from outside the region: every device gets all of it
             in_specs.append(jax.sharding.PartitionSpec())
             inputs.append(leaf)
-    out_jspecs, out_avals = [], []
+    out_jspecs: list[jax.sharding.PartitionSpec] = []
+    out_avals: list[tuple[tuple[int, ...], Any]] = []
     for k, (o, s) in enumerate(zip(flat, out_specs)):
         jspec = _jax_spec(mesh, s, o.dim(), f"out_specs[{k}]")
         shape = tuple(n * p for n, p in zip(o.shape, _axis_sizes(mesh, jspec)))
@@ -181,7 +186,9 @@ def _end(region: _Region, outs, out_specs):
     return pytree.tree_unflatten(results, spec)
 
 
-def shard_map(fn, mesh, in_specs, out_specs):
+def shard_map(
+    fn: Callable[..., Any], mesh: Mesh, in_specs: Sequence[Sequence[Any]], out_specs: Sequence[Any]
+) -> Callable[..., Any]:
     """Wrap ``fn`` to run per device on local blocks (PyTorch/XLA/JAX ``shard_map``).
 
     Args:
@@ -200,7 +207,7 @@ def shard_map(fn, mesh, in_specs, out_specs):
         tensor([[8., 8.]])
     """
 
-    def wrapped(*args):
+    def wrapped(*args: Any) -> Any:
         placeholders = _begin(mesh, args, list(in_specs))
         region = _ACTIVE[-1]
         try:
@@ -214,17 +221,19 @@ def shard_map(fn, mesh, in_specs, out_specs):
     return wrapped
 
 
-def enable_manual_sharding(t, partition_spec, *, mesh):
+def enable_manual_sharding(t: torch.Tensor, partition_spec: Sequence[Any], *, mesh: Mesh) -> XlaTensor:
     """Start a manual region on ``t``: returns its local block (close with ``disable_manual_sharding``)."""
     return _begin(mesh, [t], [partition_spec])[0]
 
 
-def disable_manual_sharding(t, partition_spec, full_shape, *, mesh):
+def disable_manual_sharding(
+    t: torch.Tensor, partition_spec: Sequence[Any], full_shape: Sequence[int], *, mesh: Mesh
+) -> torch.Tensor:
     """Close the innermost manual region: ``t`` (local) becomes a global tensor of ``full_shape``."""
     if not _ACTIVE:
         raise ManualRegionError("disable_manual_sharding without a matching enable_manual_sharding")
     region = _ACTIVE.pop()
-    out = _end(region, t, [tuple(partition_spec)])
+    out: torch.Tensor = _end(region, t, [tuple(partition_spec)])
     if tuple(out.shape) != tuple(full_shape):
         raise ShardingError(f"full_shape {tuple(full_shape)} does not match the region's output {tuple(out.shape)}")
     return out
@@ -233,16 +242,21 @@ def disable_manual_sharding(t, partition_spec, full_shape, *, mesh):
 # -- collectives ------------------------------------------------------------------
 
 
-def _region(what) -> _Region:
+def _region(what: str) -> _Region:
     if not _ACTIVE:
         raise ManualRegionError(f"{what} is only available inside shard_map / a manual region")
     return _ACTIVE[-1]
 
 
-def _axis(region, axis):
+# A mesh axis as the collectives take it: a name, an index, or a tuple of those.
+Axis = str | int | tuple[Any, ...]
+
+
+def _axis(region: _Region, axis: Axis) -> str | tuple[Any, ...]:
     names = region.mesh.jax_mesh.axis_names
     if isinstance(axis, int):
-        return names[axis]
+        name: str = names[axis]
+        return name
     if isinstance(axis, tuple):
         return tuple(_axis(region, a) for a in axis)
     if axis not in names:
@@ -250,7 +264,7 @@ def _axis(region, axis):
     return axis
 
 
-def _size(region, axis) -> int:
+def _size(region: _Region, axis: str | tuple[Any, ...]) -> int:
     axes = axis if isinstance(axis, tuple) else (axis,)
     n = 1
     for a in axes:
@@ -258,27 +272,36 @@ def _size(region, axis) -> int:
     return n
 
 
-def _psum(x, *, axis, op):
-    return {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin, "mean": jax.lax.pmean}[op](x, axis)
+# jax.lax's collectives are unannotated: their results are typed Any here.
+_REDUCTIONS: dict[str, Callable[..., Any]] = {
+    "sum": jax.lax.psum,
+    "max": jax.lax.pmax,
+    "min": jax.lax.pmin,
+    "mean": jax.lax.pmean,
+}
 
 
-def _gather(x, *, axis, dim):
+def _psum(x: jax.Array, *, axis: Any, op: str) -> Any:
+    return _REDUCTIONS[op](x, axis)
+
+
+def _gather(x: jax.Array, *, axis: Any, dim: int) -> Any:
     return jax.lax.all_gather(x, axis, axis=dim, tiled=True)
 
 
-def _scatter(x, *, axis, dim):
+def _scatter(x: jax.Array, *, axis: Any, dim: int) -> Any:
     return jax.lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)
 
 
-def _permute(x, *, axis, perm):
+def _permute(x: jax.Array, *, axis: Any, perm: tuple[tuple[int, int], ...]) -> Any:
     return jax.lax.ppermute(x, axis, perm)
 
 
-def _index(*, axis):
+def _index(*, axis: Any) -> Any:
     return jax.lax.axis_index(axis)
 
 
-def _collective(fn, name, t, shape, **static):
+def _collective(fn: Callable[..., Any], name: str, t: torch.Tensor, shape: Sequence[int], **static: Any) -> XlaTensor:
     ref = record(
         fn,
         name,
@@ -289,7 +312,7 @@ def _collective(fn, name, t, shape, **static):
     return new_base(ref, t.dtype)
 
 
-def all_reduce(t, axis, op: str = "sum"):
+def all_reduce(t: torch.Tensor, axis: Axis, op: str = "sum") -> XlaTensor:
     """Sum (or ``max``/``min``/``mean``) ``t`` over mesh ``axis`` inside a region."""
     region = _region("all_reduce")
     if op not in ("sum", "max", "min", "mean"):
@@ -297,7 +320,7 @@ def all_reduce(t, axis, op: str = "sum"):
     return _collective(_psum, "psum", t, t.shape, axis=_axis(region, axis), op=op)
 
 
-def all_gather(t, axis, dim: int = 0):
+def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0) -> XlaTensor:
     """Concatenate every device's ``t`` along ``dim`` over mesh ``axis``."""
     region = _region("all_gather")
     ax = _axis(region, axis)
@@ -307,7 +330,7 @@ def all_gather(t, axis, dim: int = 0):
     return _collective(_gather, "all_gather", t, shape, axis=ax, dim=dim)
 
 
-def reduce_scatter(t, axis, dim: int = 0):
+def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0) -> XlaTensor:
     """Sum over mesh ``axis`` and keep this device's slice of ``dim``."""
     region = _region("reduce_scatter")
     ax = _axis(region, axis)
@@ -320,13 +343,13 @@ def reduce_scatter(t, axis, dim: int = 0):
     return _collective(_scatter, "reduce_scatter", t, shape, axis=ax, dim=dim)
 
 
-def ppermute(t, axis, perm):
+def ppermute(t: torch.Tensor, axis: Axis, perm: Sequence[Sequence[int]]) -> XlaTensor:
     """Send ``t`` from device i to device j for each ``(i, j)`` in ``perm`` along ``axis``."""
     region = _region("ppermute")
     return _collective(_permute, "ppermute", t, t.shape, axis=_axis(region, axis), perm=tuple(tuple(p) for p in perm))
 
 
-def axis_index(axis):
+def axis_index(axis: Axis) -> XlaTensor:
     """This device's index along mesh ``axis`` (a 0-dim int32 tensor)."""
     region = _region("axis_index")
     ref = record(_index, "axis_index", ((), (("axis", _axis(region, axis)),)), [], (((), jax.numpy.int32),))

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, cast, overload
 
 import jax
 import torch
@@ -22,6 +22,7 @@ import torch
 from spmdtorch.lazy import metrics, padding
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Slot
+from spmdtorch.mesh import Mesh
 from spmdtorch.tensor.dispatch import base_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -40,18 +41,18 @@ class ShardingError(ValueError):
 
 
 @functools.lru_cache(maxsize=256)
-def _pad_program(target, sharding):
+def _pad_program(target: tuple[int, ...], sharding: jax.sharding.NamedSharding) -> Callable[..., Any]:
     return jax.jit(functools.partial(padding.pad_to, shape=target), out_shardings=sharding)
 
 
 ENGINE.register_cache("partition.marking.pad_programs", _pad_program)
 
 
-def _constrain(x, *, sharding):
+def _constrain(x: jax.Array, *, sharding: jax.sharding.Sharding) -> Any:  # jax.lax is unannotated
     return jax.lax.with_sharding_constraint(x, sharding)
 
 
-def _check_tensor(t, what: str = "mark_sharding") -> XlaTensor:
+def _check_tensor(t: object, what: str = "mark_sharding") -> XlaTensor:
     if not isinstance(t, XlaTensor):
         device = getattr(t, "device", type(t).__name__)
         raise ShardingError(
@@ -66,7 +67,7 @@ def _check_tensor(t, what: str = "mark_sharding") -> XlaTensor:
     return t
 
 
-def _named_sharding(mesh, partition_spec, t: torch.Tensor):
+def _named_sharding(mesh: Mesh, partition_spec: Sequence[Any], t: torch.Tensor) -> jax.sharding.NamedSharding:
     spec = tuple(partition_spec)
     if len(spec) != t.dim():
         raise ShardingError(
@@ -76,7 +77,15 @@ def _named_sharding(mesh, partition_spec, t: torch.Tensor):
     return mesh.named_sharding(spec)
 
 
-def mark_sharding(t, mesh, partition_spec):
+_T = TypeVar("_T", bound=torch.Tensor)
+_M = TypeVar("_M", bound=torch.nn.Module)
+
+
+@overload
+def mark_sharding(t: _M, mesh: Mesh, partition_spec: Mapping[str, Sequence[Any]]) -> _M: ...
+@overload
+def mark_sharding(t: _T, mesh: Mesh, partition_spec: Sequence[Any]) -> _T: ...
+def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
     """Annotate ``t`` (a tensor or an ``nn.Module``) with a sharding over ``mesh``.
 
     Args:
@@ -103,15 +112,16 @@ def mark_sharding(t, mesh, partition_spec):
     """
     if isinstance(t, torch.nn.Module):
         return _mark_module(t, mesh, partition_spec)
-    t = _check_tensor(t)
-    sharding = _named_sharding(mesh, partition_spec, t)
-    st = t._st
+    xt = _check_tensor(t)
+    sharding = _named_sharding(mesh, partition_spec, xt)
+    st = xt._st
     if st.annotated:
         if st.sharding == sharding:
             return t
+        annotation = cast(jax.sharding.NamedSharding, st.sharding)  # annotated: mark_sharding's NamedSharding
         raise ShardingError(
             f"tensor of shape {tuple(t.shape)} is already annotated with spec "
-            f"{tuple(st.sharding.spec)}; call spmdtorch.partition.clear_sharding(t) before "
+            f"{tuple(annotation.spec)}; call spmdtorch.partition.clear_sharding(t) before "
             f"annotating it with {tuple(partition_spec)}"
         )
     value = base_value(st)
@@ -139,23 +149,22 @@ def mark_sharding(t, mesh, partition_spec):
             st.set(_pad_program(target, sharding)(jax.device_put(value, home)))
     st.sharding = sharding
     st.annotated = True
-    t._vcache = None
     return t
 
 
-def match_rules(names, rules: Mapping[str, Any], owner: str = "") -> dict[str, str]:
+def match_rules(names: Iterable[str], rules: Mapping[str, Any], owner: str = "") -> dict[str, str]:
     """``name -> pattern`` for the names the glob ``rules`` match.
 
     Raises:
         ShardingError: a pattern matches no name, or a name matches two patterns.
     """
-    names = list(names)
+    listed = list(names)
     matched: dict[str, str] = {}
     for pattern in rules:
-        hits = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
+        hits = [name for name in listed if fnmatch.fnmatchcase(name, pattern)]
         if not hits:
             raise ShardingError(
-                f"sharding rule {pattern!r} matches no parameter{owner}; parameter names look like {names[:5]}"
+                f"sharding rule {pattern!r} matches no parameter{owner}; parameter names look like {listed[:5]}"
             )
         for name in hits:
             if name in matched:
@@ -167,7 +176,7 @@ def match_rules(names, rules: Mapping[str, Any], owner: str = "") -> dict[str, s
     return matched
 
 
-def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any]]):
+def _mark_module(module: _M, mesh: Mesh, rules: Mapping[str, Sequence[Any]]) -> _M:
     """Apply glob ``rules`` to ``module.named_parameters()`` (see ``mark_sharding``)."""
     if not isinstance(rules, Mapping):
         raise ShardingError(
@@ -184,41 +193,43 @@ def _mark_module(module: torch.nn.Module, mesh, rules: Mapping[str, Sequence[Any
     return module
 
 
-def clear_sharding(t) -> torch.Tensor:
+def clear_sharding(t: _T) -> _T:
     """Drop ``t``'s annotation; its data keeps its placement until recomputed."""
-    t = _check_tensor(t, "clear_sharding")
-    t._st.annotated = False
-    t._st.sharding = None
+    st = _check_tensor(t, "clear_sharding")._st
+    st.annotated = False
+    st.sharding = None
     return t
 
 
-def tensor_sharding(t) -> jax.sharding.Sharding | None:
+def tensor_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
     """The sharding ``t``'s data has (concrete) or will have (annotated), else None."""
-    t = _check_tensor(t, "tensor_sharding")
-    st = t._st
+    st = _check_tensor(t, "tensor_sharding")._st
     if st.annotated:
-        return st.sharding
-    if isinstance(st.value, LazyRef):
+        annotation: jax.sharding.Sharding | None = st.sharding
+        return annotation
+    value = st.value
+    if isinstance(value, LazyRef):
         return None
-    return st.value.sharding
+    placement: jax.sharding.Sharding = value.sharding
+    return placement
 
 
 class _MarkWithGradients(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, t, mesh, spec):
+    def forward(ctx: Any, t: torch.Tensor, mesh: Mesh, spec: tuple[Any, ...]) -> torch.Tensor:
         ctx.mesh, ctx.spec = mesh, spec
         out = t.clone()
         mark_sharding(out, mesh, spec)
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         grad = grad.clone()
         mark_sharding(grad, ctx.mesh, ctx.spec)
         return grad, None, None
 
 
-def mark_sharding_with_gradients(t, mesh, partition_spec):
+def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence[Any]) -> torch.Tensor:
     """Annotate a value *and its gradient* with the same sharding.
 
     Returns a tensor to use in place of ``t`` (autograd needs a new node for
@@ -231,8 +242,11 @@ def mark_sharding_with_gradients(t, mesh, partition_spec):
         >>> x = torch.ones(8, 2, device="xla", requires_grad=True)
         >>> y = mark_sharding_with_gradients(x * 2, get_1d_mesh("d"), ("d", None))
     """
-    _check_tensor(t, "mark_sharding_with_gradients") if not t._chain else None
-    return _MarkWithGradients.apply(t, mesh, tuple(partition_spec))
+    if not isinstance(t, XlaTensor):  # a view is fine: the annotated tensor is a copy
+        _check_tensor(t, "mark_sharding_with_gradients")
+    # torch leaves Function.apply unannotated.
+    out: torch.Tensor = _MarkWithGradients.apply(t, mesh, tuple(partition_spec))  # type: ignore[no-untyped-call]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,13 +261,13 @@ class ShardingSpec:
         >>> spec = ShardingSpec(get_1d_mesh("data"), ("data", None))
     """
 
-    mesh: Any
-    partition_spec: tuple
+    mesh: Mesh
+    partition_spec: tuple[Any, ...]
     minibatch: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "partition_spec", tuple(self.partition_spec))
 
-    def apply(self, t):
+    def apply(self, t: _T) -> _T:
         """``mark_sharding(t, self.mesh, self.partition_spec)``."""
         return mark_sharding(t, self.mesh, self.partition_spec)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any, cast
 
 import jax
 import torch
@@ -11,6 +13,7 @@ from spmdtorch.lazy import executor
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.sharding._marking import ShardingError, _check_tensor
 from spmdtorch.tensor import transfer
+from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["XLAShard", "local_shards", "load_local_shards_"]
 
@@ -28,25 +31,25 @@ class XLAShard:
     """
 
     data: torch.Tensor
-    indices: tuple
+    indices: tuple[slice, ...]
     device: str
     device_id: int
     replica_id: int
 
 
-def _logical_ids() -> dict:
+def _logical_ids() -> dict[int, int]:
     order = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     return {d.id: i for i, d in enumerate(order)}
 
 
-def _concrete(t):
+def _concrete(t: XlaTensor) -> jax.Array:
     st = t._st
     if isinstance(st.value, LazyRef):
         executor.sync()
-    return st.value
+    return cast(jax.Array, st.value)  # a sync computes every pending storage
 
 
-def _trim(index, padded_shape, logical_shape):
+def _trim(index: Sequence[slice], padded_shape: Sequence[int], logical_shape: Sequence[int]) -> tuple[slice, ...]:
     """Clip a shard's slices of the padded array to the tensor's real extent."""
     out = []
     for sl, p, n in zip(index, padded_shape, logical_shape):
@@ -55,7 +58,7 @@ def _trim(index, padded_shape, logical_shape):
     return tuple(out)
 
 
-def local_shards(t) -> list[XLAShard]:
+def local_shards(t: torch.Tensor) -> list[XLAShard]:
     """The shards of ``t`` that this process's devices hold, as CPU tensors.
 
     Example:
@@ -66,8 +69,8 @@ def local_shards(t) -> list[XLAShard]:
         >>> [s.data.tolist() for s in local_shards(w)][:2]
         [[0.0], [1.0]]
     """
-    t = _check_tensor(t, "local_shards")
-    arr = _concrete(t)
+    xt = _check_tensor(t, "local_shards")
+    arr = _concrete(xt)
     ids = _logical_ids()
     out = []
     for shard in arr.addressable_shards:
@@ -80,21 +83,21 @@ def local_shards(t) -> list[XLAShard]:
     return out
 
 
-def load_local_shards_(t, shards) -> torch.Tensor:
+def load_local_shards_(t: torch.Tensor, shards: Sequence[torch.Tensor | XLAShard]) -> torch.Tensor:
     """Replace ``t``'s data with ``shards`` (one per local device, in ``local_shards`` order).
 
     Each shard is a CPU tensor (or an ``XLAShard``) with the shape that ``t``'s
     sharding gives that device.
     """
-    t = _check_tensor(t, "load_local_shards_")
-    arr = _concrete(t)
+    xt = _check_tensor(t, "load_local_shards_")
+    arr = _concrete(xt)
     local = arr.addressable_shards
     if len(shards) != len(local):
         raise ShardingError(
             f"load_local_shards_ got {len(shards)} shards but this process holds {len(local)} "
             f"shards of the tensor (shape {tuple(t.shape)})"
         )
-    pieces = []
+    pieces: list[Any] = []  # jax.Array per local device
     for i, (shard, dst) in enumerate(zip(shards, local)):
         data = shard.data if isinstance(shard, XLAShard) else shard
         index = _trim(dst.index, arr.shape, tuple(t.shape))
@@ -105,6 +108,5 @@ def load_local_shards_(t, shards) -> torch.Tensor:
         block[tuple(slice(0, n) for n in expected)] = data.to(t.dtype)
         pieces.append(jax.device_put(transfer.host_numpy(block).copy(), dst.device))
     new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, pieces)
-    t._st.set(new)  # same (padded) shape and logical shape as before
-    t._vcache = None
-    return t
+    xt._st.set(new)  # same (padded) shape and logical shape as before (set drops cached view values)
+    return xt

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -118,7 +118,7 @@ def _grid(parsed: ParsedHloSharding, replicated_devices: Sequence[int], spec: st
     elif parsed.is_maximal:
         cells = [[parsed.devices]]
     else:
-        rank = parsed.tensor_rank
+        rank = cast(int, parsed.tensor_rank)  # tiled: neither replicated nor maximal
         if rank > 2:
             raise VisualizationError(
                 f"cannot draw sharding {spec!r}: it tiles a rank-{rank} tensor and only "
@@ -185,7 +185,7 @@ def _render(
         widths = [max(naturals[j], (widths[j] * budget) // total) for j in range(cols)]
     heights = [max(1, round(row_frac[i] * rows * _BASE_HEIGHT * scale)) for i in range(rows)]
 
-    colors: dict[tuple, str] = {}
+    colors: dict[tuple[int, ...], str] = {}
     table = rich.table.Table(
         show_header=False,
         show_lines=not use_color,
@@ -254,7 +254,7 @@ def _draw(
         use_color = use_color and console.color_system is not None
     grid = _grid(parsed, replicated_devices, spec)
     table = _render(grid, shape, parsed.tensor_rank, device_kind, use_color, scale, min_width, max_width, spec)
-    if print_:
+    if print_ and console is not None:  # printing: made above if not given
         console.print(table)
     return table
 

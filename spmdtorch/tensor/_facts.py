@@ -16,7 +16,7 @@ import torch
 
 from spmdtorch.ops import registry
 
-__all__ = ["UNSET", "OpFacts", "functional_twin", "op_facts", "view_twin"]
+__all__ = ["UNSET", "OpFacts", "Route", "functional_twin", "op_facts", "view_twin"]
 
 aten = torch.ops.aten
 
@@ -38,6 +38,14 @@ _IDENTITY_VIEWS = frozenset(
 )
 
 UNSET: Any = object()  # OpFacts.twin before functional_twin was looked up
+
+# A dispatch path or special handler: ``route(func, args, kwargs, facts)``.
+Route = Callable[[Any, tuple[Any, ...], dict[str, Any], "OpFacts"], Any]
+
+
+def _unresolved(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
+    """``OpFacts.route`` until the router resolves it (``facts_of``), which it does before any call."""
+    raise RuntimeError(f"{func}: its facts were used before the router resolved a route (read them with facts_of)")
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -63,7 +71,7 @@ class OpFacts:
         allow_cpu: CPU tensors may be arguments (index tensors).
         identity_view: ``alias``/``detach``: the same view again.
         twin: ``functional_twin(op)``, looked up on first use (``UNSET`` until then).
-        route: the handler the router resolved, set once by the router.
+        route: the handler the router resolved, set once by the router (``_unresolved`` before).
         decompose_first: the router tries ``op.decompose()`` before ``route``.
     """
 
@@ -82,7 +90,7 @@ class OpFacts:
     allow_cpu: bool
     identity_view: bool
     twin: Any = UNSET
-    route: Callable | None = None
+    route: Route = _unresolved
     decompose_first: bool = False
 
 

@@ -8,6 +8,8 @@ the inverse view ops that produce the base's next value. Duck-typed on
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import torch
 
@@ -22,7 +24,7 @@ from spmdtorch.tensor._router import facts_of
 __all__ = ["assign_value", "base_value", "concrete_value", "read_value", "to_cpu"]
 
 
-def base_value(st: Storage):
+def base_value(st: Storage) -> Any:
     """The logical value of a storage (padded device data is read through a slice)."""
     value = st.value
     if st.logical_shape is None or isinstance(value, LazyRef) or tuple(value.shape) == st.logical_shape:
@@ -65,8 +67,10 @@ def to_cpu(t) -> torch.Tensor:
     return array_to_torch(value, t.dtype)
 
 
-def read_value(t):
+def read_value(t: Any) -> Any:
     """The current value of ``t``: concrete array or LazyRef (views replayed).
+
+    ``t`` is an ``XlaTensor`` (duck-typed: the class sits above this module).
 
     A view's value is cached in its storage, keyed by the view chain, until the
     storage's next write (``Storage.set`` empties the cache). Keeping it in the

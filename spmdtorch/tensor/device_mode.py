@@ -314,8 +314,10 @@ def install() -> None:
         _TORCH_TO: _as_torch_function(_tensor_to, _TORCH_TO),
         _TORCH_NEW_TENSOR: _as_torch_function(_new_tensor, _TORCH_NEW_TENSOR),
     }
-    torch.Tensor.to = wrappers[_TORCH_TO]
-    torch.Tensor.new_tensor = wrappers[_TORCH_NEW_TENSOR]
+    # Deliberate patches of torch's methods (they route "xla" targets here and
+    # leave every other call to torch's own method): mypy forbids assigning to a method.
+    torch.Tensor.to = wrappers[_TORCH_TO]  # type: ignore[method-assign]
+    torch.Tensor.new_tensor = wrappers[_TORCH_NEW_TENSOR]  # type: ignore[method-assign]
     for name, func in _TORCH_FROM_DATA.items():
         wrapper = wrappers[func] = _from_data_wrapper(func)
         setattr(torch, name, wrapper)

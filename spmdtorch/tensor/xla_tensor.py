@@ -149,6 +149,8 @@ class XlaTensor(torch.Tensor):
     # __init__ would be one more call per recorded op.
 
     # -- what users see ---------------------------------------------------
+    # torch's stub declares device/is_cuda/is_meta as writable attributes (they
+    # are read-only C properties): mypy calls a read-only property over one an override error.
     @property
     def device(self) -> torch.device:  # type: ignore[override]
         return _META_DEVICE if MetaFlag.active else XLA_DEVICE
@@ -162,8 +164,9 @@ class XlaTensor(torch.Tensor):
         return False
 
     @property
-    def data(self):  # type: ignore[override]
-        return torch.Tensor.data.__get__(self)
+    def data(self):
+        # Tensor.data is a C getset descriptor; torch's stub declares a plain Tensor attribute.
+        return torch.Tensor.data.__get__(self)  # type: ignore[attr-defined]
 
     @data.setter
     def data(self, new):
@@ -174,12 +177,12 @@ class XlaTensor(torch.Tensor):
             )
         # The C++ setter copies sizes/strides/dtype; the Python state (which
         # storage and view chain the tensor reads) must follow it.
-        torch.Tensor.data.__set__(self, new)
+        torch.Tensor.data.__set__(self, new)  # type: ignore[attr-defined]  # a C descriptor (see the getter)
         self._st = new._st
         self._chain = new._chain
         self._mk = new._mk
 
-    def numpy(self, *, force: bool = False):  # type: ignore[override]
+    def numpy(self, *, force: bool = False):
         if not force:
             raise TypeError(
                 "can't convert xla:0 device type tensor to numpy. Use Tensor.cpu() to copy "
@@ -190,10 +193,10 @@ class XlaTensor(torch.Tensor):
     def __array__(self, dtype=None):
         return self.numpy()
 
-    def tolist(self):  # type: ignore[override]
+    def tolist(self):
         return self.cpu().tolist()
 
-    def __repr__(self, *, tensor_contents=None):  # type: ignore[override]
+    def __repr__(self, *, tensor_contents=None):
         if tensor_contents is None:
             cpu = to_cpu(self)
             # torch formats the values of the CPU copy; its own suffix logic
@@ -253,8 +256,10 @@ class XlaTensor(torch.Tensor):
         # from parts; spmdtorch's own tracer is spmdtorch.compile.
         raise NotImplementedError("torch.compile/torch.export cannot trace xla tensors; use spmdtorch.compile")
 
+    # A classmethod, as torch documents __torch_dispatch__; torch's stub types the
+    # base attribute as the (instance-level) disabled implementation.
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         # The router resolves the op once (spmdtorch.tensor._router); a global
         # lookup here, so tests can wrap it (monkeypatch this module's ``dispatch``).
         return dispatch(func, args, kwargs or {})

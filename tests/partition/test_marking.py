@@ -153,6 +153,20 @@ def test_mark_sharding_with_gradients_annotates_the_gradient(mesh):
     torch.testing.assert_close(x.grad.cpu(), torch.full((8, 4), 8.0))
 
 
+def test_mark_sharding_with_gradients_rejects_a_cpu_tensor(mesh):
+    # Found by mypy: the view check read ``t._chain`` first, so a CPU tensor
+    # raised AttributeError instead of the named error every marking raises.
+    with pytest.raises(ShardingError, match="mark_sharding_with_gradients expects a tensor on the xla device"):
+        mark_sharding_with_gradients(torch.ones(8, 4), mesh, ("data", None))
+
+
+def test_mark_sharding_with_gradients_accepts_a_view(mesh):
+    x = torch.ones(4, 8).to("xla")
+    y = mark_sharding_with_gradients(x.t(), mesh, ("data", None))  # a view: the marked copy is not one
+    spmdtorch.sync()
+    assert read_value(y).sharding.spec == jax.sharding.PartitionSpec("data", None)
+
+
 def test_sharding_spec_value_type(mesh):
     spec = ShardingSpec(mesh, ["data", None])
     assert spec.partition_spec == ("data", None)

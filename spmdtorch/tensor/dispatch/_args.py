@@ -6,6 +6,8 @@ inputs (array values, lifted Python numbers) and the meta-cache key.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from spmdtorch.lazy.graph import Scalar, Slot, interned_scalar
@@ -54,7 +56,7 @@ class Args:
         inputs = self.inputs = []
         key = [facts]
         lift_pos = facts.lift_pos
-        t_args = []
+        t_args: list[Any] = []  # slots, static numbers, None, size tuples...
         for i, a in enumerate(args):
             if isinstance(a, XlaTensor):
                 key.append(a._mk)  # MetaKey, stored when the tensor was made

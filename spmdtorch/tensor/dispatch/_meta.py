@@ -8,13 +8,16 @@ computed once per ``Args.key`` and kept as a ``MetaSpec``.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 
 from spmdtorch import _dtypes
 from spmdtorch.lazy import keys, metrics
 from spmdtorch.tensor.xla_tensor import PYTHON_KEY, MetaFlag, MetaKey, XlaTensor, contiguous_strides
+
+if TYPE_CHECKING:
+    from spmdtorch.ops.registry import Lowering
 
 __all__ = ["META_CACHE", "META_CACHE_MAX", "MetaSpec", "TensorSpec", "meta_miss", "meta_outputs"]
 
@@ -60,9 +63,9 @@ class MetaSpec:
     avals: tuple = ()
     dense_mks: tuple = ()
     view_mks: tuple = ()
-    sig: object = None
+    sig: int | None = None
     steps: tuple | None = None
-    twin: object = None
+    twin: tuple[Lowering, MetaSpec] | Literal[False] | None = None
 
     def __post_init__(self):
         specs = self.specs

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import torch
 
 from spmdtorch import _dtypes
@@ -21,6 +23,10 @@ from spmdtorch.tensor.dispatch._args import Args, all_ints
 from spmdtorch.tensor.dispatch._errors import DeviceMismatchError
 from spmdtorch.tensor.dispatch._meta import META_CACHE, meta_miss, meta_outputs
 from spmdtorch.tensor.xla_tensor import PYTHON_KEY, XlaTensor, dense_tensor, forget_meta_key, view_tensor
+
+if TYPE_CHECKING:
+    from spmdtorch.ops.registry import Lowering
+    from spmdtorch.tensor.dispatch._meta import MetaSpec
 
 __all__ = ["decompose", "dispatch_lowering", "dispatch_mutation", "dispatch_view", "write"]
 
@@ -157,7 +163,7 @@ def _static(a):
     return a
 
 
-def _inplace_twin_spec(func, twin, args, kwargs, parsed):
+def _inplace_twin_spec(func, twin, args, kwargs, parsed) -> tuple[Lowering, MetaSpec] | Literal[False]:
     """``(lowering, MetaSpec)`` of ``twin`` for an in-place call, or False.
 
     Valid for every call with the same meta key (the key fixes the shapes,
