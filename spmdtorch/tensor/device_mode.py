@@ -72,6 +72,8 @@ def to_xla(t: torch.Tensor) -> torch.Tensor:
 
 _TORCH_TO = torch.Tensor.to
 _DTYPE = torch.dtype
+_DEVICE = torch.device
+_STR = str
 _TORCH_FROM_DATA = {
     "tensor": torch.tensor,
     "as_tensor": torch.as_tensor,
@@ -111,8 +113,19 @@ def _to_xla_device(self, args, kwargs):
 
 
 def _tensor_to(self, *args, **kwargs):
-    # The common CPU call, `t.to(dtype)`, costs one class test over torch's.
-    if (kwargs or (args and args[0].__class__ is not _DTYPE)) and _to_targets_xla(self, args, kwargs):
+    # The common CPU calls exit after one or two class tests (this frame is
+    # all that the import adds to them): `t.to(dtype)`, `t.to("cpu")`,
+    # `t.to(torch.device("cpu"))`, and keyword-only calls without `device=`.
+    if args:
+        a = args[0]
+        cls = a.__class__
+        if (cls is _DTYPE or (cls is _STR and a[:3] != "xla") or (cls is _DEVICE and a.type != "xla")) and (
+            not kwargs or "device" not in kwargs
+        ):
+            return _TORCH_TO(self, *args, **kwargs)
+    elif "device" not in kwargs:
+        return _TORCH_TO(self, **kwargs)
+    if _to_targets_xla(self, args, kwargs):
         return _to_xla_device(self, args, kwargs)
     return _TORCH_TO(self, *args, **kwargs)
 
