@@ -236,6 +236,13 @@ class CompiledFunction:
         metrics.inc("CompiledTrace")
         args, kwargs = pytree.tree_unflatten(flat, spec)
         result, record = self._trace(args, kwargs, flat)
+        if record is not None and entry.last is not None:
+            for key, (ref, hp) in record.optimizers.items():
+                opt = ref()
+                if key in entry.last.optimizers and opt is not None:
+                    _, last_hp = entry.last.optimizers[key]
+                    if last_hp != hp:
+                        self._warn_changing_hparams(opt, last_hp, hp)
         if record is not None and entry.last is not None and record.compare_key == entry.last.compare_key:
             entry.streak += 1
         else:
@@ -380,10 +387,44 @@ class CompiledFunction:
             stacklevel=3,
         )
 
+    def _warn_changing_hparams(self, opt, before, now):
+        """Warn once when a float hyperparameter (an LR schedule's ``lr``) forces every call to trace.
+
+        A Python number is part of the traced program's recipe, so the step
+        must be traced again whenever it changes; a 0-d tensor on the xla
+        device is an input instead, which schedulers update in place.
+        """
+        if getattr(self, "_warned_hparams", False):
+            return
+        changed = [
+            (key, a, b)
+            for group_before, group_now in zip(before, now)
+            for (key, a), (_, b) in zip(group_before, group_now)
+            if a != b and isinstance(a, (int, float)) and not isinstance(a, bool)
+        ]
+        if not changed:
+            return
+        self._warned_hparams = True
+        key, a, b = changed[0]
+        name = type(opt).__name__
+        warnings.warn(
+            f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): the {name} hyperparameter "
+            f"{key!r} changed between calls ({a!r} -> {b!r}, e.g. by an LR scheduler); a Python number is "
+            "part of the traced step, so every change traces the step again (no recompilation, but "
+            f"lazy-mode speed). Make it a tensor on the xla device, e.g. {name}(params, "
+            f"{key}=torch.tensor({a!r}, device='xla')): schedulers then update it in place and the step replays.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     def _replay(self, rec: _Record, flat_in):
         for ref, hp in rec.optimizers.values():
             opt = ref()
-            if opt is None or _hparams(opt) != hp:
+            if opt is None:
+                return _RETRACE
+            now = _hparams(opt)
+            if now != hp:
+                self._warn_changing_hparams(opt, hp, now)
                 return _RETRACE
         args: list[Any] = []
         outs: list[Any] = []
