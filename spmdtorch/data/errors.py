@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["InputShardingError", "LoaderWorkerError"]
+__all__ = ["InputShardingError", "LoaderStateError", "LoaderWorkerError"]
 
 
 class InputShardingError(ValueError):
     """``input_sharding`` does not fit the loader or one of its batches."""
+
+
+class LoaderStateError(ValueError):
+    """``MpDeviceLoader.load_state_dict`` got a state that does not fit this loader."""
 
 
 class LoaderWorkerError(RuntimeError):

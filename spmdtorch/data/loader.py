@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
 
 from spmdtorch._step import mark_step
-from spmdtorch.data import transfer
+from spmdtorch.data import _resume, transfer
 from spmdtorch.data.errors import InputShardingError, LoaderWorkerError
 from spmdtorch.sharding import ShardingSpec
 
@@ -112,6 +112,8 @@ class ParallelLoader:
         device_prefetch_size: int = 4,
         host_to_device_transfer_threads: int = 1,
         input_sharding: ShardingSpec | dict[Any, ShardingSpec] | None = None,
+        *,
+        _batches: Iterator[Any] | None = None,
     ) -> None:
         devices = [devices] if isinstance(devices, (str, torch.device)) else list(devices)
         if len(devices) != 1:
@@ -129,6 +131,9 @@ class ParallelLoader:
         n_threads = _positive_int("host_to_device_transfer_threads", host_to_device_transfer_threads)
         self._shardings = transfer.InputShardings(input_sharding)
         self._loader = loader
+        # What the loading thread iterates: MpDeviceLoader starts the epoch's
+        # iterator itself (data/_resume.py), otherwise the loader.
+        self._batches: Iterable[Any] = loader if _batches is None else _batches
         # (batch index, batch or _Failed), then (batch count, _End) once per transfer thread.
         self._loader_queue: queue.Queue[tuple[int, Any]] = queue.Queue(
             maxsize=_positive_int("loader_prefetch_size", loader_prefetch_size)
@@ -138,6 +143,7 @@ class ParallelLoader:
         self._ready: dict[int, Any] = {}  # batch index -> transferred batch (or _Failed)
         self._next = 0  # index of the batch the consumer takes next
         self._total: int | None = None  # number of batches, once the loader is exhausted
+        self._ended = False  # the consumer was told that there are no more batches
         self._threads = [threading.Thread(target=self._load, name="spmdtorch-loader", daemon=True)]
         self._threads += [
             threading.Thread(target=self._transfer, name=f"spmdtorch-h2d-{i}", daemon=True) for i in range(n_threads)
@@ -158,7 +164,7 @@ class ParallelLoader:
     def _load(self) -> None:
         index = 0
         try:
-            for batch in self._loader:
+            for batch in self._batches:
                 if not self._put((index, batch)):
                     return
                 index += 1
@@ -220,6 +226,7 @@ class ParallelLoader:
         with self._cond:
             while self._next not in self._ready:
                 if self._total is not None and self._next >= self._total:
+                    self._ended = True
                     return None
                 if self._stop.is_set():
                     return None
@@ -330,10 +337,61 @@ class MpDeviceLoader:
         self._loader = loader
         self._device = device
         self._parallel_loader_kwargs = kwargs
+        self._generators = _resume.order_generators(loader)
+        self._epochs = 0
+        self._start: _resume.EpochStart | None = None
+        self._skipped = 0  # batches of this epoch skipped when it resumed
+        self._current: ParallelLoader | None = None
+        self._resume: _resume.LoaderState | None = None
 
     def __iter__(self) -> PerDeviceLoader:
-        parallel_loader = ParallelLoader(self._loader, [self._device], **self._parallel_loader_kwargs)
-        return parallel_loader.per_device_loader(self._device)
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            self._epochs = resume.epochs - (0 if resume.finished else 1)
+        batches, self._start, self._skipped = _resume.start_epoch(self._loader, self._generators, resume)
+        self._epochs += 1
+        self._current = ParallelLoader(self._loader, [self._device], **self._parallel_loader_kwargs, _batches=batches)
+        return self._current.per_device_loader(self._device)
 
     def __len__(self) -> int:
         return _loader_len(self._loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop stands in the input: save it with the model, restore with ``load_state_dict``.
+
+        The state is the random generators' states at the start of the current
+        epoch and the number of batches the loop has taken from it (batches
+        prefetched but not taken do not count); ints and CPU tensors, so any
+        checkpoint holds it. A job restarted from it yields the same batches
+        in the same order as one that never stopped, for a deterministic
+        dataset (see ``spmdtorch/data/_resume.py``).
+
+        Example:
+            >>> import torch
+            >>> from spmdtorch.data import MpDeviceLoader
+            >>> data = torch.utils.data.DataLoader(torch.arange(8.0), batch_size=2, shuffle=True)
+            >>> loader = MpDeviceLoader(data, "xla")
+            >>> it = iter(loader)
+            >>> first = [next(it).tolist() for _ in range(2)]
+            >>> state = loader.state_dict()
+            >>> rest = [b.tolist() for b in it]
+            >>> again = MpDeviceLoader(data, "xla")
+            >>> again.load_state_dict(state)
+            >>> [b.tolist() for b in again] == rest
+            True
+        """
+        if self._current is None:
+            return _resume.LoaderState(self._epochs, 0, True, None).to_dict()
+        # "finished" only once the loop saw the end: a state saved after the
+        # last batch but inside the loop resumes into the same (ended) epoch.
+        current = self._current
+        return _resume.LoaderState(self._epochs, current._next + self._skipped, current._ended, self._start).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s result: the next ``iter()`` continues that epoch.
+
+        Raises:
+            LoaderStateError: ``state`` is not such a dict, or was saved from a
+                loader whose order depends on a different number of generators.
+        """
+        self._resume = _resume.LoaderState.from_dict(state, len(self._generators))
