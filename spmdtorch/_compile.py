@@ -54,7 +54,8 @@ from spmdtorch.lazy._trace_records import (
 from spmdtorch.lazy.contract import CompileContractError, TraceState, tracing
 from spmdtorch.lazy.graph import LazyRef, Scalar
 from spmdtorch.tensor.device_mode import to_xla
-from spmdtorch.tensor.xla_tensor import XlaTensor
+from spmdtorch.tensor.dispatch import read_value
+from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
 __all__ = ["compile", "CompiledFunction", "CompileContractError", "tracing"]
 
@@ -86,10 +87,17 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
             continue
         if "capturable" in group and not group["capturable"]:
             group["capturable"] = True
+            # Host step counters (state from a non-capturable step, or restored
+            # into one) move to the device; equal ones share one array, as the
+            # counters of a capturable step do, so that the program (and so its
+            # numerics, bit for bit) is the one an uninterrupted run compiles.
+            moved: dict[tuple[torch.dtype, float], torch.Tensor] = {}
             for p in group["params"]:
                 state = optimizer.state.get(p)
                 if state and isinstance(state.get("step"), torch.Tensor) and not isinstance(state["step"], XlaTensor):
-                    state["step"] = state["step"].to("xla")
+                    step = state["step"]
+                    first = moved.setdefault((step.dtype, float(step)), to_xla(step))
+                    state["step"] = new_base(read_value(first), first.dtype)
     _TraceState.optimizers[id(optimizer)] = (weakref.ref(optimizer), _hparams(optimizer))
     return None
 

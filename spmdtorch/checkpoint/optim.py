@@ -46,7 +46,9 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         lr = group.get("lr")
         saved_lrs.append(lr)
         if lr is not None:
-            group["lr"] = torch.zeros_like(lr) if isinstance(lr, torch.Tensor) else 0.0
+            # A float even where the group's lr is a tensor: torch refuses a
+            # tensor lr outside capturable steps, and no state depends on lr.
+            group["lr"] = 0.0
     try:
         for p in params:
             if p.requires_grad:
