@@ -537,23 +537,32 @@ def load_pretrained(
     _check_values(targets, sources, source_dir, cast_)
     shardings = _shardings(model, targets, mesh, rules)
     executor.sync()  # xla targets' layouts read concrete storages
-    # Every check passed: from here on the model changes.
-    initialized = _initialise(model, targets, shardings, mesh, init_fn)
-    plan = _by_file(targets, sources)
-    for file, handle in _open_files(layout, [f for f in layout.files if f in plan]):
-        for key in plan[file]:
-            target = targets[key]
-            assert target.source is not None  # _by_file lists only targets with a source
-            src = sources[target.source]
-            t = target.tensor
-            if isinstance(t, XlaTensor):
-                layout_ = placement.layout_of(t, (target.names[0],))
-                placement.install(t, _build(handle, src, t.dtype, layout_.sharding, layout_.storage_shape))
-                continue
-            where = shardings[key]
-            storage_shape = padding.padded_shape(tuple(t.shape), where.sharding) or tuple(t.shape)
-            array = _build(handle, src, t.dtype, where.sharding, tuple(storage_shape))
-            _replace(target, _new_tensor(array, target, where))
+    # Every check passed: from here on the model changes (undone if anything fails).
+    originals = {key: target.tensor for key, target in targets.items()}
+    try:
+        initialized = _initialise(model, targets, shardings, mesh, init_fn)
+        plan = _by_file(targets, sources)
+        for file, handle in _open_files(layout, [f for f in layout.files if f in plan]):
+            for key in plan[file]:
+                target = targets[key]
+                assert target.source is not None  # _by_file lists only targets with a source
+                src = sources[target.source]
+                t = target.tensor
+                if isinstance(t, XlaTensor):
+                    layout_ = placement.layout_of(t, (target.names[0],))
+                    placement.install(t, _build(handle, src, t.dtype, layout_.sharding, layout_.storage_shape))
+                    continue
+                where = shardings[key]
+                storage_shape = padding.padded_shape(tuple(t.shape), where.sharding) or tuple(t.shape)
+                array = _build(handle, src, t.dtype, where.sharding, tuple(storage_shape))
+                _replace(target, _new_tensor(array, target, where))
+    except BaseException:
+        # Put the replaced tensors back (meta, CPU), so that the call can be retried;
+        # xla tensors loaded in place keep the values read so far.
+        for key, target in targets.items():
+            if target.tensor is not originals[key]:
+                _replace(target, originals[key])
+        raise
     if initialized:
         executor.sync()  # compute the initialised tensors now, as materialize does
     return PretrainedLoad(tuple(missing), tuple(unexpected), tuple(initialized))
