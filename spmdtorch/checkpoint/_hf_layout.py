@@ -117,10 +117,10 @@ def read_layout(directory: str | os.PathLike[str]) -> HfLayout:
         return HfLayout(directory, {file: tuple(names) for file, names in files.items()}, indexed=True)
     if os.path.isfile(single):
         return HfLayout(directory, {WEIGHTS_NAME: _header_names(single)}, indexed=False)
-    what = "does not exist" if not os.path.isdir(directory) else "holds neither"
+    found = "does not exist" if not os.path.isdir(directory) else f"holds neither {INDEX_NAME} nor {WEIGHTS_NAME}"
     raise NotACheckpointError(
-        f"{directory} {what} {INDEX_NAME} (sharded weights) nor {WEIGHTS_NAME}; give the directory that "
-        "save_pretrained wrote (a PyTorch pytorch_model.bin directory must be re-saved as safetensors first)"
+        f"{directory} {found}: give the directory that save_pretrained wrote (sharded weights and their index, "
+        "or one model.safetensors); a PyTorch pytorch_model.bin directory must be re-saved as safetensors first"
     )
 
 
