@@ -6,7 +6,11 @@
 * :class:`CheckpointManager`: periodic, asynchronous, preemption-aware saves
   that never list a half-written step, with fallback to the newest intact one;
 * :func:`export` / :func:`import_state_dict`: plain single-file torch and
-  safetensors state_dicts, streamed one tensor at a time.
+  safetensors state_dicts, streamed one tensor at a time;
+* :func:`load_pretrained` / :func:`save_pretrained`: Hugging Face model
+  directories (``model.safetensors`` or an index and its shards), loaded one
+  shard file at a time straight into sharded parameters, and saved back in
+  the same layout.
 
 Example:
     >>> import tempfile, torch, spmdtorch
@@ -18,6 +22,9 @@ Example:
     3
 """
 
+from spmdtorch.checkpoint._hf_layout import HfLayout
+from spmdtorch.checkpoint._hf_load import PretrainedLoad, UninitializedTensorsError, load_pretrained
+from spmdtorch.checkpoint._hf_save import save_pretrained
 from spmdtorch.checkpoint.errors import (
     CheckpointCorruptionError,
     CheckpointError,
@@ -46,17 +53,22 @@ __all__ = [
     "CheckpointManager",
     "CheckpointSaveError",
     "DtypeMismatchError",
+    "HfLayout",
     "KeyMismatchError",
     "MissingKeysError",
     "NotACheckpointError",
+    "PretrainedLoad",
     "ShapeMismatchError",
     "StepNotFoundError",
     "UnexpectedKeysError",
+    "UninitializedTensorsError",
     "UnsupportedValueError",
     "ValueKindMismatchError",
     "export",
     "import_state_dict",
     "init_optimizer_state",
     "load",
+    "load_pretrained",
     "save",
+    "save_pretrained",
 ]

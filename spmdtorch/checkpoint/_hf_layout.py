@@ -1,0 +1,155 @@
+"""The Hugging Face weights layout: which tensor lives in which safetensors file.
+
+A model directory holds either one ``model.safetensors`` or an index
+``model.safetensors.index.json`` (``{"metadata": {"total_size": ...},
+"weight_map": {name: file}}``) and its shards ``model-00001-of-0000N.safetensors``.
+Shards are filled greedily in ``state_dict`` order, as ``save_pretrained``
+(``huggingface_hub.split_torch_state_dict_into_shards``) does: a new shard
+starts when the next tensor would push the current one past
+``max_shard_size``; a tensor larger than that gets a shard of its own. So a
+directory saved with the same ``max_shard_size`` has the same weight map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+from spmdtorch.checkpoint.errors import CheckpointCorruptionError, NotACheckpointError
+
+__all__ = ["INDEX_NAME", "WEIGHTS_NAME", "HfLayout", "parse_size", "read_layout", "shard_file_names", "split_shards"]
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+# huggingface_hub's units: decimal, as in "5GB" = 5 * 10**9 bytes.
+_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]B)\s*$", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HfLayout:
+    """Where each tensor of a Hugging Face model directory is stored.
+
+    Attributes:
+        directory: the model directory.
+        files: shard file name -> the tensor names it holds, in file order.
+        indexed: the directory has ``model.safetensors.index.json``.
+    """
+
+    directory: str
+    files: Mapping[str, tuple[str, ...]]
+    indexed: bool
+
+    def path(self, file: str) -> str:
+        """The full path of one shard file."""
+        return os.path.join(self.directory, file)
+
+    def names(self) -> list[str]:
+        """Every tensor name, shard by shard."""
+        return [name for names in self.files.values() for name in names]
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string like ``"5GB"`` / ``"200MB"`` (decimal units, as Hugging Face).
+
+    Example:
+        >>> parse_size("5MB"), parse_size(1024)
+        (5000000, 1024)
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise TypeError(f"max_shard_size must be an int or a string like '5GB', got {type(size).__name__}")
+    if isinstance(size, int):
+        n = size
+    else:
+        m = _SIZE.match(size)
+        if m is None:
+            raise ValueError(f"max_shard_size={size!r}: give bytes as an int or a string like '5GB', '200MB', '10KB'")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n < 1:
+        raise ValueError(f"max_shard_size must be positive, got {size!r}")
+    return n
+
+
+def _header_names(path: str) -> tuple[str, ...]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            return tuple(f.keys())
+    except Exception as e:  # safetensors raises its own SafetensorError on a bad header
+        raise CheckpointCorruptionError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+
+
+def read_layout(directory: str | os.PathLike[str]) -> HfLayout:
+    """Read a model directory's index (or its single ``model.safetensors``).
+
+    Raises:
+        NotACheckpointError: the directory has neither file, or the index names
+            a shard that is not there.
+        CheckpointCorruptionError: the index is not valid JSON with a ``weight_map``.
+    """
+    directory = os.fspath(directory)
+    index_path = os.path.join(directory, INDEX_NAME)
+    single = os.path.join(directory, WEIGHTS_NAME)
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is not an object")
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointCorruptionError(
+                f"{index_path} is not a Hugging Face index (a JSON object with a 'weight_map' of tensor name "
+                f"-> shard file): {type(e).__name__}: {e}"
+            ) from e
+        files: dict[str, list[str]] = {}
+        for name, file in weight_map.items():
+            files.setdefault(str(file), []).append(str(name))
+        absent = [file for file in files if not os.path.isfile(os.path.join(directory, file))]
+        if absent:
+            raise NotACheckpointError(
+                f"{index_path} names shard file(s) {absent[:5]} that {directory} does not hold; "
+                "copy the complete model directory"
+            )
+        return HfLayout(directory, {file: tuple(names) for file, names in files.items()}, indexed=True)
+    if os.path.isfile(single):
+        return HfLayout(directory, {WEIGHTS_NAME: _header_names(single)}, indexed=False)
+    found = "does not exist" if not os.path.isdir(directory) else f"holds neither {INDEX_NAME} nor {WEIGHTS_NAME}"
+    raise NotACheckpointError(
+        f"{directory} {found}: give the directory that save_pretrained wrote (sharded weights and their index, "
+        "or one model.safetensors); a PyTorch pytorch_model.bin directory must be re-saved as safetensors first"
+    )
+
+
+def split_shards(sizes: Sequence[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
+    """Group ``(name, nbytes)`` into shards, greedily in order, as ``save_pretrained`` does.
+
+    Example:
+        >>> split_shards([("a", 6), ("b", 6), ("c", 2), ("d", 12), ("e", 2)], 10)
+        [['a'], ['d'], ['b', 'c', 'e']]
+    """
+    shards: list[list[str]] = []
+    current: list[str] = []
+    current_size = 0
+    for name, nbytes in sizes:
+        if nbytes > max_shard_size:  # its own shard; the current one stays open
+            shards.append([name])
+            continue
+        if current_size + nbytes > max_shard_size:
+            shards.append(current)
+            current, current_size = [], 0
+        current.append(name)
+        current_size += nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def shard_file_names(n: int) -> list[str]:
+    """The file names ``save_pretrained`` gives ``n`` shards."""
+    if n == 1:
+        return [WEIGHTS_NAME]
+    return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
