@@ -39,7 +39,8 @@ class SpmdFullyShardedDataParallel(fsdp.FSDPv2):
             mesh=mesh,
             shard_output=shard_output,
             auto_wrap_policy=auto_wrap_policy,
-            auto_wrapper_callable=auto_wrapper_callable,
+            # Inner wrappers are this class too, so isinstance(layer, FSDPv2) holds as in PyTorch/XLA.
+            auto_wrapper_callable=auto_wrapper_callable or type(self),
             extra_data_axis=extra_data_axis,
             **kwargs,
         )
