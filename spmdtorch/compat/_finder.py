@@ -43,6 +43,8 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.debug": None,
     "torch_xla.debug.metrics": "spmdtorch.compat._metrics",
     "torch_xla.debug.profiler": "spmdtorch.compat._profiler",
+    "torch_xla.amp": "spmdtorch.compat._amp",
+    "torch_xla.amp.syncfree": "spmdtorch.compat._amp",
     "torch_xla.utils": None,
     "torch_xla.utils.serialization": "spmdtorch.compat._serialization",
     "torch_xla.utils.checkpoint": "spmdtorch.compat._utils_checkpoint",

@@ -272,3 +272,22 @@ def test_utils_checkpoint_gradients_match_eager(use_function):
     out.square().sum().backward()
     for p, g in zip(xblock.parameters(), expected):
         torch.testing.assert_close(p.grad.cpu(), g, rtol=1e-4, atol=1e-5)
+
+
+def test_amp_autocast_and_syncfree_optimizers_match_torch_autocast():
+    import torch_xla.amp as amp
+    import torch_xla.amp.syncfree as syncfree
+    import torch_xla.core.xla_model as xm
+
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = lin(x)
+    xlin = copy.deepcopy(lin).to(xm.xla_device())
+    with amp.autocast(xm.xla_device()):
+        out = xlin(x.to(xm.xla_device()))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-2, atol=1e-2)
+    opt = syncfree.AdamW(xlin.parameters(), lr=0.1)
+    assert isinstance(opt, torch.optim.AdamW)
