@@ -34,7 +34,7 @@ from spmdtorch import (  # noqa: E402
     sharding,
 )
 from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
-from spmdtorch._step import mark_step, step, sync, wait_device_ops  # noqa: E402
+from spmdtorch._step import add_step_closure, mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
 from spmdtorch.plan import materialize  # noqa: E402
@@ -48,6 +48,7 @@ __all__ = [
     "CompiledFunction",
     "RandomGeneratorError",
     "XlaTensor",
+    "add_step_closure",
     "checkpoint",
     "compile",
     "data",

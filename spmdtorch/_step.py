@@ -1,17 +1,106 @@
-"""Barriers: ``sync``/``mark_step`` and the ``step()`` context manager."""
+"""Barriers: ``sync``/``mark_step`` and the ``step()`` context manager; step closures."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
-from spmdtorch.lazy.executor import sync
+from spmdtorch.lazy import executor
 
-__all__ = ["mark_step", "step", "sync", "wait_device_ops"]
+__all__ = ["add_step_closure", "mark_step", "step", "sync", "wait_device_ops"]
+
+
+class _Closure(NamedTuple):
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    run_async: bool
+
+
+# Closures queued by add_step_closure, run (in order) after the next
+# mark_step()/step() barrier. The list is swapped out before running, so a
+# closure may queue closures for the following step.
+_CLOSURES: list[_Closure] = []
+_CLOSURES_LOCK = threading.Lock()
+# One worker: asynchronous closures run in the order they were queued.
+_ASYNC: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def add_step_closure(closure: Callable[..., Any], args: Sequence[Any] = (), run_async: bool = False) -> None:
+    """Run ``closure(*args)`` after the next barrier, once the step's tensors are computed.
+
+    PyTorch/XLA's ``xm.add_step_closure``: reading tensors (logging a loss)
+    inside a step would run part of the graph early; a closure reads them
+    after ``mark_step()`` / leaving ``with spmdtorch.step():`` /
+    ``MpDeviceLoader``'s per-batch barrier, when they are concrete. Closures
+    run in the order they were added; ``run_async=True`` ones run on one
+    background thread (in order among themselves) so the next step can start.
+
+    Args:
+        closure: the function to call.
+        args: its positional arguments (tensors among them stay alive until it runs).
+        run_async: run on a background thread instead of in the barrier's caller.
+
+    Raises:
+        TypeError: ``closure`` is not callable.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> seen = []
+        >>> loss = torch.ones(2, device="xla").sum()
+        >>> spmdtorch.add_step_closure(lambda t: seen.append(t.item()), (loss,))
+        >>> spmdtorch.mark_step()
+        >>> seen
+        [2.0]
+    """
+    if not callable(closure):
+        raise TypeError(f"add_step_closure expects a callable, got {type(closure).__name__}")
+    with _CLOSURES_LOCK:
+        _CLOSURES.append(_Closure(closure, tuple(args), bool(run_async)))
+
+
+def _run_closures() -> None:
+    if not _CLOSURES:
+        return
+    with _CLOSURES_LOCK:
+        todo = list(_CLOSURES)
+        _CLOSURES.clear()
+    for c in todo:
+        if c.run_async:
+            if not _ASYNC:
+                _ASYNC.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spmdtorch-step-closure"))
+            _ASYNC[0].submit(c.fn, *c.args)
+        else:
+            c.fn(*c.args)
+
+
+# Debug hooks around each barrier (spmdtorch.compat's XLA_SAVE_TENSORS_FILE /
+# XLA_METRICS_FILE): called with "before" (the step's graph still pending)
+# and "after". Empty unless a debugging option registered one.
+BARRIER_HOOKS: list[Callable[[str], None]] = []
+
+
+def sync(wait: bool = False) -> None:
+    """Compute every pending live tensor in one compiled program, then run the step closures.
+
+    Args:
+        wait: block until the results are ready (otherwise execution is async).
+    """
+    if BARRIER_HOOKS:
+        for hook in list(BARRIER_HOOKS):
+            hook("before")
+    executor.sync(wait=wait)
+    if BARRIER_HOOKS:
+        for hook in list(BARRIER_HOOKS):
+            hook("after")
+    _run_closures()
 
 
 def mark_step(wait: bool = False) -> None:
-    """PyTorch/XLA's name for ``sync``: run everything recorded so far."""
+    """PyTorch/XLA's name for :func:`sync`: run everything recorded so far, then the step closures."""
     sync(wait=wait)
 
 

@@ -25,6 +25,8 @@ Variable                          Settings field     Default     Meaning
 ``SPMDTORCH_HEARTBEAT_TIMEOUT``   heartbeat_timeout  None (100)  seconds before a silent peer counts as dead
 ``SPMDTORCH_INIT_TIMEOUT``        init_timeout       None (300)  seconds to wait for every process to join
 ``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
+``PT_XLA_DEBUG_LEVEL`` ... ``XLA_*``  pt_xla_debug ...  None/False  PyTorch/XLA's debugging and dtype variables,
+                                                                 acted on only by ``spmdtorch.compat.install()``
 ================================  =================  ==========  ===============================================
 
 An empty value means "unset" (the default), as a shell's ``VAR= cmd`` intends.
@@ -164,6 +166,12 @@ def _pjrt_device(raw: str) -> str:
     if key not in PJRT_DEVICE_ALIASES:
         raise ValueError("is not supported")
     return PJRT_DEVICE_ALIASES[key]
+
+
+def _tensors_fmt(raw: str) -> str:
+    if raw.lower() not in ("text", "hlo", "dot"):
+        raise ValueError("is not a graph format")
+    return raw.lower()
 
 
 def _torch_true(raw: str) -> bool:
@@ -353,6 +361,51 @@ KNOBS: tuple[Knob, ...] = (
         "True or False",
         "torchrun: its agent holds MASTER_PORT with its own store (the coordinator then takes the next port).",
     ),
+    # PyTorch/XLA's variables: read only by spmdtorch.compat.install() (docs/migrating-from-torch-xla.md),
+    # which honours them or raises compat.UnsupportedEnvironmentError where they mean nothing here.
+    Knob(
+        "pt_xla_debug_level",
+        "PT_XLA_DEBUG_LEVEL",
+        _whole(0),
+        None,
+        f"{_COUNT} >= 0 (1: compilations, 2: also executions)",
+        "PyTorch/XLA: log why each program compiles (1) and each execution (2).",
+    ),
+    Knob("xla_use_bf16", "XLA_USE_BF16", _flag, False, "1 or 0", "PyTorch/XLA: store float32/64 as bfloat16."),
+    Knob(
+        "xla_downcast_bf16",
+        "XLA_DOWNCAST_BF16",
+        _flag,
+        False,
+        "1 or 0",
+        "PyTorch/XLA: float32 as bfloat16 (deprecated).",
+    ),
+    Knob("xla_ir_debug", "XLA_IR_DEBUG", _flag, False, "1 or 0", "PyTorch/XLA: Python frames on IR nodes."),
+    Knob("xla_hlo_debug", "XLA_HLO_DEBUG", _flag, False, "1 or 0", "PyTorch/XLA: IR frames in HLO metadata."),
+    Knob(
+        "xla_save_tensors_file",
+        "XLA_SAVE_TENSORS_FILE",
+        _text,
+        None,
+        "a file path",
+        "PyTorch/XLA: append each step's graph to this file.",
+    ),
+    Knob(
+        "xla_save_tensors_fmt",
+        "XLA_SAVE_TENSORS_FMT",
+        _tensors_fmt,
+        "text",
+        "text, hlo or dot",
+        "PyTorch/XLA: the format of XLA_SAVE_TENSORS_FILE (text: StableHLO here; hlo: HLO text).",
+    ),
+    Knob(
+        "xla_metrics_file",
+        "XLA_METRICS_FILE",
+        _text,
+        None,
+        "a file path",
+        "PyTorch/XLA: append the metrics report to this file at every step.",
+    ),
 )
 
 
@@ -379,6 +432,14 @@ class Settings:
     local_rank: int | None = None
     local_world_size: int | None = None
     torchelastic_agent_store: bool = False
+    pt_xla_debug_level: int | None = None
+    xla_use_bf16: bool = False
+    xla_downcast_bf16: bool = False
+    xla_ir_debug: bool = False
+    xla_hlo_debug: bool = False
+    xla_save_tensors_file: str | None = None
+    xla_save_tensors_fmt: str = "text"
+    xla_metrics_file: str | None = None
 
 
 def read(env: Mapping[str, str] | None = None) -> Settings:

@@ -26,9 +26,14 @@ __all__ = [
     "metric_data",
     "cache_sizes",
     "clear_caches",
+    "clear_counters",
     "clear_metrics",
+    "clear_timers",
     "get_hlo_text",
     "get_stablehlo",
+    "get_stablehlo_bytecode",
+    "metric_samples",
+    "short_metrics_report",
     "last_executable",
     "log_recompiles",
 ]
@@ -59,8 +64,28 @@ def metric_data(name: str):
     return None if entry is None else tuple(entry)
 
 
+def metric_samples(name: str) -> list[tuple[float, float]]:
+    """The last samples of timer ``name``: ``(wall-clock time, seconds)`` pairs, oldest first.
+
+    At most ``spmdtorch.lazy.metrics.MAX_SAMPLES`` are kept (a circular
+    buffer, as in PyTorch/XLA); an unknown name gives ``[]``.
+    """
+    return list(metrics.samples.get(name, ()))
+
+
 def clear_metrics() -> None:
+    """Clears every counter and timer."""
     metrics.reset()
+
+
+def clear_counters() -> None:
+    """Clears every counter (timers stay)."""
+    metrics.reset_counters()
+
+
+def clear_timers() -> None:
+    """Clears every timer and its samples (counters stay)."""
+    metrics.reset_timers()
 
 
 def clear_caches() -> None:
@@ -98,19 +123,52 @@ def cache_sizes() -> dict[str, int]:
 
 def metrics_report() -> str:
     """A text report of every timer and counter (compiles, executions, transfers…)."""
+    return _report(sorted(metrics.timers), sorted(metrics.counters))
+
+
+def _report(timer_names, counter_names) -> str:
     lines = []
-    for name in sorted(metrics.timers):
-        count, total, peak = metrics.timers[name]
+    for name in timer_names:
+        entry = metrics.timers.get(name)
+        if entry is None:
+            continue
+        count, total, peak = entry
         lines.append(
             f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {total * 1e3:.3f}ms\n"
             f"  Mean: {total / count * 1e3:.3f}ms\n  Max: {peak * 1e3:.3f}ms"
         )
-    for name in sorted(metrics.counters):
-        lines.append(f"Counter: {name}\n  Value: {metrics.counters[name]}")
+    for name in counter_names:
+        if name in metrics.counters:
+            lines.append(f"Counter: {name}\n  Value: {metrics.counters[name]}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+#: What :func:`short_metrics_report` shows by default (PyTorch/XLA's choice, minus its
+#: ExecuteReplicatedTime: spmdtorch runs one program for all devices, timed as ExecuteTime).
+SHORT_REPORT_COUNTERS = ("CachedCompile", "MarkStep")
+SHORT_REPORT_METRICS = ("CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime")
+
+
+def short_metrics_report(counter_names=None, metric_names=None) -> str:
+    """The report of a few counters and timers (PyTorch/XLA's ``short_metrics_report``).
+
+    Args:
+        counter_names: counters to show (default :data:`SHORT_REPORT_COUNTERS`).
+        metric_names: timers to show (default :data:`SHORT_REPORT_METRICS`).
+            Names that never fired are left out.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> _ = (torch.ones(2, device="xla") + 1).cpu()
+        >>> "Metric: ExecuteTime" in short_metrics_report()
+        True
+    """
+    return _report(list(metric_names or SHORT_REPORT_METRICS), list(counter_names or SHORT_REPORT_COUNTERS))
+
+
 def _pending_refs(tensors):
+    if tensors is None:  # the whole pending graph (every live pending tensor)
+        return [st.value for st in executor.pending_storages()]
     refs = []
     for t in tensors:
         if not isinstance(t, XlaTensor):
@@ -121,20 +179,40 @@ def _pending_refs(tensors):
     return refs
 
 
-def get_hlo_text(tensors) -> str:
-    """HLO text of the pending graph computing ``tensors`` (before partitioning)."""
+def get_hlo_text(tensors=None) -> str:
+    """HLO text of the pending graph computing ``tensors`` (before partitioning; None: every pending tensor)."""
     refs = _pending_refs(tensors)
     if not refs:
         return ""
     return executor.lower(refs).as_text(dialect="hlo")
 
 
-def get_stablehlo(tensors) -> str:
-    """StableHLO (MLIR text) of the pending graph computing ``tensors``."""
+def get_stablehlo(tensors=None) -> str:
+    """StableHLO (MLIR text) of the pending graph computing ``tensors`` (None: every pending tensor)."""
     refs = _pending_refs(tensors)
     if not refs:
         return ""
     return executor.lower(refs).as_text()
+
+
+def get_stablehlo_bytecode(tensors=None) -> bytes:
+    """StableHLO of the pending graph computing ``tensors`` as MLIR bytecode (None: every pending tensor).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> y = torch.ones(2, device="xla") * 3
+        >>> get_stablehlo_bytecode([y])[:4]
+        b'ML\\xefR'
+    """
+    import io
+
+    refs = _pending_refs(tensors)
+    if not refs:
+        return b""
+    module = executor.lower(refs).compiler_ir("stablehlo")
+    buf = io.BytesIO()
+    module.operation.write_bytecode(buf)
+    return buf.getvalue()
 
 
 def log_recompiles(enabled: bool = True) -> None:

@@ -40,23 +40,36 @@ __all__ = [
     "DistributedInitError",
     "GatherTooLargeError",
     "InvalidPjrtDeviceError",
+    "MemoryInfo",
     "RuntimeConfigError",
+    "SpmdModeError",
+    "addressable_device_count",
     "addressable_runtime_device_count",
     "device",
     "device_count",
     "device_type",
     "devices",
+    "global_device_count",
+    "global_ordinal",
     "global_runtime_device_count",
     "initialize_cache",
     "initialize_distributed",
     "is_distributed_initialized",
+    "is_spmd",
     "jax_devices",
+    "local_device_count",
     "local_jax_devices",
+    "local_ordinal",
+    "local_process_count",
     "max_gather_bytes",
+    "memory_info",
     "process_count",
     "process_index",
+    "rendezvous",
     "resolve_distributed_config",
     "set_max_gather_bytes",
+    "use_spmd",
+    "world_size",
 ]
 
 #: The torch device type that spmdtorch tensors report.
@@ -752,3 +765,213 @@ def set_max_gather_bytes(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"max gather bytes must be an int >= 0 or None, got {limit!r}")
     _MAX_GATHER[0] = limit
+
+
+# --------------------------------------------------------------------------
+# PyTorch/XLA's SPMD-mode names: one logical device per process
+# --------------------------------------------------------------------------
+# In PyTorch/XLA's SPMD mode every process drives all its devices through one
+# virtual device, and its runtime names count those virtual devices
+# (pytorch/xla#5129): ``world_size()`` is the number of processes,
+# ``addressable_device_count()`` is 1, ``global_ordinal()`` is the process
+# index. spmdtorch is always in that mode, so these names mean exactly that;
+# the physical devices are counted by the ``*_runtime_device_count`` names.
+
+
+class SpmdModeError(RuntimeConfigError):
+    """A mode spmdtorch does not have was asked for (auto-sharding, non-SPMD execution)."""
+
+
+def use_spmd(auto: bool | None = False) -> None:
+    """Accepts PyTorch/XLA's switch into SPMD mode: spmdtorch is always in it.
+
+    Args:
+        auto: PyTorch/XLA's experimental auto-sharding. spmdtorch does not
+            shard automatically; :func:`spmdtorch.partition.plan_sharding`
+            proposes rules from a model's structure instead.
+
+    Raises:
+        SpmdModeError: ``auto`` is true.
+
+    Example:
+        >>> use_spmd(); is_spmd()
+        True
+    """
+    if auto:
+        raise SpmdModeError(
+            "use_spmd(auto=True) asks for XLA's auto-sharding, which spmdtorch does not do; call "
+            "use_spmd() and annotate with mark_sharding, or let spmdtorch.partition.plan_sharding(model, mesh) "
+            "propose the rules"
+        )
+
+
+def is_spmd() -> bool:
+    """Always True: every spmdtorch program is one SPMD program over all devices.
+
+    Example:
+        >>> is_spmd()
+        True
+    """
+    return True
+
+
+def world_size() -> int:
+    """Number of logical devices in the job, one per process (PyTorch/XLA's SPMD ``world_size``).
+
+    Use it where PyTorch/XLA code splits data per process (a
+    ``DistributedSampler``'s ``num_replicas``); the number of physical devices
+    is :func:`global_runtime_device_count`.
+
+    Example:
+        >>> world_size() == process_count()
+        True
+    """
+    return process_count()
+
+
+def global_ordinal() -> int:
+    """This process's logical device's index in the job, i.e. :func:`process_index`.
+
+    Example:
+        >>> global_ordinal()
+        0
+    """
+    return process_index()
+
+
+def local_process_count() -> int:
+    """Processes of this job on this host: torchrun's ``LOCAL_WORLD_SIZE``, else 1.
+
+    Raises:
+        spmdtorch.config.ConfigError: ``LOCAL_WORLD_SIZE`` is malformed.
+
+    Example:
+        >>> local_process_count()   # doctest: +SKIP
+        1
+    """
+    count: int | None = config.read_one("local_world_size")
+    return 1 if count is None else count
+
+
+def local_ordinal() -> int:
+    """This process's logical device's index on this host: torchrun's ``LOCAL_RANK``, else 0.
+
+    Example:
+        >>> local_ordinal()   # doctest: +SKIP
+        0
+    """
+    rank: int | None = config.read_one("local_rank")
+    return 0 if rank is None else rank
+
+
+def addressable_device_count() -> int:
+    """Logical devices this process addresses: 1 (its SPMD virtual device).
+
+    The physical count is :func:`addressable_runtime_device_count`.
+
+    Example:
+        >>> addressable_device_count()
+        1
+    """
+    return 1
+
+
+def global_device_count() -> int:
+    """Logical devices in the job: one per process (physical: :func:`global_runtime_device_count`).
+
+    Example:
+        >>> global_device_count() == process_count()
+        True
+    """
+    return process_count()
+
+
+def local_device_count() -> int:
+    """Logical devices on this host: :func:`local_process_count` x :func:`addressable_device_count`.
+
+    Example:
+        >>> local_device_count()   # doctest: +SKIP
+        1
+    """
+    return local_process_count() * addressable_device_count()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    """Memory of one device, in bytes.
+
+    Attributes:
+        bytes_used: bytes in use now.
+        bytes_limit: bytes the device can hold.
+        peak_bytes_used: most bytes in use at once so far (on CPU, where JAX
+            keeps no statistics: the live arrays now, as ``bytes_used``).
+    """
+
+    bytes_used: int
+    bytes_limit: int
+    peak_bytes_used: int
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 0
+
+
+def memory_info(index: int | None = None) -> MemoryInfo:
+    """Memory in use on addressable device ``index`` (default 0): PyTorch/XLA's ``get_memory_info``.
+
+    GPU and TPU report the allocator's statistics. JAX keeps none for CPU
+    devices: there ``bytes_used`` (and ``peak_bytes_used``) sum the live
+    arrays' shards on that device and ``bytes_limit`` is the host's memory.
+
+    Raises:
+        ValueError: ``index`` is not an addressable device.
+
+    Example:
+        >>> memory_info().bytes_limit > 0
+        True
+    """
+    device(index)  # validates the index
+    dev = local_jax_devices()[0 if index is None else index]
+    stats = dev.memory_stats()
+    if stats:
+        used = int(stats.get("bytes_in_use", 0))
+        return MemoryInfo(used, int(stats.get("bytes_limit", 0)), int(stats.get("peak_bytes_in_use", used)))
+    used = 0
+    for arr in jax.live_arrays():
+        for shard in arr.addressable_shards:
+            if shard.device == dev:
+                used += int(shard.data.nbytes)
+    return MemoryInfo(used, _host_memory_bytes(), used)
+
+
+def rendezvous(tag: str, payload: bytes = b"") -> list[bytes]:
+    """Every process's ``payload``, in process order, once all processes reach ``tag``.
+
+    PyTorch/XLA's ``xm.rendezvous``: a barrier that also exchanges bytes.
+    Every process of the job must call it with the same ``tag``. In a job
+    of one process it returns ``[payload]`` at once.
+
+    Raises:
+        TypeError: ``payload`` is not bytes.
+
+    Example:
+        >>> rendezvous("init", b"hi")
+        [b'hi']
+    """
+    if not isinstance(payload, (bytes, bytearray)):
+        raise TypeError(f"rendezvous payload must be bytes, got {type(payload).__name__}")
+    if process_count() == 1:
+        return [bytes(payload)]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(f"spmdtorch.rendezvous:{tag}")
+    sizes = multihost_utils.process_allgather(np.array([len(payload)], dtype=np.int32))
+    longest = max(1, int(np.max(sizes)))
+    buf = np.zeros((longest,), dtype=np.uint8)
+    buf[: len(payload)] = np.frombuffer(bytes(payload), dtype=np.uint8)
+    gathered = multihost_utils.process_allgather(buf)
+    return [bytes(gathered[i, : int(sizes[i].reshape(-1)[0])].tobytes()) for i in range(gathered.shape[0])]

@@ -40,6 +40,15 @@ GOOD = {
     "LOCAL_RANK": [("1", 1)],
     "LOCAL_WORLD_SIZE": [("2", 2)],
     "TORCHELASTIC_USE_AGENT_STORE": [("True", True), ("False", False), ("1", False)],
+    # PyTorch/XLA's variables (acted on by spmdtorch.compat.install()).
+    "PT_XLA_DEBUG_LEVEL": [("0", 0), ("2", 2)],
+    "XLA_USE_BF16": [("1", True), ("0", False)],
+    "XLA_DOWNCAST_BF16": [("1", True), ("false", False)],
+    "XLA_IR_DEBUG": [("1", True)],
+    "XLA_HLO_DEBUG": [("1", True)],
+    "XLA_SAVE_TENSORS_FILE": [("/tmp/graphs.txt", "/tmp/graphs.txt")],
+    "XLA_SAVE_TENSORS_FMT": [("text", "text"), ("HLO", "hlo"), ("dot", "dot")],
+    "XLA_METRICS_FILE": [("/tmp/m.txt", "/tmp/m.txt")],
 }
 
 # env variable -> [(raw value, the error's class, the reason it gives)]
@@ -66,6 +75,9 @@ BAD = {
     "RANK": [("r0", DistributedInitError, "is not an integer")],
     "LOCAL_RANK": [("-2", DistributedInitError, "must be >= 0")],
     "LOCAL_WORLD_SIZE": [("many", DistributedInitError, "is not an integer")],
+    "PT_XLA_DEBUG_LEVEL": [("high", ConfigError, "is not an integer")],
+    "XLA_USE_BF16": [("yes please", ConfigError, "is not a boolean")],
+    "XLA_SAVE_TENSORS_FMT": [("svg", ConfigError, "is not a graph format")],
 }
 
 
