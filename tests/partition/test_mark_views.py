@@ -253,3 +253,17 @@ def test_activation_annotation_is_a_constraint_not_a_reshard(mesh):
     spmdtorch.sync()
     assert read_value(y).sharding.spec == jax.sharding.PartitionSpec("data", None)
     torch.testing.assert_close(y.cpu(), x.cpu().exp())
+
+
+def test_local_shards_of_a_view_are_those_of_its_value(mesh):
+    from spmdtorch.sharding import load_local_shards_, local_shards
+
+    src = torch.arange(32.0).reshape(4, 8)
+    base = src.to("xla")
+    v = mark_sharding(base.t(), mesh, ("data", "model"))  # (8, 4) tiled 4 x 2
+    shards = local_shards(v)
+    assert [tuple(s.data.shape) for s in shards] == [(2, 2)] * 8
+    for s in shards:
+        torch.testing.assert_close(s.data, src.t()[s.indices])
+    with pytest.raises(ShardingError, match=r"load_local_shards_ .* is a view.*t.clone\(\)"):
+        load_local_shards_(v, shards)
