@@ -176,3 +176,15 @@ def test_hugging_face_fsdpv2_wrapping_trains_like_eager(mesh):
             torch.testing.assert_close(ours[name].cpu(), q, rtol=1e-5, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     finally:
         set_global_mesh(previous)
+
+
+def test_default_shard_output_annotates_a_view_in_place(mesh):
+    seen = []
+    lin = torch.nn.Linear(16, 16)
+    lin.register_forward_hook(lambda m, args, out: seen.append(out))
+    model = FSDPv2(lin, mesh)
+    x = torch.randn(8, 4, 16)
+    out = model(x.to("xla"))  # a 3-d linear: the output is a view
+    assert out is seen[0] and out._chain  # annotated in place, as PyTorch/XLA does
+    assert get_sharding_spec(out) == BATCH3
+    torch.testing.assert_close(out.cpu(), torch.nn.functional.linear(x, lin.weight.cpu(), lin.bias.cpu()))

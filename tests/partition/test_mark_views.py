@@ -55,6 +55,7 @@ VIEWS = [
     ("permute", lambda y: y.permute(2, 0, 1), (None, "data", None), '[{}, {"data"}, {}]'),
     ("slice", lambda y: y[:, 2:, :], ("data", None, "model"), '[{"data"}, {}, {"model"}]'),
     ("select", lambda y: y[3], (None, "model"), '[{}, {"model"}]'),
+    ("uneven", lambda y: y[1:], ("data", None, "model"), '[{"data"}, {}, {"model"}]'),  # 4 does not divide 7
     ("unsqueeze", lambda y: y.unsqueeze(0), (None, ("data", "model"), None, None), '[{}, {"data", "model"}, {}, {}]'),
 ]
 
