@@ -278,12 +278,21 @@ def _rehome(plan, mesh) -> None:
             continue
         sh = leaf.sharding
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh:
-            new = jax.device_put(leaf, target)
-            for holder in _storage.holders_of(leaf):
-                if holder.sharding is not None and not holder.annotated:
-                    holder.sharding = None  # inherited placement: let the new one apply
-                holder.set(new)
-            plan.leaves[i] = new
+            plan.leaves[i] = rehome(leaf, target)
+
+
+def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
+    """Move a replicated ``array`` to ``target`` (replicated too) for every storage that holds it.
+
+    ``spmdtorch.compile`` does the same on a replay for an argument its traced
+    program re-homed (see ``_rehome``).
+    """
+    new = jax.device_put(array, target)
+    for holder in _storage.holders_of(array):
+        if holder.sharding is not None and not holder.annotated:
+            holder.sharding = None  # inherited placement: let the new one apply
+        holder.set(new)
+    return new
 
 
 _SCALAR_SIGS: dict = {}  # type -> ("S", type): one key object per Python number type
