@@ -202,9 +202,8 @@ def test_training_with_annotated_views_matches_eager_cpu(mesh, mode):
 
         return spmdtorch.compile(traced)
 
-    # The batch is split over "data", as a data-parallel input is. (An input
-    # left on the default placement is moved onto the mesh of the sharded
-    # state by each traced program, so spmdtorch.compile traces it every call.)
+    # The batch is split over "data", as a data-parallel input is
+    # (test_compile_placement.py covers unannotated inputs).
     xla_batches = [mark_sharding(b.to("xla"), mesh, ("data", None, None)) for b in batches]
     losses = _train(model, xla_batches, compiled if mode == "compiled" else None)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
