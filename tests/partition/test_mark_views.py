@@ -267,3 +267,18 @@ def test_local_shards_of_a_view_are_those_of_its_value(mesh):
         torch.testing.assert_close(s.data, src.t()[s.indices])
     with pytest.raises(ShardingError, match=r"load_local_shards_ .* is a view.*t.clone\(\)"):
         load_local_shards_(v, shards)
+
+
+def test_re_annotating_every_step_reuses_the_compiled_program(mesh):
+    from spmdtorch.debug import counter_value
+
+    model = Block(mesh).to("xla")  # annotates its views anew in every forward
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiles = []
+    for _ in range(4):
+        model(torch.randn(8, 5, 8).to("xla")).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        spmdtorch.sync()
+        compiles.append(counter_value("UncachedCompile") or 0)
+    assert compiles[1:] == [compiles[1]] * 3, compiles  # the same graph key every step
