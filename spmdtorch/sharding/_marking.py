@@ -135,6 +135,9 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
         >>> from spmdtorch.sharding import mark_sharding
         >>> w = torch.zeros(8, 4, device="xla")
         >>> _ = mark_sharding(w, get_1d_mesh("data"), ("data", None))
+        >>> h = w.t().reshape(2, 2, 8)          # a view: its value is constrained, w is not
+        >>> mark_sharding(h, get_1d_mesh("data"), (None, None, "data")) is h
+        True
     """
     if isinstance(t, torch.nn.Module):
         return _mark_module(t, mesh, partition_spec)
