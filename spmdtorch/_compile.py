@@ -326,6 +326,12 @@ class CompiledFunction:
                 # program read them all through this one input, so a replay
                 # is only valid while they still hold one array.
                 holders = holders_of(leaf)
+                moved = next((arg_storages[id(h)] for h in holders if id(h) in arg_storages), None)
+                if moved is not None and id(holders[0]) not in created and leaf.is_fully_replicated:
+                    # An argument on the default placement that the program
+                    # re-homed onto the mesh of sharded state: an argument still.
+                    roles.append(ArgInput(moved, leaf.sharding))
+                    continue
                 if id(leaf) in replaced:
                     _, first, more = replaced[id(leaf)]
                     holders += [h for h in (first, *more) if all(h is not o for o in holders)]
@@ -450,8 +456,13 @@ class CompiledFunction:
                             if o is not None and o.value is not value:
                                 return _RETRACE
                         args.append(value)
-                    case ArgInput(index):
+                    case ArgInput(index, None):
                         args.append(flat_in[index]._st.value)
+                    case ArgInput(index, placement):
+                        value = flat_in[index]._st.value
+                        if value.sharding != placement:
+                            value = executor.rehome(value, placement)
+                        args.append(value)
                     case ScalarInput(leaf):
                         args.append(leaf)
                     case ConstInput(array):

@@ -172,16 +172,22 @@ def _resolve_mesh(mesh: Mesh | None, extra_data_axis: str | None) -> Mesh:
 def _annotate_output(t: torch.Tensor, mesh: Mesh, spec: tuple[Any, ...]) -> torch.Tensor:
     """``mark_sharding(t, mesh, spec)``, on a copy when ``t`` cannot take it in place.
 
-    A view cannot be annotated; a tensor with its own annotation (a parameter
-    or another wrapper's output returned unchanged) must keep it; concrete
-    data (an input returned as is) would be resharded for good. Those are
-    copied first (free inside XLA) and the copy is annotated.
+    A pending value or a view is annotated in place (a constraint on its
+    value), as PyTorch/XLA does. A tensor with another annotation of its own
+    (a parameter, another wrapper's output returned unchanged) must keep it,
+    and concrete data (an input returned as is) would be resharded for good:
+    those are copied first (free inside XLA) and the copy is annotated.
     """
     if not isinstance(t, XlaTensor):
         return mark_sharding(t, mesh, spec)  # raises ShardingError naming the device
     wanted = mesh.named_sharding(spec)
-    st = t._st
-    if not t._chain and isinstance(st.value, LazyRef) and (not st.annotated or st.sharding == wanted):
+    if t._chain:
+        current = tensor_sharding(t)  # the view's own annotation, if any
+        in_place = current is None or current == wanted
+    else:
+        st = t._st
+        in_place = isinstance(st.value, LazyRef) and (not st.annotated or st.sharding == wanted)
+    if in_place:
         return mark_sharding(t, mesh, spec)
     copy = cast(XlaTensor, t.clone())  # a clone of an xla tensor is one
     if copy._st.annotated and copy._st.sharding != wanted:
@@ -198,6 +204,10 @@ class FSDPv2(nn.Module):
     output with ``shard_output``. Attributes it does not have are looked up
     on the wrapped module, so ``model.config``-style access keeps working.
 
+    ``module``, ``mesh`` and ``shard_output`` may be passed by position, as
+    PyTorch/XLA's FSDPv2 guide writes it (``FSDPv2(my_module, mesh,
+    shard_output)``); the other arguments are keyword-only.
+
     Args:
         module: The module to wrap. It must define ``forward`` (not an
             ``nn.ModuleList``/``nn.ModuleDict``) and must not be an FSDPv2.
@@ -205,7 +215,9 @@ class FSDPv2(nn.Module):
             None uses :func:`spmdtorch.mesh.get_global_mesh`.
         shard_output: ``shard_output(output, mesh) -> None``, called on every
             forward output to annotate it in place (e.g. with
-            ``mark_sharding(output.logits, mesh, ("fsdp", None, None))``).
+            ``mark_sharding(output.logits, mesh, ("fsdp", None, None))``;
+            any tensor can be annotated, views such as a 3-d ``linear``'s
+            output included).
             Its return value is ignored. The default shards a tensor output,
             or element 0 of a tuple output, on dim 0 over ``"fsdp"`` (or
             ``(extra_data_axis, "fsdp")``), other dims replicated; any other
@@ -253,9 +265,9 @@ class FSDPv2(nn.Module):
     def __init__(
         self,
         module: nn.Module,
-        *,
         mesh: Mesh | None = None,
         shard_output: Callable[[Any, Mesh], None] | None = None,
+        *,
         auto_wrap_policy: Callable[..., bool] | None = None,
         auto_wrapper_callable: Callable[..., nn.Module] | None = None,
         extra_data_axis: str | None = None,

@@ -11,8 +11,10 @@ The names below are the package's internal API for the layers above.
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
 from spmdtorch.lazy._storage import PENDING, SEQ, TRACE_HOOK, Storage, ViewStep, holder_of, holders_of
+from spmdtorch.lazy.constraint import ConstraintStep
 
 __all__ = [
+    "ConstraintStep",
     "PENDING",
     "SEQ",
     "TRACE_HOOK",

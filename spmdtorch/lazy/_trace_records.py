@@ -60,9 +60,17 @@ class TensorMeta:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ArgInput:
-    """The value of the call's flat argument ``index`` (an xla tensor)."""
+    """The value of the call's flat argument ``index`` (an xla tensor).
+
+    Attributes:
+        index: the position in the flat arguments.
+        placement: None, or the replicated sharding the traced program moved
+            the argument's default-placed array to (onto the mesh of sharded
+            state: ``executor.rehome``); a replay moves it the same way.
+    """
 
     index: int
+    placement: Any = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from spmdtorch.lazy import _storage, contract, keys, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
+from spmdtorch.lazy.constraint import CONSTRAINT
 from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot
 
 __all__ = ["sync", "evaluate", "lower", "LoweringError"]
@@ -254,7 +255,7 @@ def _user_mesh(plan, out_shardings):
     default_mesh = replicated_sharding().mesh
     candidates = [getattr(leaf, "sharding", None) for leaf in plan.leaves if type(leaf) is not Scalar]
     candidates += list(out_shardings)
-    candidates += [dict(n.template[1]).get("sharding") for n in plan.nodes if n.name == "sharding_constraint"]
+    candidates += [dict(n.template[1]).get("sharding") for n in plan.nodes if n.name == CONSTRAINT]
     for sh in candidates:
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh != default_mesh:
             return sh.mesh
@@ -277,12 +278,21 @@ def _rehome(plan, mesh) -> None:
             continue
         sh = leaf.sharding
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh:
-            new = jax.device_put(leaf, target)
-            for holder in _storage.holders_of(leaf):
-                if holder.sharding is not None and not holder.annotated:
-                    holder.sharding = None  # inherited placement: let the new one apply
-                holder.set(new)
-            plan.leaves[i] = new
+            plan.leaves[i] = rehome(leaf, target)
+
+
+def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
+    """Move a replicated ``array`` to ``target`` (replicated too) for every storage that holds it.
+
+    ``spmdtorch.compile`` does the same on a replay for an argument its traced
+    program re-homed (see ``_rehome``).
+    """
+    new = jax.device_put(array, target)
+    for holder in _storage.holders_of(array):
+        if holder.sharding is not None and not holder.annotated:
+            holder.sharding = None  # inherited placement: let the new one apply
+        holder.set(new)
+    return new
 
 
 _SCALAR_SIGS: dict = {}  # type -> ("S", type): one key object per Python number type

@@ -8,7 +8,7 @@ import jax
 import torch
 
 from spmdtorch.sharding._hlo_sharding import hlo_sharding_string
-from spmdtorch.sharding._marking import _check_tensor
+from spmdtorch.sharding._marking import _check_tensor, view_constraint
 from spmdtorch.sharding._sharding_type import ShardingType, sharding_type_of
 from spmdtorch.sharding._visualize import visualize_sharding
 from spmdtorch.tensor.dispatch import concrete_value
@@ -22,10 +22,13 @@ def _effective_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
 
     Matches PyTorch/XLA: an unannotated tensor that was never sharded reports
     no sharding, while the output of a sharded program reports the sharding
-    XLA gave it.
+    XLA gave it; after ``clear_sharding`` a tensor reports none.
     """
     if isinstance(t, XlaTensor) and t._chain:
-        # A view (gradients often are: mm's backward returns .t() of a result):
+        step = view_constraint(t)
+        if step is not None:  # an annotated view (or one clear_sharding left replicated)
+            return step.sharding if step.annotated else None
+        # Another view (gradients often are: mm's backward returns .t() of a result):
         # report the placement its computed value gets.
         computed = concrete_value(t)
         if computed.is_fully_replicated:

@@ -1,11 +1,21 @@
 """``mark_sharding`` and friends: annotating xla tensors and modules.
 
-An annotation lives on the tensor's storage. On concrete data it reshards the
-data right away (``jax.device_put``); on a pending value it adds
-``jax.lax.with_sharding_constraint`` to the graph. Either way the storage
-remembers the sharding, so every later program that overwrites it (an
-optimizer step) is compiled with that output sharding: parameters keep their
-sharding across steps.
+PyTorch/XLA's semantics, on any xla tensor:
+
+* concrete data (a parameter, an input batch): the data is resharded right
+  away (``jax.device_put``);
+* a pending value (an activation): a sharding constraint in the graph
+  (``jax.lax.with_sharding_constraint``; PyTorch/XLA's ``CustomSharding``),
+  which the storage's next value goes through;
+* a view (``x.view(...)``, ``reshape``, ``transpose``, a slice, the output
+  of a 3-d ``linear``): a constraint on *that view's* value, the last step
+  of its view chain, replayed on every read. Its base keeps its own
+  sharding, and writes through the view still reach the base.
+
+Numerically every annotation is the identity, so results and gradients are
+those of the unannotated program. A base storage remembers its annotation, so
+every later program that overwrites it (an optimizer step) is compiled with
+that output sharding: parameters keep their sharding across steps.
 """
 
 from __future__ import annotations
@@ -19,11 +29,12 @@ from typing import Any, TypeVar, cast, overload
 import jax
 import torch
 
-from spmdtorch.lazy import metrics, padding
+from spmdtorch.lazy import ConstraintStep, metrics, padding, replicated_sharding
 from spmdtorch.lazy._engine import ENGINE
-from spmdtorch.lazy.graph import LazyRef, Slot
+from spmdtorch.lazy.constraint import constrained_input, record_constraint
+from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.mesh import Mesh
-from spmdtorch.tensor.dispatch import base_value, record
+from spmdtorch.tensor.dispatch import base_value, constrained_chain
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -48,10 +59,6 @@ def _pad_program(target: tuple[int, ...], sharding: jax.sharding.NamedSharding) 
 ENGINE.register_cache("partition.marking.pad_programs", _pad_program)
 
 
-def _constrain(x: jax.Array, *, sharding: jax.sharding.Sharding) -> Any:  # jax.lax is unannotated
-    return jax.lax.with_sharding_constraint(x, sharding)
-
-
 def _check_tensor(t: object, what: str = "mark_sharding") -> XlaTensor:
     if not isinstance(t, XlaTensor):
         device = getattr(t, "device", type(t).__name__)
@@ -59,12 +66,26 @@ def _check_tensor(t: object, what: str = "mark_sharding") -> XlaTensor:
             f"{what} expects a tensor on the xla device, got {type(t).__name__} on {device}; "
             "move it first with t.to('xla')"
         )
-    if t._chain:
-        raise ShardingError(
-            f"{what} of a view (shape {tuple(t.shape)}) is not supported: annotate the base "
-            "tensor, or t.clone() the view to give it its own data"
-        )
     return t
+
+
+def view_constraint(t: XlaTensor) -> ConstraintStep | None:
+    """The constraint step ending view ``t``'s chain (its annotation, or what clear_sharding left), else None."""
+    chain = t._chain
+    if chain and type(chain[-1]) is ConstraintStep:
+        step: ConstraintStep = chain[-1]
+        return step
+    return None
+
+
+def _already_annotated(t: torch.Tensor, current: jax.sharding.Sharding, partition_spec: Sequence[Any]) -> ShardingError:
+    annotation = cast(jax.sharding.NamedSharding, current)  # annotations are mark_sharding's NamedShardings
+    what = "view" if cast(XlaTensor, t)._chain else "tensor"
+    return ShardingError(
+        f"{what} of shape {tuple(t.shape)} is already annotated with spec "
+        f"{tuple(annotation.spec)}; call spmdtorch.partition.clear_sharding(t) before "
+        f"annotating it with {tuple(partition_spec)}"
+    )
 
 
 def _named_sharding(mesh: Mesh, partition_spec: Sequence[Any], t: torch.Tensor) -> jax.sharding.NamedSharding:
@@ -88,8 +109,13 @@ def mark_sharding(t: _T, mesh: Mesh, partition_spec: Sequence[Any]) -> _T: ...
 def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
     """Annotate ``t`` (a tensor or an ``nn.Module``) with a sharding over ``mesh``.
 
+    On a view the annotation constrains the view's value (its base is
+    unaffected); on a pending value it is a constraint in the graph; on
+    concrete data it reshards the data (see the module docstring).
+
     Args:
-        t: an xla tensor, or a module (then ``partition_spec`` is a rules dict).
+        t: an xla tensor (views and activations included), or a module (then
+            ``partition_spec`` is a rules dict).
         mesh: a ``spmdtorch.mesh.Mesh``.
         partition_spec: one entry per tensor dim: a mesh axis index (int), an
             axis name (str), None (replicated), or a tuple of those (the dim
@@ -97,7 +123,7 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
             from parameter-name glob patterns to partition specs.
 
     Returns:
-        ``t``.
+        ``t``, annotated in place.
 
     Raises:
         ShardingError: bad spec, or ``t`` already carries a different annotation
@@ -109,31 +135,36 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
         >>> from spmdtorch.sharding import mark_sharding
         >>> w = torch.zeros(8, 4, device="xla")
         >>> _ = mark_sharding(w, get_1d_mesh("data"), ("data", None))
+        >>> h = w.t().reshape(2, 2, 8)          # a view: its value is constrained, w is not
+        >>> mark_sharding(h, get_1d_mesh("data"), (None, None, "data")) is h
+        True
     """
     if isinstance(t, torch.nn.Module):
         return _mark_module(t, mesh, partition_spec)
     xt = _check_tensor(t)
     sharding = _named_sharding(mesh, partition_spec, xt)
+    if xt._chain:
+        step = view_constraint(xt)
+        if step is not None and step.annotated:
+            if step.sharding == sharding:
+                return t
+            raise _already_annotated(t, step.sharding, partition_spec)
+        # A view's own value is constrained; what clear_sharding left is replaced.
+        chain = xt._chain if step is None else xt._chain[:-1]
+        xt._chain = constrained_chain(chain, sharding, annotated=True)
+        return t
     st = xt._st
     if st.annotated:
         if st.sharding == sharding:
             return t
-        annotation = cast(jax.sharding.NamedSharding, st.sharding)  # annotated: mark_sharding's NamedSharding
-        raise ShardingError(
-            f"tensor of shape {tuple(t.shape)} is already annotated with spec "
-            f"{tuple(annotation.spec)}; call spmdtorch.partition.clear_sharding(t) before "
-            f"annotating it with {tuple(partition_spec)}"
-        )
+        raise _already_annotated(t, cast(jax.sharding.Sharding, st.sharding), partition_spec)
     value = base_value(st)
+    cleared = constrained_input(value)
+    if isinstance(cleared, jax.Array):
+        # clear_sharding's pending gather of concrete data: reshard the data itself.
+        value = cleared
     if isinstance(value, LazyRef):
-        ref = record(
-            _constrain,
-            "sharding_constraint",
-            ((Slot(0),), (("sharding", sharding),)),
-            [value],
-            ((tuple(value.shape), value.dtype),),
-        )
-        st.set(ref)
+        st.set(record_constraint(value, sharding))
     else:
         metrics.inc("ReshardOnDevice")
         target = padding.padded_shape(value.shape, sharding)
@@ -194,16 +225,89 @@ def _mark_module(module: _M, mesh: Mesh, rules: Mapping[str, Sequence[Any]]) -> 
 
 
 def clear_sharding(t: _T) -> _T:
-    """Drop ``t``'s annotation; its data keeps its placement until recomputed."""
-    st = _check_tensor(t, "clear_sharding")._st
+    """Drop ``t``'s annotation: from now on ``t`` is unannotated, i.e. replicated.
+
+    As in PyTorch/XLA, ``get_sharding_spec(t)`` is ``""`` right after, and so
+    is every inspection (``sharding_type`` REPLICATED, ``tensor_sharding``
+    None until the value is recomputed): concrete sharded data is gathered at
+    the next barrier (a pending reshard, so ``clear_sharding`` followed by
+    ``mark_sharding`` reshards once, without the gather), and programs that
+    overwrite ``t`` later keep it replicated. A pending value loses the
+    annotation's constraint; a view loses its constraint and reads replicated.
+
+    Returns:
+        ``t``, cleared in place.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> from spmdtorch.mesh import get_1d_mesh
+        >>> from spmdtorch.sharding import clear_sharding, get_sharding_spec, mark_sharding
+        >>> w = mark_sharding(torch.zeros(8, 4, device="xla"), get_1d_mesh("d"), ("d", None))
+        >>> get_sharding_spec(clear_sharding(w))
+        ''
+    """
+    xt = _check_tensor(t, "clear_sharding")
+    if xt._chain:
+        _clear_view(xt)
+        return t
+    st = xt._st
+    annotation = st.sharding if st.annotated else None
     st.annotated = False
-    st.sharding = None
+    value = st.value
+    if isinstance(value, LazyRef):
+        inner = constrained_input(value)
+        if annotation is not None and inner is not None and value.node.template[1] == (("sharding", annotation),):
+            st.set(inner)  # the annotation's own constraint node goes with it
+        st.sharding = None
+        return t
+    if value.is_fully_replicated and st.logical_shape is None:
+        st.sharding = None  # already replicated: nothing to gather
+        return t
+    replicated = _replicated_like(value.sharding)
+    ref = record_constraint(base_value(st), replicated)
+    st.logical_shape = None  # the gathered value is unpadded
+    st.set(ref)
+    st.sharding = replicated  # set() would keep the old placement for the next program
     return t
 
 
+def _replicated_like(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding:
+    """Replicated over the mesh of ``sharding`` (the default placement for other kinds)."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return replicated_sharding()
+
+
+def _clear_view(t: XlaTensor) -> None:
+    """A view reads replicated after clear_sharding: its constraint becomes a replicated one.
+
+    Without a mesh to be replicated over (an unannotated view of a pending,
+    unannotated base), there is nothing to clear and the chain stays.
+    """
+    chain = t._chain
+    step = view_constraint(t)
+    if step is not None:
+        chain = chain[:-1]
+        mesh_of: jax.sharding.Sharding | None = step.sharding
+    else:
+        st = t._st
+        mesh_of = st.sharding if st.annotated else getattr(st.value, "sharding", None)
+    if mesh_of is None:
+        return
+    t._chain = constrained_chain(chain, _replicated_like(mesh_of), annotated=False)
+
+
 def tensor_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
-    """The sharding ``t``'s data has (concrete) or will have (annotated), else None."""
-    st = _check_tensor(t, "tensor_sharding")._st
+    """The sharding ``t``'s data has (concrete) or will have (annotated), else None.
+
+    For a view: its annotation (or the replicated constraint ``clear_sharding``
+    left), else None (a view holds no data of its own).
+    """
+    xt = _check_tensor(t, "tensor_sharding")
+    if xt._chain:
+        step = view_constraint(xt)
+        return None if step is None else step.sharding
+    st = xt._st
     if st.annotated:
         annotation: jax.sharding.Sharding | None = st.sharding
         return annotation

@@ -13,6 +13,7 @@ from spmdtorch.lazy import executor
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.sharding._marking import ShardingError, _check_tensor
 from spmdtorch.tensor import transfer
+from spmdtorch.tensor.dispatch import concrete_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["XLAShard", "local_shards", "load_local_shards_"]
@@ -43,6 +44,9 @@ def _logical_ids() -> dict[int, int]:
 
 
 def _concrete(t: XlaTensor) -> jax.Array:
+    if t._chain:
+        # A view holds no data of its own: its value computed (annotation applied).
+        return concrete_value(t)
     st = t._st
     if isinstance(st.value, LazyRef):
         executor.sync()
@@ -60,6 +64,8 @@ def _trim(index: Sequence[slice], padded_shape: Sequence[int], logical_shape: Se
 
 def local_shards(t: torch.Tensor) -> list[XLAShard]:
     """The shards of ``t`` that this process's devices hold, as CPU tensors.
+
+    For a view: the shards of its computed value (laid out by its annotation, if any).
 
     Example:
         >>> import torch, spmdtorch
@@ -90,6 +96,11 @@ def load_local_shards_(t: torch.Tensor, shards: Sequence[torch.Tensor | XLAShard
     sharding gives that device.
     """
     xt = _check_tensor(t, "load_local_shards_")
+    if xt._chain:
+        raise ShardingError(
+            f"load_local_shards_ writes a tensor's own data, but this one (shape {tuple(t.shape)}) is a "
+            "view of another tensor's; load the shards of the base tensor, or into t.clone()"
+        )
     arr = _concrete(xt)
     local = arr.addressable_shards
     if len(shards) != len(local):

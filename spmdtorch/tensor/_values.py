@@ -16,12 +16,17 @@ import torch
 from spmdtorch.lazy import contract, executor, keys, padding, record
 from spmdtorch.lazy._record import Select
 from spmdtorch.lazy._storage import Storage, ViewStep
+from spmdtorch.lazy.constraint import CONSTRAINT, ConstraintStep, constrain, constraint_template
 from spmdtorch.lazy.graph import LazyRef, Slot
 from spmdtorch.ops import views
 from spmdtorch.tensor._host import array_to_torch
 from spmdtorch.tensor._router import facts_of
 
-__all__ = ["assign_value", "base_value", "concrete_value", "read_value", "to_cpu"]
+__all__ = ["assign_value", "base_value", "concrete_value", "constrained_chain", "read_value", "to_cpu"]
+
+# The op of a ConstraintStep: an identity view, whose inverse passes a write
+# through the constraint to the parent unchanged.
+_ALIAS = torch.ops.aten.alias.default
 
 
 def base_value(st: Storage) -> Any:
@@ -131,12 +136,24 @@ def _view_replay(step: ViewStep, low) -> _Replay:
     """
     if low is None:
         raise NotImplementedError(f"spmdtorch has no lowering for view op {step.op}")
+    if type(step) is ConstraintStep:  # built once per step: the read path stays as it is
+        template = constraint_template(step.sharding)
+        return _Replay(low, constrain, CONSTRAINT, template, (step.aval,), keys.node_sig(CONSTRAINT, template))
     template = ((Slot(0),) + step.args, step.kwargs)
     if step.out_index is None:
         fn, name = low.fn, step.op
     else:
         fn, name = Select(low.fn, step.out_index), (step.op, "select", step.out_index)
     return _Replay(low, fn, name, template, (step.aval,), keys.node_sig(name, template))
+
+
+def constrained_chain(chain: tuple, sharding: jax.sharding.Sharding, annotated: bool) -> tuple:
+    """``chain`` (a view's, non-empty) plus a step that constrains the view's value to ``sharding``.
+
+    Every read of the view then replays the constraint (``mark_sharding`` of a
+    view); the base is unaffected, and writes through the view reach it as before.
+    """
+    return chain + (ConstraintStep(_ALIAS, chain[-1].aval, sharding, annotated),)
 
 
 def assign_value(t, value) -> None:

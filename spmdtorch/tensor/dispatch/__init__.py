@@ -19,7 +19,14 @@ The names below are its internal API for the rest of spmdtorch.
 from spmdtorch.lazy import record
 from spmdtorch.tensor._facts import OpFacts, functional_twin, op_facts
 from spmdtorch.tensor._router import dispatch, facts_of, reset_op_facts
-from spmdtorch.tensor._values import assign_value, base_value, concrete_value, read_value, to_cpu
+from spmdtorch.tensor._values import (
+    assign_value,
+    base_value,
+    concrete_value,
+    constrained_chain,
+    read_value,
+    to_cpu,
+)
 from spmdtorch.tensor.dispatch._errors import DeviceMismatchError, ForeachError, MetaFactoryLeak
 from spmdtorch.tensor.dispatch._factories import CAPTURE_FUNCS, capture_meta_factories, factory_kernel
 from spmdtorch.tensor.dispatch._fallback import cpu_fallback
@@ -42,6 +49,7 @@ __all__ = [
     "base_value",
     "capture_meta_factories",
     "concrete_value",
+    "constrained_chain",
     "copy_",
     "cpu_fallback",
     "dispatch",
