@@ -1,7 +1,7 @@
 """A training job that resumes from its newest checkpoint: the subject of the kill-and-resume tests.
 
 An FSDPv2 Llama decoder on 8 simulated CPU devices, AdamW with a learning
-rate schedule (a 0-d xla tensor filled every step), random token masking on
+rate schedule (set every step), random token masking on
 the device (xla random numbers), a shuffled ``DataLoader`` behind
 ``MpDeviceLoader``, and async checkpoints every ``--save-every`` steps that
 hold the model, the optimizer, the loader's position and torch's generator.
@@ -59,8 +59,17 @@ def main(argv=None) -> int:
     mesh = Mesh(np.arange(8), (8,), ("fsdp",))
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
     model = FSDPv2(LlamaForCausalLM(cfg), mesh=mesh, auto_wrap_policy=policy)
-    lr = torch.tensor(0.0, device="xla")
+    # Compiled: the learning rate is a 0-d xla tensor that the loop fills (the
+    # form a compiled step replays); lazy: a float, as lazy training loops set it.
+    lr = torch.tensor(0.0, device="xla") if args.mode == "compiled" else 0.0
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def set_lr(value: float) -> None:
+        if isinstance(lr, torch.Tensor):
+            lr.fill_(value)
+        else:
+            for group in opt.param_groups:
+                group["lr"] = value
 
     def schedule(step: int) -> float:  # warm-up then cosine, a function of the step alone
         return 1e-2 * min(1.0, (step + 1) / 5) * (0.55 + 0.45 * math.cos(math.pi * min(step, 200) / 200))
@@ -112,7 +121,7 @@ def main(argv=None) -> int:
             _say(f"restored {step}")
         while step < args.steps:
             for batch in loader:
-                lr.fill_(schedule(step))
+                set_lr(schedule(step))
                 loss = run(batch).item()
                 step += 1
                 _say(f"step {step} loss {loss!r} batch {int(batch.sum())}")
