@@ -40,6 +40,16 @@ GOOD = {
     "LOCAL_RANK": [("1", 1)],
     "LOCAL_WORLD_SIZE": [("2", 2)],
     "TORCHELASTIC_USE_AGENT_STORE": [("True", True), ("False", False), ("1", False)],
+    "SLURM_STEP_NUM_TASKS": [("4", 4)],
+    "OMPI_COMM_WORLD_SIZE": [("2", 2)],
+    "OMPI_MCA_orte_hnp_uri": [("1531576320.0;tcp://10.96.0.1:34911", "1531576320.0;tcp://10.96.0.1:34911")],
+    "PMI_SIZE": [("8", 8)],
+    "TPU_WORKER_HOSTNAMES": [("h0,h1", "h0,h1")],
+    "TPU_PROCESS_ADDRESSES": [("h0:8476,h1:8476", "h0:8476,h1:8476")],
+    "MEGASCALE_NUM_SLICES": [("2", 2)],
+    "SPMDTORCH_AUTO_DISTRIBUTED": [("0", False), ("on", True)],
+    "SPMDTORCH_JOINED_PID": [("1234", 1234)],
+    "SPMDTORCH_CONNECT_TIMEOUT": [("5", 5)],
 }
 
 # env variable -> [(raw value, the error's class, the reason it gives)]
@@ -66,6 +76,13 @@ BAD = {
     "RANK": [("r0", DistributedInitError, "is not an integer")],
     "LOCAL_RANK": [("-2", DistributedInitError, "must be >= 0")],
     "LOCAL_WORLD_SIZE": [("many", DistributedInitError, "is not an integer")],
+    "SLURM_STEP_NUM_TASKS": [("x", DistributedInitError, "is not an integer")],
+    "OMPI_COMM_WORLD_SIZE": [("0", DistributedInitError, "must be >= 1")],
+    "PMI_SIZE": [("n", DistributedInitError, "is not an integer")],
+    "MEGASCALE_NUM_SLICES": [("0", DistributedInitError, "must be >= 1")],
+    "SPMDTORCH_AUTO_DISTRIBUTED": [("auto", ConfigError, "is not a boolean")],
+    "SPMDTORCH_JOINED_PID": [("me", ConfigError, "is not an integer")],
+    "SPMDTORCH_CONNECT_TIMEOUT": [("0", DistributedInitError, "must be >= 1")],
 }
 
 
