@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 
+from spmdtorch.lazy import _profiling
 from spmdtorch.lazy.executor import sync
 
 __all__ = ["mark_step", "step", "sync", "wait_device_ops"]
@@ -48,11 +50,17 @@ def step(*, pause_gc: bool = True):
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()
-    try:
-        yield
-    finally:
+    # While profiling, each block is one step on the trace ("spmdtorch.step", step_num).
+    with _profiling.step_annotation("spmdtorch.step", next(_STEP_NUMBERS)):
         try:
-            sync()
+            yield
         finally:
-            if paused:
-                gc.enable()
+            try:
+                sync()
+            finally:
+                if paused:
+                    gc.enable()
+
+
+#: Numbers the ``step()`` blocks of this process (``step_num`` on profiles).
+_STEP_NUMBERS = itertools.count()
