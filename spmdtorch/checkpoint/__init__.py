@@ -6,7 +6,10 @@
 * :class:`CheckpointManager`: periodic, asynchronous, preemption-aware saves
   that never list a half-written step, with fallback to the newest intact one;
 * :func:`export` / :func:`import_state_dict`: plain single-file torch and
-  safetensors state_dicts, streamed one tensor at a time.
+  safetensors state_dicts, streamed one tensor at a time;
+* :mod:`spmdtorch.checkpoint.distributed_checkpoint`: PyTorch/XLA's
+  ``SPMDSavePlanner``/``SPMDLoadPlanner`` (``torch.distributed.checkpoint``'s
+  format) and its ``CheckpointManager`` signature, ``prime_optimizer``.
 
 Example:
     >>> import tempfile, torch, spmdtorch
