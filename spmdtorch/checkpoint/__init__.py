@@ -21,6 +21,9 @@ Example:
     3
 """
 
+from spmdtorch.checkpoint import distributed_checkpoint
+from spmdtorch.checkpoint._planners import SPMDLoadPlanner, SPMDSavePlanner
+from spmdtorch.checkpoint._xla_manager import XlaCheckpointManager, prime_optimizer
 from spmdtorch.checkpoint.errors import (
     CheckpointCorruptionError,
     CheckpointError,
@@ -52,14 +55,19 @@ __all__ = [
     "KeyMismatchError",
     "MissingKeysError",
     "NotACheckpointError",
+    "SPMDLoadPlanner",
+    "SPMDSavePlanner",
     "ShapeMismatchError",
     "StepNotFoundError",
     "UnexpectedKeysError",
     "UnsupportedValueError",
     "ValueKindMismatchError",
+    "XlaCheckpointManager",
+    "distributed_checkpoint",
     "export",
     "import_state_dict",
     "init_optimizer_state",
     "load",
+    "prime_optimizer",
     "save",
 ]

@@ -19,7 +19,19 @@ from __future__ import annotations
 import logging
 
 from spmdtorch.debug import profiler
-from spmdtorch.debug.profiler import profile
+from spmdtorch.debug.profiler import (
+    ProfilerError,
+    StepTrace,
+    Trace,
+    profile,
+    start_server,
+    start_trace,
+    stop_server,
+    stop_trace,
+    trace,
+    trace_detached,
+    trace_me,
+)
 from spmdtorch.lazy import executor, metrics
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
@@ -41,6 +53,17 @@ __all__ = [
     "log_recompiles",
     "profile",
     "profiler",
+    # torch_xla.debug.profiler's names (also in spmdtorch.debug.profiler)
+    "ProfilerError",
+    "StepTrace",
+    "Trace",
+    "start_server",
+    "start_trace",
+    "stop_server",
+    "stop_trace",
+    "trace",
+    "trace_detached",
+    "trace_me",
 ]
 
 
