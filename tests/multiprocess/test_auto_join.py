@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -138,3 +139,25 @@ def test_dcp_checkpoint_of_two_processes_reshards_into_one(devices8, tmp_path):
     target = {"w": target_w, "r": torch.zeros(3, 4).to("xla"), "step": 0}
     dist_cp.load(target, checkpoint_id=path, planner=SPMDLoadPlanner())
     assert torch.equal(target_w.cpu(), w) and torch.equal(target["r"].cpu(), r) and target["step"] == 7
+
+
+@pytest.mark.timeout(LIMIT_S + 60)
+def test_torchrun_without_init_call_gives_one_job():
+    # Real torchrun: its agent holds MASTER_PORT with its store, the coordinator takes the next port.
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+        str(HERE / "report_job.py"),
+    ]  # fmt: skip
+    env = _clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4", NPROC="16")
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers (JAX traps SIGTERM)
+        out, _ = proc.communicate()
+        pytest.fail("torchrun job did not finish:\n" + out[-4000:])
+    assert proc.returncode == 0, out[-4000:]
+    reports = sorted(json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line)
+    assert reports == [[0, 2, 8, 4, "torchrun"], [1, 2, 8, 4, "torchrun"]], out[-4000:]
