@@ -50,16 +50,22 @@ def step(*, pause_gc: bool = True):
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()
-    # While profiling, each block is one step on the trace ("spmdtorch.step", step_num).
-    with _profiling.step_annotation("spmdtorch.step", next(_STEP_NUMBERS)):
+    # While profiling, each block is one step on the trace ("spmdtorch.step", step_num);
+    # otherwise no annotation object is made at all (one flag test per step).
+    number = next(_STEP_NUMBERS)
+    annotation = _profiling.step_annotation("spmdtorch.step", number) if _profiling.STATE.active else None
+    if annotation is not None:
+        annotation.__enter__()
+    try:
+        yield
+    finally:
         try:
-            yield
+            sync()
         finally:
-            try:
-                sync()
-            finally:
-                if paused:
-                    gc.enable()
+            if paused:
+                gc.enable()
+            if annotation is not None:
+                annotation.__exit__(None, None, None)
 
 
 #: Numbers the ``step()`` blocks of this process (``step_num`` on profiles).
