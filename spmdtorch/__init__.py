@@ -12,6 +12,9 @@ Example:
 from spmdtorch import runtime as runtime
 
 runtime._apply_pjrt_device_env()
+# Started as one of several processes (spmdtorch.launch, torchrun, Slurm, MPI, a TPU slice)?
+# Join the job now, before anything below or in the user's script queries a device.
+runtime.auto_initialize_distributed()
 
 from spmdtorch import ops as _ops  # noqa: E402,F401  (fills the lowering table)
 from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402

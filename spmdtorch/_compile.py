@@ -28,11 +28,12 @@ import warnings
 import weakref
 from typing import Any
 
+import jax
 import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch.lazy import TRACE_HOOK, Storage, executor, holders_of, metrics, rng
+from spmdtorch.lazy import TRACE_HOOK, Storage, _profiling, executor, holders_of, metrics, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._trace_records import (
     AliasResult,
@@ -227,6 +228,13 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if _TraceState.active:  # nested: just inline
             return self.fn(*args, **kwargs)
+        if _profiling.STATE.active:
+            name = getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
+            with jax.profiler.TraceAnnotation(f"spmdtorch.compiled:{name}"):
+                return self._call(args, kwargs)
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
         flat, spec, spec_key = _flatten(args, kwargs)
         flat = [_to_xla_arg(a) for a in flat]
         executor.sync()  # inputs and state must be concrete

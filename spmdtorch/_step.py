@@ -5,11 +5,12 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import gc
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from spmdtorch.lazy import executor
+from spmdtorch.lazy import _profiling, executor
 
 __all__ = ["add_step_closure", "mark_step", "step", "sync", "wait_device_ops"]
 
@@ -137,6 +138,12 @@ def step(*, pause_gc: bool = True):
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()
+    # While profiling, each block is one step on the trace ("spmdtorch.step", step_num);
+    # otherwise no annotation object is made at all (one flag test per step).
+    number = next(_STEP_NUMBERS)
+    annotation = _profiling.step_annotation("spmdtorch.step", number) if _profiling.STATE.active else None
+    if annotation is not None:
+        annotation.__enter__()
     try:
         yield
     finally:
@@ -145,3 +152,9 @@ def step(*, pause_gc: bool = True):
         finally:
             if paused:
                 gc.enable()
+            if annotation is not None:
+                annotation.__exit__(None, None, None)
+
+
+#: Numbers the ``step()`` blocks of this process (``step_num`` on profiles).
+_STEP_NUMBERS = itertools.count()

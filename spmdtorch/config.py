@@ -24,9 +24,13 @@ Variable                          Settings field     Default     Meaning
 ``SPMDTORCH_COORDINATOR_PORT``    coordinator_port   None        coordinator port under torchrun
 ``SPMDTORCH_HEARTBEAT_TIMEOUT``   heartbeat_timeout  None (100)  seconds before a silent peer counts as dead
 ``SPMDTORCH_INIT_TIMEOUT``        init_timeout       None (300)  seconds to wait for every process to join
+``SPMDTORCH_AUTO_DISTRIBUTED``    auto_distributed   True        join the job at import when a launcher started us
+``SPMDTORCH_CONNECT_TIMEOUT``     connect_timeout    None (120)  seconds to wait for the coordinator to answer
+``SPMDTORCH_JOINED_PID``          joined_pid         None        set by spmdtorch once joined (for subprocesses)
 ``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
 ``PT_XLA_DEBUG_LEVEL`` ... ``XLA_*``  pt_xla_debug ...  None/False  PyTorch/XLA's debugging and dtype variables,
                                                                  acted on only by ``spmdtorch.compat.install()``
+``SLURM_STEP_NUM_TASKS`` ...      slurm_step_...     None        Slurm/MPI/TPU: only to notice several processes
 ================================  =================  ==========  ===============================================
 
 An empty value means "unset" (the default), as a shell's ``VAR= cmd`` intends.
@@ -353,6 +357,96 @@ KNOBS: tuple[Knob, ...] = (
         "torchrun: processes on this host.",
         DistributedEnvError,
     ),
+    # Other launchers' variables: only read to notice that this process is one of several
+    # (spmdtorch._cluster); JAX's cluster detection reads the rest itself.
+    Knob(
+        "slurm_step_num_tasks",
+        "SLURM_STEP_NUM_TASKS",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "Slurm (srun): tasks in this job step.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "ompi_world_size",
+        "OMPI_COMM_WORLD_SIZE",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "Open MPI (mpirun): processes.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "ompi_hnp_uri",
+        "OMPI_MCA_orte_hnp_uri",
+        _text,
+        None,
+        "Open MPI's URI",
+        "Open MPI 4's daemon URI (JAX's Open MPI detection needs it; Open MPI 5 goes through mpi4py).",
+    ),
+    Knob(
+        "pmi_size",
+        "PMI_SIZE",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "MPICH / Intel MPI (PMI): processes.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "tpu_worker_hostnames",
+        "TPU_WORKER_HOSTNAMES",
+        _text,
+        None,
+        "comma-separated host names",
+        "Cloud TPU (GKE): the hosts of this TPU slice.",
+    ),
+    Knob(
+        "tpu_process_addresses",
+        "TPU_PROCESS_ADDRESSES",
+        _text,
+        None,
+        "comma-separated host:port",
+        "Cloud TPU: the processes of this TPU slice (wins over TPU_WORKER_HOSTNAMES, as in JAX).",
+    ),
+    Knob(
+        "megascale_num_slices",
+        "MEGASCALE_NUM_SLICES",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "Cloud TPU multislice: number of slices.",
+        DistributedEnvError,
+    ),
+    Knob(
+        "auto_distributed",
+        "SPMDTORCH_AUTO_DISTRIBUTED",
+        _flag,
+        True,
+        "1/true/yes/on or 0/false/no/off",
+        "Join the multi-process job at import when a launcher (spmdtorch.launch, torchrun, Slurm, MPI, "
+        "a multi-host TPU slice) started this process; 0 leaves it to initialize_distributed().",
+    ),
+    Knob(
+        "joined_pid",
+        "SPMDTORCH_JOINED_PID",
+        _whole(0),
+        None,
+        "a process id",
+        "Set by spmdtorch in a process that joined a job: its subprocesses inherit the launcher's variables "
+        "but must not join again as the same process.",
+    ),
+    Knob(
+        "connect_timeout_s",
+        "SPMDTORCH_CONNECT_TIMEOUT",
+        _whole(1),
+        None,
+        f"{_COUNT} of seconds >= 1",
+        "Seconds a process other than 0 waits for the coordinator to accept connections before failing "
+        "with an error naming its address (None: runtime's default, 120).",
+        DistributedEnvError,
+    ),
     Knob(
         "torchelastic_agent_store",
         "TORCHELASTIC_USE_AGENT_STORE",
@@ -431,6 +525,16 @@ class Settings:
     rank: int | None = None
     local_rank: int | None = None
     local_world_size: int | None = None
+    slurm_step_num_tasks: int | None = None
+    ompi_world_size: int | None = None
+    ompi_hnp_uri: str | None = None
+    pmi_size: int | None = None
+    tpu_worker_hostnames: str | None = None
+    tpu_process_addresses: str | None = None
+    megascale_num_slices: int | None = None
+    auto_distributed: bool = True
+    joined_pid: int | None = None
+    connect_timeout_s: int | None = None
     torchelastic_agent_store: bool = False
     pt_xla_debug_level: int | None = None
     xla_use_bf16: bool = False

@@ -24,7 +24,10 @@ Environment:
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
+import socket
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,7 +35,7 @@ from typing import Any
 import jax
 import torch
 
-from spmdtorch import config
+from spmdtorch import _cluster, config
 from spmdtorch.config import DistributedInitError, InvalidPjrtDeviceError, RuntimeConfigError
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "SpmdModeError",
     "addressable_device_count",
     "addressable_runtime_device_count",
+    "auto_initialize_distributed",
     "device",
     "device_count",
     "device_type",
@@ -412,6 +416,12 @@ ENV_INIT_TIMEOUT = "SPMDTORCH_INIT_TIMEOUT"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 100
 #: Seconds to wait for every process to join (JAX's default).
 DEFAULT_INIT_TIMEOUT_S = 300
+#: Seconds a process other than 0 waits for the coordinator to accept a connection.
+DEFAULT_CONNECT_TIMEOUT_S = 120
+ENV_CONNECT_TIMEOUT = "SPMDTORCH_CONNECT_TIMEOUT"
+#: Set in a process once it joined: its subprocesses inherit the launcher's variables but must not join.
+ENV_JOINED_PID = "SPMDTORCH_JOINED_PID"
+ENV_AUTO_DISTRIBUTED = "SPMDTORCH_AUTO_DISTRIBUTED"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -549,6 +559,18 @@ def resolve_distributed_config(
                 local_rank = var("local_rank")
                 device_ids = None if local_rank is None else (local_rank,)
         else:
+            world = var("world_size")
+            if world is not None and world > 1:
+                # torchrun's mark without its rendezvous: joining JAX's way would find nothing
+                # and run this process alone, silently (one of `world` independent jobs).
+                missing = [name for name, field in (("MASTER_ADDR", "master_addr"), ("RANK", "rank")) if not var(field)]
+                missing = missing or ["MASTER_ADDR"]
+                raise DistributedInitError(
+                    f"WORLD_SIZE={world} says this process is one of {world} (torchrun's variables), but "
+                    f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; set MASTER_ADDR, "
+                    "MASTER_PORT and RANK as torchrun does (or the SPMDTORCH_* launcher variables), or unset "
+                    "WORLD_SIZE to run as a single process"
+                )
             source = "jax"
             found = (None, None, None)
         coordinator_address = coordinator_address if coordinator_address is not None else found[0]
@@ -613,7 +635,12 @@ def initialize_distributed(
 ) -> DistributedConfig:
     """Joins this process to the other processes of the job (``jax.distributed``).
 
-    Every host runs the same script and calls this first, before any tensor
+    ``import spmdtorch`` already calls this (through
+    :func:`auto_initialize_distributed`) when a launcher started the process
+    as one of several (``python -m spmdtorch.launch``, torchrun, Slurm, MPI,
+    a multi-host TPU slice), so scripts need not call it; calling it again
+    with the same (or no) settings returns the same config. Otherwise every
+    host runs the same script and calls this first, before any tensor
     is created on ``"xla"``. Afterwards :func:`process_index`,
     :func:`process_count` and :func:`global_runtime_device_count` describe
     the whole job, meshes span every host's devices, and each process holds
@@ -655,6 +682,18 @@ def initialize_distributed(
     cfg = resolve_distributed_config(
         coordinator_address, num_processes, process_id, local_device_ids, heartbeat_timeout_s=heartbeat_timeout_s
     )
+    return _join(cfg, initialization_timeout_s, _cluster.detect_job(os.environ) if cfg.source == "jax" else None)
+
+
+def _join(
+    cfg: DistributedConfig, initialization_timeout_s: int | None, job: _cluster.JobEnvironment | None
+) -> DistributedConfig:
+    """Joins the job described by ``cfg`` (see :func:`initialize_distributed`).
+
+    ``job`` is the launcher found in the environment when JAX's detection
+    decides (``cfg.source == "jax"``): JAX finding no cluster then is an
+    error, not a single-process run.
+    """
     done = _DISTRIBUTED[0]
     if done is not None:
         if (done.coordinator_address, done.num_processes, done.process_id) not in (
@@ -683,6 +722,8 @@ def initialize_distributed(
         )
     if initialization_timeout_s is None:
         initialization_timeout_s = config.read_one("init_timeout_s") or DEFAULT_INIT_TIMEOUT_S
+    if cfg.coordinator_address is not None:
+        _check_coordinator(cfg)
     # Untyped run-time flag attribute (see _apply_pjrt_device_env).
     platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()  # type: ignore[attr-defined]
     if platforms.split(",")[0].strip() in ("", "cpu"):
@@ -694,14 +735,23 @@ def initialize_distributed(
             num_processes=cfg.num_processes,
             process_id=cfg.process_id,
             local_device_ids=list(cfg.local_device_ids) if cfg.local_device_ids else None,
+            cluster_detection_method=job.jax_detection if job is not None else None,
             initialization_timeout=int(initialization_timeout_s),
             heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
         )
     except ValueError as e:
-        if cfg.source == "jax":
+        if cfg.source == "jax" and job is None:
             # JAX found no cluster (no TPU metadata, Slurm, MPI...): one process, as in PyTorch/XLA.
             _DISTRIBUTED[0] = alone = dataclasses.replace(cfg, num_processes=1, process_id=0, source="single-process")
             return alone
+        if job is not None:
+            hint = " (install mpi4py: JAX finds the MPI coordinator through it)" if job.jax_detection else ""
+            raise DistributedInitError(
+                f"{job.evidence} says this process is one of several ({job.launcher}), but JAX's cluster "
+                f"detection could not find the job's coordinator{hint}: {e}. Pass coordinator_address, "
+                f"num_processes and process_id to initialize_distributed() (or set {ENV_COORDINATOR_ADDRESS}, "
+                f"{ENV_NUM_PROCESSES} and {ENV_PROCESS_ID})"
+            ) from e
         raise DistributedInitError(f"jax.distributed.initialize rejected {cfg}: {e}") from e
     except Exception as e:  # XlaRuntimeError (timeouts, refused connections) and friends
         raise DistributedInitError(
@@ -712,7 +762,127 @@ def initialize_distributed(
     if cfg.source == "jax":
         cfg = dataclasses.replace(cfg, num_processes=jax.process_count(), process_id=jax.process_index())
     _DISTRIBUTED[0] = cfg
+    # Subprocesses inherit the launcher's variables; they must not join again as this process.
+    os.environ[ENV_JOINED_PID] = str(os.getpid())
     return cfg
+
+
+def _check_coordinator(cfg: DistributedConfig) -> None:
+    """Fails fast, naming the address, when the coordinator cannot be reached.
+
+    Without this, JAX retries a host name that does not resolve, or a
+    coordinator that never listens, for the whole initialization timeout
+    (300 s) and then reports a gRPC error without the address. Process 0
+    only checks that the host name resolves (it is the one that listens);
+    every other process waits at most ``SPMDTORCH_CONNECT_TIMEOUT`` seconds
+    (default 120) for process 0 to accept a TCP connection.
+
+    Raises:
+        DistributedInitError: the host does not resolve, or nothing accepted a
+            connection in time.
+    """
+    assert cfg.coordinator_address is not None  # invariant: checked by the caller
+    host, port_text = cfg.coordinator_address.rsplit(":", 1)
+    host = host.strip("[]")  # "[::1]:1234"
+    port = int(port_text)
+    where = f"coordinator {cfg.coordinator_address} ({cfg.source})"
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise DistributedInitError(
+            f"cannot resolve the host of the {where}: {e}. Set it to process 0's address "
+            "(host:port) that every process can reach"
+        ) from e
+    if cfg.process_id == 0:
+        return
+    timeout_s = config.read_one("connect_timeout_s") or DEFAULT_CONNECT_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, timeout_s)):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise DistributedInitError(
+                    f"process {cfg.process_id} of {cfg.num_processes} cannot reach the {where}: no answer "
+                    f"within {timeout_s} s ({e}). Check that process 0 runs and listens there, that the "
+                    f"address is right for this host, and the firewall; raise {ENV_CONNECT_TIMEOUT} if "
+                    "process 0 starts later"
+                ) from e
+            time.sleep(0.2)
+
+
+def auto_initialize_distributed() -> DistributedConfig | None:
+    """Joins the job when a multi-process launcher started this process (``import spmdtorch`` calls it).
+
+    PyTorch/XLA scripts never call an init function: the runtime finds the
+    job itself. So does spmdtorch: when the process was started by
+    ``python -m spmdtorch.launch``, by torchrun (``WORLD_SIZE`` > 1), by
+    Slurm's ``srun`` or MPI with several tasks, or on a multi-host Cloud TPU
+    slice (see :mod:`spmdtorch._cluster`), this joins the job before anything
+    queries a device. An explicit :func:`initialize_distributed` afterwards
+    returns the same :class:`DistributedConfig`.
+
+    It does nothing in a process that is not the main process of its
+    launcher (a ``multiprocessing`` child such as a DataLoader worker, or a
+    subprocess of a process that joined: ``SPMDTORCH_JOINED_PID``), when
+    ``SPMDTORCH_AUTO_DISTRIBUTED=0``, or when no launcher is found.
+
+    Returns:
+        The :class:`DistributedConfig` joined, or None when it did nothing.
+
+    Raises:
+        DistributedInitError: a launcher was found but joining failed (the
+            message names the launcher's variables and the coordinator), or
+            JAX had already started its backend in this process.
+
+    Example:
+        >>> auto_initialize_distributed() is None    # a plain single-process run
+        True
+    """
+    if not config.read_one("auto_distributed") or multiprocessing.parent_process() is not None:
+        return None
+    joined_pid = config.read_one("joined_pid")
+    if joined_pid is not None and joined_pid != os.getpid():
+        return None  # a subprocess of a process that joined
+    job = _cluster.detect_job(os.environ)
+    tpu_vm = job is None and _on_cloud_tpu_vm()
+    if job is None and not tpu_vm:
+        return None
+    if _DISTRIBUTED[0] is not None or is_distributed_initialized():
+        return _DISTRIBUTED[0]
+    launcher = "a Cloud TPU VM" if job is None else f"{job.launcher} ({job.evidence})"
+    if _backends_initialized():
+        raise DistributedInitError(
+            f"this process was started by {launcher} as one of several processes, but JAX started its "
+            f"backend ({jax.default_backend()}, {jax.device_count()} device(s)) before spmdtorch could join "
+            "the job, so it would run alone. Import spmdtorch before anything uses JAX devices, call "
+            "jax.distributed.initialize() first yourself, or set SPMDTORCH_AUTO_DISTRIBUTED=0 to run "
+            "independent single-process jobs"
+        )
+    try:
+        cfg = resolve_distributed_config()
+        return _join(cfg, None, job if cfg.source == "jax" else None)
+    except DistributedInitError as e:
+        raise DistributedInitError(
+            f"spmdtorch joins the multi-process job at import because this process was started by "
+            f"{launcher}, but joining failed: {e} (set SPMDTORCH_AUTO_DISTRIBUTED=0 to skip joining)"
+        ) from e
+
+
+def _on_cloud_tpu_vm() -> bool:
+    """Whether TPU chips are attached and libtpu is installed (JAX's test, without starting it)."""
+    try:
+        from jax._src import hardware_utils
+
+        chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
+    except Exception:  # pragma: no cover - private module moved or sysfs unreadable
+        return False
+    if not chips:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
 
 
 # --------------------------------------------------------------------------

@@ -49,6 +49,16 @@ GOOD = {
     "XLA_SAVE_TENSORS_FILE": [("/tmp/graphs.txt", "/tmp/graphs.txt")],
     "XLA_SAVE_TENSORS_FMT": [("text", "text"), ("HLO", "hlo"), ("dot", "dot")],
     "XLA_METRICS_FILE": [("/tmp/m.txt", "/tmp/m.txt")],
+    "SLURM_STEP_NUM_TASKS": [("4", 4)],
+    "OMPI_COMM_WORLD_SIZE": [("2", 2)],
+    "OMPI_MCA_orte_hnp_uri": [("1531576320.0;tcp://10.96.0.1:34911", "1531576320.0;tcp://10.96.0.1:34911")],
+    "PMI_SIZE": [("8", 8)],
+    "TPU_WORKER_HOSTNAMES": [("h0,h1", "h0,h1")],
+    "TPU_PROCESS_ADDRESSES": [("h0:8476,h1:8476", "h0:8476,h1:8476")],
+    "MEGASCALE_NUM_SLICES": [("2", 2)],
+    "SPMDTORCH_AUTO_DISTRIBUTED": [("0", False), ("on", True)],
+    "SPMDTORCH_JOINED_PID": [("1234", 1234)],
+    "SPMDTORCH_CONNECT_TIMEOUT": [("5", 5)],
 }
 
 # env variable -> [(raw value, the error's class, the reason it gives)]
@@ -78,6 +88,13 @@ BAD = {
     "PT_XLA_DEBUG_LEVEL": [("high", ConfigError, "is not an integer")],
     "XLA_USE_BF16": [("yes please", ConfigError, "is not a boolean")],
     "XLA_SAVE_TENSORS_FMT": [("svg", ConfigError, "is not a graph format")],
+    "SLURM_STEP_NUM_TASKS": [("x", DistributedInitError, "is not an integer")],
+    "OMPI_COMM_WORLD_SIZE": [("0", DistributedInitError, "must be >= 1")],
+    "PMI_SIZE": [("n", DistributedInitError, "is not an integer")],
+    "MEGASCALE_NUM_SLICES": [("0", DistributedInitError, "must be >= 1")],
+    "SPMDTORCH_AUTO_DISTRIBUTED": [("auto", ConfigError, "is not a boolean")],
+    "SPMDTORCH_JOINED_PID": [("me", ConfigError, "is not an integer")],
+    "SPMDTORCH_CONNECT_TIMEOUT": [("0", DistributedInitError, "must be >= 1")],
 }
 
 

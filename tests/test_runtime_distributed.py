@@ -173,3 +173,92 @@ def test_doctests(devices8, name):
 
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+
+
+# -- joining at import (spmdtorch.runtime.auto_initialize_distributed, spmdtorch._cluster) -----------
+
+
+@pytest.mark.parametrize(
+    "env,launcher,count,method",
+    [
+        (LAUNCHER, "spmdtorch.launch", 2, None),
+        (TORCHRUN, "torchrun", 4, None),
+        ({"WORLD_SIZE": "2"}, "torchrun", 2, None),
+        ({"SLURM_STEP_NUM_TASKS": "4", "SLURM_JOB_ID": "7"}, "slurm", 4, None),
+        ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1"}, "openmpi", 2, None),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, "openmpi", 2, "mpi4py"),  # Open MPI 5: JAX needs mpi4py
+        ({"PMI_SIZE": "3"}, "mpi", 3, "mpi4py"),
+        ({"TPU_WORKER_HOSTNAMES": "h0,h1"}, "tpu", 2, None),
+        ({"TPU_PROCESS_ADDRESSES": "a:1,b:1,c:1", "TPU_WORKER_HOSTNAMES": "h0"}, "tpu", 3, None),
+        ({"MEGASCALE_NUM_SLICES": "2"}, "tpu", None, None),
+    ],
+)
+def test_multi_process_launchers_are_detected(env, launcher, count, method):
+    from spmdtorch._cluster import detect_job
+
+    job = detect_job(env)
+    assert job is not None and (job.launcher, job.num_processes, job.jax_detection) == (launcher, count, method)
+    assert "=" in job.evidence
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"WORLD_SIZE": "1", "RANK": "0"},
+        {**LAUNCHER, "SPMDTORCH_NUM_PROCESSES": "1", "SPMDTORCH_PROCESS_ID": "0"},
+        {"SLURM_STEP_NUM_TASKS": "1", "SLURM_JOB_ID": "7"},  # a batch script / one task
+        {"OMPI_COMM_WORLD_SIZE": "1"},
+        {"TPU_WORKER_HOSTNAMES": "localhost"},
+    ],
+)
+def test_one_process_is_no_job_to_join(env):
+    from spmdtorch._cluster import detect_job
+
+    assert detect_job(env) is None
+
+
+def test_world_size_without_torchruns_rendezvous_is_an_error_not_a_silent_single_process():
+    with pytest.raises(
+        DistributedInitError, match=r"WORLD_SIZE=2 says .* one of 2 .* MASTER_ADDR and RANK are not set"
+    ):
+        resolve_distributed_config(env={"WORLD_SIZE": "2"})
+    with pytest.raises(DistributedInitError, match=r"MASTER_ADDR is not set"):
+        resolve_distributed_config(env={"WORLD_SIZE": "2", "RANK": "1"})
+
+
+def test_auto_join_after_jax_started_names_the_launcher(devices8, monkeypatch):
+    monkeypatch.setattr(xr, "_DISTRIBUTED", [None])
+    for k, v in TORCHRUN.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SPMDTORCH_JOINED_PID", raising=False)
+    with pytest.raises(DistributedInitError, match=r"torchrun \(WORLD_SIZE=4\) .* before spmdtorch could join"):
+        xr.auto_initialize_distributed()
+    # Opting out, or being the subprocess of a process that joined, does nothing.
+    monkeypatch.setenv("SPMDTORCH_AUTO_DISTRIBUTED", "0")
+    assert xr.auto_initialize_distributed() is None
+    monkeypatch.setenv("SPMDTORCH_AUTO_DISTRIBUTED", "1")
+    monkeypatch.setenv("SPMDTORCH_JOINED_PID", str(os.getpid() + 1))
+    assert xr.auto_initialize_distributed() is None
+    assert xr._DISTRIBUTED[0] is None
+
+
+def test_nothing_to_join_in_a_plain_process(monkeypatch):
+    monkeypatch.setattr(xr, "_DISTRIBUTED", [None])
+    assert xr.auto_initialize_distributed() is None and xr._DISTRIBUTED[0] is None
+
+
+def test_coordinator_check_names_the_address(monkeypatch):
+    from spmdtorch.launch import free_port
+
+    bad_host = xr.DistributedConfig("no-such-host.invalid:1234", 2, 1, None, "arguments")
+    with pytest.raises(
+        DistributedInitError, match=r"cannot resolve the host of the coordinator no-such-host.invalid:1234"
+    ):
+        xr._check_coordinator(bad_host)
+    monkeypatch.setenv("SPMDTORCH_CONNECT_TIMEOUT", "1")
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(DistributedInitError, match=rf"process 1 of 2 cannot reach the coordinator {address} .* 1 s"):
+        xr._check_coordinator(xr.DistributedConfig(address, 2, 1, None, "arguments"))
+    # Process 0 listens itself: it only needs the name to resolve.
+    xr._check_coordinator(xr.DistributedConfig(address, 2, 0, None, "arguments"))

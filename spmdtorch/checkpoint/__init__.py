@@ -11,6 +11,9 @@
   directories (``model.safetensors`` or an index and its shards), loaded one
   shard file at a time straight into sharded parameters, and saved back in
   the same layout.
+* :mod:`spmdtorch.checkpoint.distributed_checkpoint`: PyTorch/XLA's
+  ``SPMDSavePlanner``/``SPMDLoadPlanner`` (``torch.distributed.checkpoint``'s
+  format) and its ``CheckpointManager`` signature, ``prime_optimizer``.
 
 Example:
     >>> import tempfile, torch, spmdtorch
@@ -22,9 +25,12 @@ Example:
     3
 """
 
+from spmdtorch.checkpoint import distributed_checkpoint
 from spmdtorch.checkpoint._hf_layout import HfLayout
 from spmdtorch.checkpoint._hf_load import PretrainedLoad, UninitializedTensorsError, load_pretrained
 from spmdtorch.checkpoint._hf_save import save_pretrained
+from spmdtorch.checkpoint._planners import SPMDLoadPlanner, SPMDSavePlanner
+from spmdtorch.checkpoint._xla_manager import XlaCheckpointManager, prime_optimizer
 from spmdtorch.checkpoint.errors import (
     CheckpointCorruptionError,
     CheckpointError,
@@ -58,17 +64,22 @@ __all__ = [
     "MissingKeysError",
     "NotACheckpointError",
     "PretrainedLoad",
+    "SPMDLoadPlanner",
+    "SPMDSavePlanner",
     "ShapeMismatchError",
     "StepNotFoundError",
     "UnexpectedKeysError",
     "UninitializedTensorsError",
     "UnsupportedValueError",
     "ValueKindMismatchError",
+    "XlaCheckpointManager",
+    "distributed_checkpoint",
     "export",
     "import_state_dict",
     "init_optimizer_state",
     "load",
     "load_pretrained",
+    "prime_optimizer",
     "save",
     "save_pretrained",
 ]

@@ -166,14 +166,29 @@ class CheckpointManager:
         """The directory holding the step directories."""
         return self._directory
 
+    def _due(self, step: int) -> bool:
+        """Whether the interval asks for ``step`` (Orbax's rule; the PyTorch/XLA-style manager overrides it)."""
+        return bool(self._mgr.should_save(step))
+
     def should_save(self, step: int) -> bool:
         """Whether ``save(step, ...)`` would save (interval reached, or preemption)."""
         if self._preempted and step not in self.all_steps():
             return True
-        return bool(self._mgr.should_save(step))
+        return self._due(step)
+
+    def save_async(self, step: int, state: object, force: bool = False) -> bool:
+        """``save`` in the background, whatever ``async_save`` says (PyTorch/XLA's ``save_async``).
+
+        Returns after the device→host copy; the write goes on in the
+        background (``wait_until_finished``/``join`` wait for it).
+        """
+        return self._save(step, state, force, asynchronous=True)
 
     def save(self, step: int, state: object, force: bool = False) -> bool:
         """Save ``state`` as ``step`` if ``should_save(step)`` (or ``force``); return whether it did.
+
+        Asynchronous when the manager was built with ``async_save=True`` (the
+        default), else it returns once the step is written.
 
         Raises:
             CheckpointExistsError: ``step`` is already saved.
@@ -182,8 +197,11 @@ class CheckpointManager:
                 ``async_save`` a failure in the background is raised by the
                 next ``save`` or ``wait_until_finished``.
         """
+        return self._save(step, state, force, asynchronous=self._async)
+
+    def _save(self, step: int, state: object, force: bool, *, asynchronous: bool) -> bool:
         preempted = self._preempted or bool(self._mgr.reached_preemption(step))
-        if not (force or preempted or self._mgr.should_save(step)):
+        if not (force or preempted or self._due(step)):
             return False
         if step in self._mgr.all_steps():  # written, or still being written
             if preempted and self._preemption_step == step:
@@ -198,7 +216,7 @@ class CheckpointManager:
             # the record holding them before it finalises the step.
             # Async: dispatched ahead of the next program, so that save()
             # blocks the loop only for Orbax's device→host copy.
-            with io.saving(pending, defer=self._async and not preempted):
+            with io.saving(pending, defer=asynchronous and not preempted):
                 saved = bool(self._mgr.save(step, args=args, force=True))
             if saved:
                 self._writing = step
@@ -208,7 +226,7 @@ class CheckpointManager:
             with contextlib.suppress(Exception):
                 self._finish_writes()
             raise
-        if preempted or not self._async:
+        if preempted or not asynchronous:
             # Preempted: the process is about to be killed, the write must finish first.
             self._finish_writes()
         if preempted:
@@ -218,6 +236,10 @@ class CheckpointManager:
 
     def wait_until_finished(self) -> None:
         """Block until every background save is written and finalised."""
+        self._finish_writes()
+
+    def join(self) -> None:
+        """PyTorch/XLA's name for :meth:`wait_until_finished`."""
         self._finish_writes()
 
     def _finish_writes(self) -> None:

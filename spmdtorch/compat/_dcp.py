@@ -1,31 +1,21 @@
-"""``torch_xla.experimental.distributed_checkpoint``: mapped to :mod:`spmdtorch.checkpoint` by name.
+"""``torch_xla.experimental.distributed_checkpoint``: :mod:`spmdtorch.checkpoint.distributed_checkpoint`.
 
-``SPMDSavePlanner``, ``SPMDLoadPlanner``, ``CheckpointManager`` and
-``prime_optimizer`` resolve, at first use, to the same names in
-``spmdtorch.checkpoint``; a name spmdtorch does not have (yet) raises
-:class:`TorchXlaNameError` saying so.
+``SPMDSavePlanner`` and ``SPMDLoadPlanner`` (``torch.distributed.checkpoint``'s
+format), ``CheckpointManager`` with PyTorch/XLA's signature (``save``,
+``save_async``, ``restore(step, state_dict)`` in place; it writes Orbax
+checkpoints) and ``prime_optimizer``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from spmdtorch.checkpoint.distributed_checkpoint import (
+    CheckpointManager,
+    SPMDLoadPlanner,
+    SPMDSavePlanner,
+    prime_optimizer,
+)
 
-from spmdtorch import checkpoint
-from spmdtorch.compat.errors import GUIDE, TorchXlaNameError
+__all__ = ["CheckpointManager", "SPMDLoadPlanner", "SPMDSavePlanner", "prime_optimizer"]
 
-__all__: list[str] = []
-
-#: PyTorch/XLA's names in this module, all looked up in spmdtorch.checkpoint.
-NAMES = ("SPMDSavePlanner", "SPMDLoadPlanner", "CheckpointManager", "prime_optimizer")
-
-
-def __getattr__(name: str) -> Any:
-    if name in NAMES:
-        found = getattr(checkpoint, name, None)
-        if found is not None:
-            return found
-        raise TorchXlaNameError(
-            f"torch_xla.experimental.distributed_checkpoint.{name} has no spmdtorch.checkpoint equivalent in this "
-            f"build; spmdtorch's own checkpoints are spmdtorch.checkpoint.save/load and CheckpointManager ({GUIDE})"
-        )
-    raise AttributeError(name)
+#: PyTorch/XLA's names in this module.
+NAMES = tuple(__all__)

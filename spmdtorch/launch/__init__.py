@@ -2,8 +2,8 @@
 
 ``python -m spmdtorch.launch --nprocs N --devices-per-proc K script.py args...``
 starts N processes on 127.0.0.1, each with K simulated CPU devices, that
-join one job when the script calls
-:func:`spmdtorch.runtime.initialize_distributed`. See :mod:`.local`.
+join one job when the script imports spmdtorch (no init call needed; see
+:func:`spmdtorch.runtime.auto_initialize_distributed`). See :mod:`.local`.
 
 Example:
     >>> from spmdtorch.launch import launch

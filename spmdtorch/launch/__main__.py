@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m spmdtorch.launch",
         usage="python -m spmdtorch.launch [options] (script.py | -m module) [args...]",
         description="Run a script as N processes of one spmdtorch job on this machine, each with "
-        "K simulated CPU devices. The script calls spmdtorch.runtime.initialize_distributed().",
+        "K simulated CPU devices. Importing spmdtorch joins the job (no init call needed).",
     )
     p.add_argument("--nprocs", type=int, required=True, help="number of processes")
     p.add_argument("--devices-per-proc", type=int, default=1, help="simulated CPU devices per process")

@@ -1,8 +1,9 @@
 """Start N copies of a script on this machine as one multi-process job.
 
 Each process gets ``K`` simulated CPU devices and the environment that
-:func:`spmdtorch.runtime.initialize_distributed` reads, so a script written
-for a multi-host cluster runs unchanged on one machine. Output lines are
+:func:`spmdtorch.runtime.initialize_distributed` reads (``import spmdtorch``
+joins the job with it, no init call needed), so a script written for a
+multi-host cluster runs unchanged on one machine. Output lines are
 streamed with a ``[rank i]`` prefix. When a process fails, the others get
 SIGTERM, and SIGKILL after a grace period (JAX traps SIGTERM in a
 multi-process job, so only SIGKILL is sure to stop it).
@@ -118,6 +119,8 @@ def child_env(
         ('1', '1', '--xla_force_host_platform_device_count=4')
     """
     env = dict(os.environ if base is None else base)
+    # A launch from inside a process that joined a job starts a new job: its children join it.
+    env.pop(runtime.ENV_JOINED_PID, None)
     host = coordinator.rsplit(":", 1)[0]
     env.update(
         {

@@ -17,6 +17,7 @@ from ``spmdtorch.config``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import struct
 import time
@@ -30,7 +31,7 @@ import numpy as np
 from jax._src.lax.lax import _convert_element_type  # weak-typed scalars (no public spelling)
 
 from spmdtorch import config
-from spmdtorch.lazy import _storage, contract, keys, metrics, padding, rng
+from spmdtorch.lazy import _profiling, _storage, contract, keys, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
@@ -449,6 +450,9 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
         return res
 
     plan_has_random = plan.has_random
+    # The XLA module's name on profiles ("jit_spmdtorch_program"); constant, so that
+    # the persistent compilation cache's keys (module name + content hash) stay stable.
+    run.__name__ = run.__qualname__ = "spmdtorch_program"
     return run
 
 
@@ -464,6 +468,8 @@ class _Program:
     Attributes:
         compiled: the executable (``jax.stages.Compiled``).
         lowered: its ``jax.stages.Lowered`` (HLO for debugging).
+        name: ``spmdtorch.program_N``, the N-th program this process compiled
+            (its name on profiles, see ``lazy._profiling``).
         n_leaves: leaves of the plan it was compiled from (the random key follows them).
         has_random: it takes a random key after the leaves.
         mesh: the user mesh its replicated scalars live on (None: the default placement).
@@ -474,6 +480,7 @@ class _Program:
 
     compiled: Any
     lowered: Any
+    name: str
     n_leaves: int
     has_random: bool
     mesh: Any
@@ -498,6 +505,18 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     if log.isEnabledFor(logging.INFO) or config.settings().log_recompiles:
         _log_recompile(ENGINE.last_key, key, plan)
     ENGINE.last_key = key
+    name = f"spmdtorch.program_{next(_PROGRAM_NUMBERS)}"
+    with _profiling.annotate("spmdtorch.compile", program=name, nodes=len(plan.nodes)):
+        prog = _compile_program(plan, donate, out_shardings, mesh, name)
+    cache.put(key, prog)
+    return prog, key
+
+
+#: Numbers the programs a process compiles (their names on profiles).
+_PROGRAM_NUMBERS = itertools.count()
+
+
+def _compile_program(plan: _Plan, donate: tuple, out_shardings: tuple, mesh, name: str) -> _Program:
     start = time.perf_counter()
     layout = _Layout(plan)
     # Storages whose values are the same output with the same placement get
@@ -518,6 +537,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     prog = _Program(
         compiled=lowered.compile(),
         lowered=lowered,
+        name=name,
         n_leaves=n_leaves,
         has_random=plan.has_random,
         mesh=mesh,
@@ -525,9 +545,8 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
         out_map=out_map if len(unique) < len(out_map) else None,
         donated=donate_idx,
     )
-    cache.put(key, prog)
     metrics.add_time("CompileTime", time.perf_counter() - start)
-    return prog, key
+    return prog
 
 
 def _log_recompile(old, new, plan=None):
@@ -672,7 +691,11 @@ def execute(prog: _Program, args) -> list:
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
     call = prog.call_args(args)
-    outs = prog.compiled(*call)
+    if _profiling.STATE.active:
+        with jax.profiler.TraceAnnotation(prog.name):
+            outs = prog.compiled(*call)
+    else:
+        outs = prog.compiled(*call)
     metrics.add_time("ExecuteTime", time.perf_counter() - start)
     engine.inflight.append((outs.pop(), [call[j] for j in prog.donated]))
     _bound_in_flight(engine.max_in_flight)
@@ -724,6 +747,14 @@ def sync(wait: bool = False, _on_plan=None) -> None:
     """
     if _on_plan is None:
         contract.check_not_tracing("calls spmdtorch.sync()/mark_step()")
+    if _profiling.STATE.active:
+        with jax.profiler.TraceAnnotation("spmdtorch.sync"):
+            _sync(wait, _on_plan)
+    else:
+        _sync(wait, _on_plan)
+
+
+def _sync(wait: bool, _on_plan) -> None:
     metrics.inc("MarkStep")
     rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
     storages = pending_storages()
@@ -748,6 +779,11 @@ def sync(wait: bool = False, _on_plan=None) -> None:
             st.set(arr)
     if wait:
         _bound_in_flight(0)
+
+
+def wait_executions() -> None:
+    """Block until every queued execution has finished (pending values stay pending)."""
+    _bound_in_flight(0)
 
 
 def evaluate(ref: LazyRef) -> jax.Array:

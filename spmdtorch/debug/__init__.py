@@ -6,12 +6,32 @@ next barrier would run. Set ``SPMDTORCH_LOG_RECOMPILES=1`` (or enable INFO on
 the ``spmdtorch.compile`` logger) to get a line on every recompilation saying
 which input changed. ``clear_caches()`` empties every cache the library keeps
 (compiled programs included); ``cache_sizes()`` says how full each one is.
+
+Profiling: ``profile(logdir)`` captures a trace of its block (TensorBoard,
+Perfetto) with spmdtorch's step and program names on it;
+:mod:`spmdtorch.debug.profiler` has PyTorch/XLA's ``torch_xla.debug.profiler``
+names (``start_server``, ``trace``, ``trace_detached``, ``Trace``,
+``StepTrace``...).
 """
 
 from __future__ import annotations
 
 import logging
 
+from spmdtorch.debug import profiler
+from spmdtorch.debug.profiler import (
+    ProfilerError,
+    StepTrace,
+    Trace,
+    profile,
+    start_server,
+    start_trace,
+    stop_server,
+    stop_trace,
+    trace,
+    trace_detached,
+    trace_me,
+)
 from spmdtorch.lazy import executor, metrics
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
@@ -36,6 +56,19 @@ __all__ = [
     "short_metrics_report",
     "last_executable",
     "log_recompiles",
+    "profile",
+    "profiler",
+    # torch_xla.debug.profiler's names (also in spmdtorch.debug.profiler)
+    "ProfilerError",
+    "StepTrace",
+    "Trace",
+    "start_server",
+    "start_trace",
+    "stop_server",
+    "stop_trace",
+    "trace",
+    "trace_detached",
+    "trace_me",
 ]
 
 

@@ -1,0 +1,273 @@
+"""``torch.distributed.checkpoint`` (DCP) planners for spmdtorch tensors: PyTorch/XLA's ``SPMDSavePlanner``/``SPMDLoadPlanner``.
+
+With them, ``torch.distributed.checkpoint.save(state_dict, checkpoint_id=dir,
+planner=SPMDSavePlanner())`` writes spmdtorch's sharded tensors in DCP's own
+format, and ``load(..., planner=SPMDLoadPlanner())`` reads them back into any
+sharding, in place:
+
+* **Save**: each xla tensor is written as the shards this process holds, one
+  DCP chunk per distinct shard (a replicated shard once in the whole job: the
+  copy with JAX ``replica_id`` 0), at the tensor's logical shape (uneven
+  shardings are saved unpadded). Everything else (CPU tensors, Python values)
+  is DCP's default handling.
+* **Load**: for each xla tensor, DCP reads exactly the regions this process's
+  devices hold in the *target's* sharding (whatever the saved chunking: this
+  is the resharding), into host buffers; once the last region of a tensor is
+  read, the buffers become one device array in the target's sharding (padded
+  if uneven) that replaces the tensor's data in place.
+
+The classes extend DCP's ``DefaultSavePlanner``/``DefaultLoadPlanner``
+(nested dicts are flattened to ``model.fc.weight``-style keys as usual).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    ReadItem,
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from spmdtorch.checkpoint import placement
+from spmdtorch.checkpoint.errors import UnsupportedValueError
+from spmdtorch.tensor.xla_tensor import XlaTensor
+
+__all__ = ["SPMDLoadPlanner", "SPMDSavePlanner"]
+
+Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in the logical shape
+
+
+def _region(index: tuple[slice, ...], shape: Sequence[int]) -> Region:
+    """A shard's index (slices, maybe past the logical end when padded) clipped to ``shape``."""
+    offsets, sizes = [], []
+    for sl, n in zip(index, shape):
+        start = 0 if sl.start is None else min(sl.start, n)
+        stop = n if sl.stop is None else min(sl.stop, n)
+        offsets.append(start)
+        sizes.append(max(0, stop - start))
+    return tuple(offsets), tuple(sizes)
+
+
+def _chunk(region: Region) -> ChunkStorageMetadata:
+    return ChunkStorageMetadata(offsets=torch.Size(region[0]), sizes=torch.Size(region[1]))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SaveTensor:
+    """An xla tensor to save: its logical-shape array and the shards this process writes."""
+
+    array: jax.Array
+    dtype: torch.dtype
+    shards: dict[tuple[int, ...], Any]  # offsets -> the shard's data (jax.Array on one device)
+
+
+class SPMDSavePlanner(DefaultSavePlanner):
+    """DCP save planner that writes each process's shards of spmdtorch tensors (``xc.SPMDSavePlanner``).
+
+    Example:
+        >>> import tempfile, torch, spmdtorch
+        >>> import torch.distributed.checkpoint as dist_cp
+        >>> from spmdtorch.checkpoint.distributed_checkpoint import SPMDLoadPlanner, SPMDSavePlanner
+        >>> model = torch.nn.Linear(4, 2).to("xla")
+        >>> d = tempfile.mkdtemp()
+        >>> _ = dist_cp.save({"model": model.state_dict()}, checkpoint_id=d, planner=SPMDSavePlanner())
+        >>> fresh = torch.nn.Linear(4, 2).to("xla")
+        >>> dist_cp.load({"model": fresh.state_dict()}, checkpoint_id=d, planner=SPMDLoadPlanner())
+        >>> torch.equal(fresh.weight.cpu(), model.weight.cpu())
+        True
+    """
+
+    def set_up_planner(
+        self, state_dict: dict[str, Any], storage_meta: StorageMeta | None = None, is_coordinator: bool = False
+    ) -> None:
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
+        self._xla: dict[str, _SaveTensor] = {}
+        for fqn, obj in self.state_dict.items():
+            if isinstance(obj, XlaTensor):
+                array, _, _ = placement.save_value(obj)
+                shards = {}
+                for shard in array.addressable_shards:
+                    if shard.replica_id == 0:  # one copy of each distinct shard in the whole job
+                        offsets, _ = _region(shard.index, array.shape)
+                        shards[offsets] = shard.data
+                self._xla[fqn] = _SaveTensor(array, obj.dtype, shards)
+
+    def create_local_plan(self) -> SavePlan:
+        xla = self._xla
+        # DefaultSavePlanner plans the other values; xla tensors get one write item per shard.
+        others = {k: v for k, v in self.state_dict.items() if k not in xla}
+        full, self.state_dict = self.state_dict, others
+        try:
+            plan = super().create_local_plan()
+        finally:
+            self.state_dict = full
+        items = list(plan.items)
+        for fqn, t in xla.items():
+            size = torch.Size(t.array.shape)
+            props = TensorProperties(dtype=t.dtype)
+            for offsets, data in t.shards.items():
+                chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(data.shape))
+                items.append(
+                    WriteItem(
+                        index=MetadataIndex(fqn, torch.Size(offsets)),
+                        type=WriteItemType.SHARD,
+                        tensor_data=TensorWriteData(chunk=chunk, properties=props, size=size),
+                    )
+                )
+        self.plan = dataclasses.replace(plan, items=items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
+        t = self._xla.get(write_item.index.fqn)
+        if t is None:
+            return super().resolve_data(write_item)
+        offsets = tuple(write_item.index.offset or ())
+        data = t.shards[offsets]
+        return placement.to_torch(np.asarray(data)).to(t.dtype).contiguous()
+
+
+@dataclasses.dataclass(slots=True)
+class _LoadTensor:
+    """An xla tensor to fill: the regions its process holds, their host buffers, reads still due."""
+
+    tensor: XlaTensor
+    layout: placement.Layout
+    buffers: dict[tuple[int, ...], torch.Tensor]  # region offsets -> host buffer (the region's sizes)
+    device_regions: list[tuple[Any, Region]]  # per addressable device, its region of the logical shape
+    due: int = 0
+
+
+class _ChunkList:
+    """What DCP's default planning asks of a tensor to load: its size and the chunks to read."""
+
+    def __init__(self, size: torch.Size, chunks: list[ChunkStorageMetadata]) -> None:
+        self._size, self._chunks = size, chunks
+
+    def size(self) -> torch.Size:
+        return self._size
+
+    def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
+        return self._chunks
+
+
+class SPMDLoadPlanner(DefaultLoadPlanner):
+    """DCP load planner that fills spmdtorch tensors in place, in their own shardings (``xc.SPMDLoadPlanner``).
+
+    Each process reads only the regions its devices hold in the target's
+    sharding, whatever the checkpoint's chunking (resharding on load).
+
+    Raises:
+        UnsupportedValueError: (at load) a target is a view of another tensor.
+    """
+
+    def set_up_planner(
+        self, state_dict: dict[str, Any], metadata: Metadata | None = None, is_coordinator: bool = False
+    ) -> None:
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        self._xla: dict[str, _LoadTensor] = {}
+        for fqn, obj in self.state_dict.items():
+            if isinstance(obj, XlaTensor):
+                if obj._chain:
+                    raise UnsupportedValueError(
+                        f"state_dict[{fqn!r}] is a view of another tensor (shape {tuple(obj.shape)}); load into "
+                        "the base tensor, or t.clone() the view first"
+                    )
+                layout = placement.layout_of(obj, (fqn,))
+                regions = []
+                for device, index in layout.sharding.addressable_devices_indices_map(layout.storage_shape).items():
+                    whole = (slice(None),) * len(layout.logical_shape)
+                    regions.append((device, _region(whole if index is None else index, layout.logical_shape)))
+                buffers = {r[0]: torch.empty(r[1], dtype=obj.dtype) for _, r in regions if all(n > 0 for n in r[1])}
+                self._xla[fqn] = _LoadTensor(obj, layout, buffers, regions)
+
+    def create_local_plan(self) -> LoadPlan:
+        xla = self._xla
+        assert self.metadata is not None  # invariant: DCP passes the checkpoint's metadata
+        # DefaultLoadPlanner plans every value (its key checks included); its reads of
+        # xla tensors (whole-tensor chunks) are replaced by reads of this process's regions.
+        plan = super().create_local_plan()
+        items = [i for i in plan.items if i.dest_index.fqn not in xla]
+        for fqn, t in list(xla.items()):
+            md = self.metadata.state_dict_metadata.get(fqn)
+            if md is None:
+                if not self.allow_partial_load:
+                    raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
+                del xla[fqn]
+                continue
+            if not isinstance(md, TensorStorageMetadata):
+                raise ValueError(
+                    f"{fqn!r} is saved as a Python object, but the target is a tensor; load it into a value"
+                )
+            saved = md.size
+            if tuple(saved) != t.layout.logical_shape:
+                raise ValueError(
+                    f"Size mismatch between saved {saved} and current: {torch.Size(t.layout.logical_shape)} for {fqn}"
+                )
+            chunks = [_chunk((offsets, tuple(buf.shape))) for offsets, buf in t.buffers.items()]
+            reads = create_read_items_for_chunk_list(fqn, md, chunks) if chunks else []
+            t.due = len(reads)
+            items += reads
+            if not reads:
+                self._install(t)  # nothing of it on this process's devices but padding
+        return dataclasses.replace(plan, items=items)
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        t = self._xla.get(read_item.dest_index.fqn)
+        if t is None:
+            default: torch.Tensor = super().resolve_tensor(read_item)
+            return default
+        buf = t.buffers[tuple(read_item.dest_index.offset or ())]
+        # A view of the region DCP fills (it copies the saved bytes into it).
+        region: torch.Tensor = buf[tuple(slice(o, o + n) for o, n in zip(read_item.dest_offsets, read_item.lengths))]
+        return region
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        t = self._xla.get(read_item.dest_index.fqn)
+        if t is None:
+            super().commit_tensor(read_item, tensor)
+            return
+        t.due -= 1
+        if t.due == 0:  # the last region of this tensor: put it on the devices
+            self._install(t)
+
+    @staticmethod
+    def _install(t: _LoadTensor) -> None:
+        layout = t.layout
+        shard_shape = layout.sharding.shard_shape(layout.storage_shape)
+        hosts: dict[tuple[int, ...], np.ndarray[Any, Any]] = {}
+        arrays = []
+        for device, (offsets, sizes) in t.device_regions:
+            host = hosts.get(offsets)
+            if host is None:
+                if all(n > 0 for n in sizes):
+                    host = placement.host_array(t.buffers[offsets]).astype(layout.storage_dtype, copy=False)
+                else:
+                    host = np.zeros(sizes, dtype=layout.storage_dtype)
+                if tuple(host.shape) != tuple(shard_shape):  # uneven: the padded tail is zeros
+                    host = np.pad(host, [(0, s - n) for n, s in zip(host.shape, shard_shape)])
+                hosts[offsets] = host = np.ascontiguousarray(host)
+            arrays.append(jax.device_put(host, device))
+        array = jax.make_array_from_single_device_arrays(layout.storage_shape, layout.sharding, arrays)
+        placement.install(t.tensor, array)
+        t.buffers.clear()

@@ -1,0 +1,468 @@
+"""Profiling: traces that TensorBoard's profile plugin and Perfetto open, built on ``jax.profiler``.
+
+PyTorch/XLA's ``torch_xla.debug.profiler`` names (``start_server``,
+``trace``, ``trace_detached``, ``start_trace``/``stop_trace``, ``Trace``,
+``StepTrace``, ``trace_me``) plus :func:`profile`, a context manager that
+captures its block. While a trace is captured (or a profiler server runs),
+spmdtorch puts its own names on the trace: each ``spmdtorch.step()`` block as
+a step (``spmdtorch.step``, with ``step_num``), each barrier
+(``spmdtorch.sync``), each compilation (``spmdtorch.compile``, with the
+program's name) and each execution (``spmdtorch.program_N``, the N-th program
+compiled in the process); the XLA module of every program is
+``jit_spmdtorch_program``. With no trace and no server, none of this costs
+anything but a flag test per barrier.
+
+A capture writes ``<logdir>/plugins/profile/<run>/<host>.xplane.pb`` (open
+with ``tensorboard --logdir <logdir>`` and the profile plugin, or xprof) and
+``<host>.trace.json.gz`` (Chrome trace format: Perfetto, chrome://tracing);
+``create_perfetto_trace=True`` adds ``perfetto_trace.json.gz``.
+
+Example:
+    >>> import torch, spmdtorch
+    >>> from spmdtorch.debug import profiler as xp
+    >>> w = torch.ones(4, device="xla")
+    >>> with xp.profile("/tmp/spmdtorch-profile"):               # doctest: +SKIP
+    ...     for i in range(3):
+    ...         with spmdtorch.step():
+    ...             w.mul_(2)
+    >>> xp.trace_files("/tmp/spmdtorch-profile")                  # doctest: +SKIP
+    [PosixPath('/tmp/spmdtorch-profile/plugins/profile/2026_01_01_00_00_00/host.trace.json.gz'), ...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jax
+
+from spmdtorch._step import mark_step
+from spmdtorch.lazy import _profiling, executor
+
+__all__ = [
+    "ProfilerError",
+    "StepTrace",
+    "Trace",
+    "is_tracing",
+    "profile",
+    "start_server",
+    "start_trace",
+    "stop_server",
+    "stop_trace",
+    "trace",
+    "trace_detached",
+    "trace_files",
+    "trace_me",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ProfilerError(RuntimeError):
+    """A profiling request cannot be served (already tracing, no server, remote capture unavailable)."""
+
+
+class _Capture:
+    """The trace being captured by this process (at most one: JAX's limit)."""
+
+    __slots__ = ("lock", "logdir", "server", "server_port")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.logdir: str | None = None
+        self.server: Any = None
+        self.server_port: int | None = None
+
+
+_CAPTURE = _Capture()
+
+
+def _logdir(logdir: str | os.PathLike[str], name: str = "logdir") -> str:
+    if isinstance(logdir, bool) or not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
+        raise ValueError(f"{name} must be a non-empty directory path (str or os.PathLike), got {logdir!r}")
+    return os.fspath(logdir)
+
+
+def is_tracing() -> bool:
+    """Whether :func:`start_trace` (or :func:`profile`) is capturing a trace now.
+
+    Example:
+        >>> is_tracing()
+        False
+    """
+    return _CAPTURE.logdir is not None
+
+
+def start_trace(
+    log_dir: str | os.PathLike[str],
+    create_perfetto_link: bool = False,
+    create_perfetto_trace: bool = False,
+    *,
+    host_tracer_level: int | None = None,
+    python_tracer_level: int | None = None,
+) -> None:
+    """Starts capturing a trace of this process into ``log_dir`` (``xp.start_trace``).
+
+    Args:
+        log_dir: Directory the trace goes to (created if missing; ``gs://`` works).
+        create_perfetto_link: Print a link that opens the trace in Perfetto
+            (blocks in :func:`stop_trace` until it is opened, as in JAX).
+        create_perfetto_trace: Also write ``perfetto_trace.json.gz``.
+        host_tracer_level: Host events kept: 1 critical, 2 info (default), 3 verbose.
+        python_tracer_level: 1 records every Python call (slow); default 0.
+
+    Raises:
+        ProfilerError: a trace is already being captured.
+        ValueError: ``log_dir`` is empty or not a path.
+    """
+    path = _logdir(log_dir, "log_dir")
+    options = jax.profiler.ProfileOptions()
+    if host_tracer_level is not None:
+        options.host_tracer_level = int(host_tracer_level)
+    if python_tracer_level is not None:
+        options.python_tracer_level = int(python_tracer_level)
+    with _CAPTURE.lock:
+        if _CAPTURE.logdir is not None:
+            raise ProfilerError(
+                f"a trace is already being captured into {_CAPTURE.logdir!r}; call stop_trace() "
+                f"before starting one into {path!r} (JAX captures one trace at a time)"
+            )
+        try:
+            jax.profiler.start_trace(
+                path,
+                create_perfetto_link=create_perfetto_link,
+                create_perfetto_trace=create_perfetto_trace,
+                profiler_options=options,
+            )
+        except RuntimeError as e:  # started through jax.profiler directly
+            raise ProfilerError(f"cannot start a trace into {path!r}: {e}") from e
+        _CAPTURE.logdir = path
+        _profiling.STATE.acquire()
+
+
+def stop_trace() -> Path:
+    """Stops the trace :func:`start_trace` began and writes it (``xp.stop_trace``).
+
+    Waits for the programs already dispatched to finish first, so their
+    device work is on the trace (pending lazy values stay pending: no barrier).
+
+    Returns:
+        The directory the trace files were written to
+        (``<log_dir>/plugins/profile/<run>``; see :func:`trace_files`).
+
+    Raises:
+        ProfilerError: no trace is being captured.
+    """
+    with _CAPTURE.lock:
+        if _CAPTURE.logdir is None:
+            raise ProfilerError("stop_trace(): no trace is being captured; call start_trace(log_dir) first")
+        logdir, _CAPTURE.logdir = _CAPTURE.logdir, None
+        try:
+            executor.wait_executions()
+        finally:
+            try:
+                jax.profiler.stop_trace()
+            finally:
+                _profiling.STATE.release()
+    return _latest_run(logdir)
+
+
+def _latest_run(logdir: str) -> Path:
+    root = Path(logdir) / "plugins" / "profile"
+    runs = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    return max(runs, key=lambda p: p.stat().st_mtime) if runs else root
+
+
+@contextlib.contextmanager
+def profile(
+    logdir: str | os.PathLike[str],
+    *,
+    create_perfetto_link: bool = False,
+    create_perfetto_trace: bool = False,
+    host_tracer_level: int | None = None,
+    python_tracer_level: int | None = None,
+) -> Iterator[None]:
+    """Captures a trace of the block into ``logdir`` (TensorBoard / Perfetto).
+
+    Args:
+        logdir: Directory the trace goes to.
+        create_perfetto_link: Print a Perfetto link at the end (waits until opened).
+        create_perfetto_trace: Also write ``perfetto_trace.json.gz``.
+        host_tracer_level: 1 critical, 2 info (default), 3 verbose host events.
+        python_tracer_level: 1 records every Python call (slow); default 0.
+
+    Raises:
+        ProfilerError: a trace is already being captured.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> with spmdtorch.debug.profile("/tmp/spmdtorch-profile"):   # doctest: +SKIP
+        ...     with spmdtorch.step():
+        ...         y = torch.ones(4, device="xla") * 2
+    """
+    start_trace(
+        logdir,
+        create_perfetto_link,
+        create_perfetto_trace,
+        host_tracer_level=host_tracer_level,
+        python_tracer_level=python_tracer_level,
+    )
+    try:
+        yield
+    finally:
+        stop_trace()
+
+
+def trace_files(logdir: str | os.PathLike[str]) -> list[Path]:
+    """The trace files under ``logdir`` (``*.xplane.pb``, ``*.trace.json.gz``...), oldest run first.
+
+    Example:
+        >>> trace_files("/nonexistent")
+        []
+    """
+    root = Path(_logdir(logdir)) / "plugins" / "profile"
+    if not root.is_dir():
+        return []
+    runs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return [f for run in runs for f in sorted(run.iterdir()) if f.is_file()]
+
+
+# -- a profiler server and on-demand captures (TensorBoard's "capture profile") ------------
+
+
+def start_server(port: int, only_on_master: bool = True) -> Any:
+    """Starts a profiler server on ``port`` (``xp.start_server``).
+
+    TensorBoard's profile plugin ("Capture profile", address ``host:port``)
+    or :func:`trace` / :func:`trace_detached` then capture traces on demand.
+    While the server runs, spmdtorch annotates its steps and programs (a
+    capture may start at any moment).
+
+    Args:
+        port: TCP port, 1..65535.
+        only_on_master: PyTorch/XLA starts the server only on the local master
+            ordinal. Under SPMD every process is its host's master, so every
+            process starts one; accepted for compatibility.
+
+    Returns:
+        JAX's ``ProfilerServer`` (keep it; :func:`stop_server` stops it).
+
+    Raises:
+        ValueError: ``port`` is not an int in 1..65535.
+        ProfilerError: a server already runs in this process (one at a time).
+    """
+    del only_on_master  # every SPMD process is its host's master ordinal
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+    with _CAPTURE.lock:
+        if _CAPTURE.server is not None:
+            raise ProfilerError(
+                f"a profiler server already runs on port {_CAPTURE.server_port}; call stop_server() "
+                f"before starting one on port {port} (one per process)"
+            )
+        try:
+            _CAPTURE.server = jax.profiler.start_server(port)
+        except (ValueError, RuntimeError) as e:
+            raise ProfilerError(f"cannot start a profiler server on port {port}: {e}") from e
+        _CAPTURE.server_port = port
+        _profiling.STATE.acquire()
+    return _CAPTURE.server
+
+
+def stop_server() -> None:
+    """Stops the server :func:`start_server` started.
+
+    Raises:
+        ProfilerError: no server runs.
+    """
+    with _CAPTURE.lock:
+        if _CAPTURE.server is None:
+            raise ProfilerError("stop_server(): no profiler server runs; start_server(port) starts one")
+        try:
+            jax.profiler.stop_server()
+        finally:
+            _CAPTURE.server = _CAPTURE.server_port = None
+            _profiling.STATE.release()
+
+
+def _local_hosts() -> set[str]:
+    names = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", socket.gethostname()}
+    with contextlib.suppress(OSError):
+        names.add(socket.gethostbyname(socket.gethostname()))
+    return names
+
+
+def _is_own_server(address: str) -> bool:
+    host, _, port = address.strip().removeprefix("grpc://").rpartition(":")
+    return _CAPTURE.server_port is not None and port == str(_CAPTURE.server_port) and host in _local_hosts()
+
+
+def trace(
+    service_addr: str,
+    logdir: str | os.PathLike[str],
+    duration_ms: int = 1000,
+    num_tracing_attempts: int = 3,
+    host_tracer_level: int = 2,
+    device_tracer_level: int = 1,
+    delay_ms: int = 0,
+    timeout_s: int = 120,
+    interval_s: int = 5,
+) -> None:
+    """Captures ``duration_ms`` of the profiler server(s) at ``service_addr`` into ``logdir`` (``xp.trace``).
+
+    Blocks until done. When ``service_addr`` is this process's own server
+    (``localhost:<port>`` of :func:`start_server`, the usual PyTorch/XLA
+    pattern), the capture runs here, through ``jax.profiler``. Other
+    addresses (another process or host) need the ``xprof`` package, whose
+    client JAX's ``python -m jax.collect_profile`` uses too.
+
+    Args:
+        service_addr: ``host:port`` of the server, or several, comma-separated.
+        logdir: Directory the trace goes to.
+        duration_ms: How long to capture.
+        num_tracing_attempts: Attempts for a remote capture.
+        host_tracer_level: 1 critical, 2 info, 3 verbose host events.
+        device_tracer_level: 0 leaves device events out of a remote capture
+            (a local capture always records them: JAX has no switch).
+        delay_ms: Wait this long before capturing.
+        timeout_s: Accepted for PyTorch/XLA compatibility (JAX's client retries
+            ``num_tracing_attempts`` times instead).
+        interval_s: Accepted for PyTorch/XLA compatibility.
+
+    Raises:
+        ValueError: ``service_addr``, ``logdir`` or ``duration_ms`` is malformed.
+        ProfilerError: the address is not this process's server and ``xprof``
+            is not installed, or a trace is already being captured here.
+    """
+    del timeout_s, interval_s  # PyTorch/XLA's retry schedule; JAX's client counts attempts
+    path = _logdir(logdir)
+    if not isinstance(service_addr, str) or not service_addr.strip():
+        raise ValueError(f"service_addr must be 'host:port' (comma-separated for several), got {service_addr!r}")
+    if isinstance(duration_ms, bool) or not isinstance(duration_ms, int) or duration_ms <= 0:
+        raise ValueError(f"duration_ms must be an int > 0 (milliseconds), got {duration_ms!r}")
+    addresses = [a.strip() for a in service_addr.split(",") if a.strip()]
+    if delay_ms > 0:
+        time.sleep(delay_ms / 1000)
+    if all(_is_own_server(a) for a in addresses):
+        start_trace(path, host_tracer_level=host_tracer_level)
+        try:
+            time.sleep(duration_ms / 1000)
+        finally:
+            stop_trace()
+        return
+    try:
+        from xprof.convert import _pywrap_profiler_plugin  # type: ignore[import-not-found]
+    except ImportError:
+        own = f"localhost:{_CAPTURE.server_port}" if _CAPTURE.server_port is not None else "none started"
+        raise ProfilerError(
+            f"cannot capture a trace from {service_addr!r}: it is not this process's profiler server "
+            f"({own}) and capturing from another process needs the 'xprof' package (pip install xprof). "
+            "Alternatively capture in the process itself with spmdtorch.debug.profile(logdir) or "
+            "start_trace/stop_trace, or use TensorBoard's profile plugin"
+        ) from None
+    options = {
+        "host_tracer_level": host_tracer_level,
+        "device_tracer_level": device_tracer_level,
+        "delay_ms": 0,
+    }
+    _pywrap_profiler_plugin.trace(",".join(addresses), path, "", True, duration_ms, num_tracing_attempts, options)
+
+
+def trace_detached(
+    service_addr: str,
+    logdir: str | os.PathLike[str],
+    duration_ms: int = 1000,
+    num_tracing_attempts: int = 3,
+    host_tracer_level: int = 2,
+    device_tracer_level: int = 1,
+    delay_ms: int = 0,
+    timeout_s: int = 120,
+    interval_s: int = 5,
+) -> threading.Thread:
+    """:func:`trace` in a background thread; returns at once (``xp.trace_detached``).
+
+    Returns:
+        The (daemon) thread; ``join()`` it to wait for the capture.
+    """
+    _logdir(logdir)  # fail here, not silently in the thread
+    thread = threading.Thread(
+        target=trace,
+        args=(service_addr, logdir, duration_ms, num_tracing_attempts, host_tracer_level),
+        kwargs={
+            "device_tracer_level": device_tracer_level,
+            "delay_ms": delay_ms,
+            "timeout_s": timeout_s,
+            "interval_s": interval_s,
+        },
+        name="spmdtorch-profiler-trace",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+# -- annotations -----------------------------------------------------------------------------
+
+
+class Trace(jax.profiler.TraceAnnotation):
+    """A named span on the trace for the ``with`` block (``xp.Trace``); metadata as keywords.
+
+    Example:
+        >>> from spmdtorch.debug.profiler import Trace
+        >>> with Trace("forward", layer=3):
+        ...     pass
+    """
+
+    def __init__(self, name: str, **kwargs: Any) -> None:
+        self.name = name
+        super().__init__(name, **kwargs)
+
+
+class StepTrace(Trace):
+    """One training step on the trace (``xp.StepTrace``); leaving the block syncs, as in PyTorch/XLA.
+
+    Example:
+        >>> import torch
+        >>> from spmdtorch.debug.profiler import StepTrace
+        >>> w = torch.ones(2, device="xla")
+        >>> for step in range(2):
+        ...     with StepTrace("train_step", step_num=step):
+        ...         _ = w.mul_(2)
+        >>> w.cpu()
+        tensor([4., 4.])
+    """
+
+    def __init__(self, name: str, **kwargs: Any) -> None:
+        self.name = name
+        # What jax.profiler.StepTraceAnnotation passes: "_r=1" makes it a step (root) event.
+        jax.profiler.TraceAnnotation.__init__(self, name, _r=1, **kwargs)  # type: ignore[call-arg]
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            mark_step()
+        finally:
+            super().__exit__(*exc)
+
+
+def trace_me(name: str) -> Callable[[F], F]:
+    """Decorator: each call of the function is a span named ``name`` (``xp.trace_me``).
+
+    Example:
+        >>> @trace_me("loss")
+        ... def loss(x):
+        ...     return x * 2
+        >>> loss(3)
+        6
+    """
+
+    def wrap(func: F) -> F:
+        wrapped: F = jax.profiler.annotate_function(func, name=name)
+        return wrapped
+
+    return wrap
