@@ -132,17 +132,22 @@ def test_profiler_trace_and_step_trace(tmp_path):
     import torch_xla.debug.profiler as xp
 
     logdir = tmp_path / "profile"
-    thread = xp.trace_detached("localhost:9012", str(logdir), duration_ms=1500)
-    time.sleep(0.3)
-    met.clear_all()
-    w = torch.ones(16, 16, device=xm.xla_device())
-    for step in range(3):
-        with xp.StepTrace("train_step", step_num=step):
-            with xp.Trace("forward"):
-                w = w @ w * 0.1
-    assert met.counter_value("MarkStep") == 3  # leaving a StepTrace is a barrier
-    thread.join(timeout=60)
-    assert not thread.is_alive()
+    server = xp.start_server(9012)  # as PyTorch/XLA's guide does before capturing
+    assert server is not None
+    try:
+        thread = xp.trace_detached("localhost:9012", str(logdir), duration_ms=1500)
+        time.sleep(0.3)
+        met.clear_all()
+        w = torch.ones(16, 16, device=xm.xla_device())
+        for step in range(3):
+            with xp.StepTrace("train_step", step_num=step):
+                with xp.Trace("forward"):
+                    w = w @ w * 0.1
+        assert met.counter_value("MarkStep") == 3  # leaving a StepTrace is a barrier
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    finally:
+        xp.stop_server()  # a running server turns on annotations for the rest of the process
     traces = list(logdir.rglob("*.xplane.pb"))
     assert traces and traces[0].stat().st_size > 0
 
