@@ -4,13 +4,15 @@ Mixtral, Qwen2-MoE and GPT-OSS from small random configs, with transformers'
 default expert implementation (``grouped_mm``: tokens sorted by expert,
 counted with integer ``torch.histc`` off CPU, multiplied with
 ``F.grouped_mm``), 2 AdamW steps in lazy mode, under ``spmdtorch.compile``,
-and sharded with FSDPv2 over 8 devices. Eager CPU runs the same default path
+and sharded with FSDPv2 over 8 devices; and ``plan_sharding``'s
+expert-parallel rule (stacked expert weights split on the expert dim). Eager CPU runs the same default path
 (its ``grouped_mm`` kernel, ``histc`` on floats). The routing must not leave
 the device: no ``aten::*`` CPU-fallback counter may move.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 
 import numpy as np
@@ -151,3 +153,42 @@ def test_moe_fsdpv2_on_8_devices_trains_like_eager(name, devices8):
     # The stacked expert weights are sharded 8 ways too.
     spec = get_sharding_spec(experts.down_proj)
     assert spec.startswith("{devices=[") and "8" in spec.split("]")[0], spec
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "mixtral"])
+def test_expert_parallel_plan_shards_stacked_experts(name):
+    from spmdtorch.plan import plan_sharding
+
+    mesh = Mesh(np.arange(8), (2, 4), ("fsdp", "ep"))
+    with torch.device("meta"):
+        model = MODELS[name]()
+    plan = plan_sharding(model, mesh, "fsdp+ep")
+    experts = [n for n, _ in model.named_parameters() if ".experts." in n]
+    assert experts
+    for n in experts:
+        assert plan.roles[n] == "expert", n
+        spec = next(v for k, v in plan.rules.items() if fnmatch.fnmatchcase(n, k))
+        assert spec[0] == "ep" and "fsdp" in spec[1:], (n, spec)
+    others = [n for n in plan.roles if ".experts." not in n]
+    assert all(plan.roles[n] in ("fsdp", "replicated") for n in others)
+    only_ep = plan_sharding(model, mesh, "ep")
+    assert {n for n, r in only_ep.roles.items() if r == "expert"} == set(experts)
+    assert all(only_ep.roles[n] == "replicated" for n in others)
+
+
+def test_mixtral_expert_parallel_trains_like_eager(devices8):
+    from spmdtorch.plan import plan_sharding
+
+    mesh = Mesh(np.arange(8), (2, 4), ("fsdp", "ep"))
+    rules = dict(plan_sharding(make_mixtral(), mesh, "fsdp+ep").rules)
+
+    def wrap(model):
+        model = model.to("xla")
+        mark_sharding(model, mesh, rules)
+        return model
+
+    _, model = check_training_parity(
+        make_mixtral, adamw, token_batches(batch=4), causal_lm_loss, "lazy", wrap=wrap, param_atol=PARAM_ATOL
+    )
+    w = model.model.layers[0].mlp.experts.gate_up_proj
+    assert get_sharding_spec(w).startswith("{devices=[4,"), get_sharding_spec(w)  # 4 experts over "ep"
