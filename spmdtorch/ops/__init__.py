@@ -11,6 +11,8 @@ from spmdtorch.ops import (  # noqa: F401
     elementwise,
     factories,
     fft,
+    grouped,
+    histograms,
     indexing,
     linalg,
     losses,

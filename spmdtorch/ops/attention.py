@@ -1,10 +1,16 @@
-"""Scaled dot-product attention kernels (math formulation, f32 softmax).
+"""Scaled dot-product attention kernels.
 
-torch's ``scaled_dot_product_attention`` picks a fused backend by device;
-these lower the CPU flash kernel and the math fallback that it can pick, plus
-the flash kernel's backward (via ``jax.vjp``). Dropout inside attention is
-supported forward-only: the backward cannot re-draw the forward's mask, so a
-non-zero ``dropout_p`` in a backward raises.
+``F.scaled_dot_product_attention`` on xla tensors is routed (by
+``spmdtorch.tensor.dispatch``'s torch-function override) to the ATen op
+``_scaled_dot_product_flash_attention_for_cpu``, one node whose lowering is
+``jax.nn.dot_product_attention`` (``_jax_attention``): XLA's implementation
+on CPU and TPU, cuDNN's fused kernel on GPU where it applies. Its backward
+(torch's derivative calls the ``_backward`` op) is the ``jax.vjp`` of the same
+function. ``_attention`` (math formulation, f32 softmax) stays the lowering
+of the math op ``_scaled_dot_product_attention_math`` and the fallback for
+inputs the jax function does not take. Dropout inside attention has no
+lowering here: the override leaves ``dropout_p > 0`` to torch's math
+decomposition, whose dropout lowers like any other.
 """
 
 from __future__ import annotations
@@ -46,11 +52,54 @@ def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa=False)
     return linalg.matmul(p, v), lse, p
 
 
+def _jax_supports(query, key, value, attn_mask) -> bool:
+    """Whether ``jax.nn.dot_product_attention`` takes these (B, H, L, D) inputs."""
+    if not (query.ndim == key.ndim == value.ndim == 4):
+        return False
+    if query.dtype != key.dtype or key.dtype != value.dtype or key.shape[1] != value.shape[1]:
+        return False
+    if query.shape[1] % key.shape[1]:  # grouped-query heads must divide evenly
+        return False
+    return attn_mask is None or attn_mask.ndim <= 4
+
+
+def _jax_attention(query, key, value, attn_mask, is_causal, scale):
+    """(output, logsumexp) of ``jax.nn.dot_product_attention`` in torch's layout.
+
+    torch's (B, H, L, D) is jax's (B, L, H, D) transposed; a bool mask is
+    jax's ``mask``, a float one its ``bias``; grouped-query heads (fewer key
+    heads) are native. Rows no key may attend to give 0 (torch's safe
+    softmax) and a logsumexp of -inf, where jax would average the values.
+    """
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))
+    mask = bias = None
+    if attn_mask is not None:
+        attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + attn_mask.shape)
+        if attn_mask.dtype == jnp.bool_:
+            mask = attn_mask
+        else:
+            bias = attn_mask.astype(jnp.promote_types(q.dtype, jnp.float32))
+    out, lse = jax.nn.dot_product_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal, return_residual=True)
+    out = jnp.swapaxes(out, 1, 2)
+    lse = jnp.swapaxes(lse, 1, 2).astype(jnp.float32)  # (B, L, H) -> (B, H, L)
+    if mask is not None:
+        L, S = query.shape[-2], key.shape[-2]
+        allowed = jnp.broadcast_to(mask, mask.shape[:2] + (L, S))
+        if is_causal:
+            allowed = allowed & jnp.tril(jnp.ones((L, S), jnp.bool_))
+        live = jnp.any(allowed, axis=-1)  # (B or 1, H or 1, L)
+        out = jnp.where(live[..., None], out, jnp.zeros((), out.dtype))
+        lse = jnp.where(live, lse, -jnp.inf)
+    return out, lse
+
+
 @register("_scaled_dot_product_flash_attention_for_cpu.default", lift_scalars=False)
 def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     _check_no_dropout(dropout_p)
+    if _jax_supports(query, key, value, attn_mask):
+        return _jax_attention(query, key, value, attn_mask, is_causal, scale)
     out, lse, _ = _attention(query, key, value, attn_mask, is_causal, scale)
-    return out, lse
+    return out.astype(query.dtype), lse
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu_backward.default", lift_scalars=False)
@@ -58,10 +107,14 @@ def _sdpa_flash_cpu_backward(
     grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
 ):
     _check_no_dropout(dropout_p)
+    if _jax_supports(query, key, value, attn_mask):
+        f = lambda q, k, v: _jax_attention(q, k, v, attn_mask, is_causal, scale)[0]  # noqa: E731
+        _, vjp = jax.vjp(f, query, key, value)
+        return vjp(grad_out.astype(query.dtype))
     f = lambda q, k, v: _attention(q, k, v, attn_mask, is_causal, scale)[0]  # noqa: E731
     f32 = lambda t: t.astype(jnp.float32)  # noqa: E731
     _, vjp = jax.vjp(f, f32(query), f32(key), f32(value))
-    return vjp(f32(grad_out))
+    return tuple(g.astype(t.dtype) for g, t in zip(vjp(f32(grad_out)), (query, key, value)))
 
 
 @register("_scaled_dot_product_attention_math.default", lift_scalars=False)

@@ -31,12 +31,18 @@ class Lowering:
             exact path for them (``x.pow(2)`` as ``x * x``, as torch does;
             a lifted exponent leaves XLA a general ``pow``). Each such value
             compiles its own program, so keep the set to a few common values.
+        meta: ``meta(*args, **kwargs)`` on meta tensors, returning the
+            outputs' metadata, used instead of torch's meta kernel where that
+            kernel rejects calls the lowering supports (``_grouped_mm``'s
+            enforces CUDA's bfloat16-only rule, while the CPU kernel and
+            ``jax.lax.ragged_dot`` take every float type). None: torch's.
     """
 
     fn: Callable
     random: bool = False
     lift_scalars: bool = True
     static_scalars: frozenset = frozenset()
+    meta: Callable | None = None
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -63,7 +69,9 @@ def resolve_ops(name: str) -> list[torch._ops.OpOverload]:
     return ops
 
 
-def register(*names: str, random: bool = False, lift_scalars: bool = True, static_scalars=()):
+def register(
+    *names: str, random: bool = False, lift_scalars: bool = True, static_scalars=(), meta: Callable | None = None
+):
     """Register the decorated function as the lowering of ATen ops ``names``.
 
     Args:
@@ -71,6 +79,7 @@ def register(*names: str, random: bool = False, lift_scalars: bool = True, stati
         random: the lowering draws random numbers and takes ``key=``.
         lift_scalars: see ``Lowering.lift_scalars``.
         static_scalars: see ``Lowering.static_scalars``.
+        meta: see ``Lowering.meta``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -84,7 +93,9 @@ def register(*names: str, random: bool = False, lift_scalars: bool = True, stati
     """
 
     def deco(fn):
-        low = Lowering(fn, random=random, lift_scalars=lift_scalars, static_scalars=frozenset(static_scalars))
+        low = Lowering(
+            fn, random=random, lift_scalars=lift_scalars, static_scalars=frozenset(static_scalars), meta=meta
+        )
         for name in names:
             for op in resolve_ops(name):
                 LOWERINGS[op] = low

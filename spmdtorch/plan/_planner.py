@@ -15,6 +15,14 @@ Strategies (mesh axis names are arguments; the defaults are ``"fsdp"`` and
   is replicated.
 * ``"fsdp+tp"``: the ``"tp"`` split, and the other dim of each weight over
   ``fsdp_axis``; parameters ``"tp"`` leaves alone get the ``"fsdp"`` rule.
+* ``"ep"``: expert parallelism over ``ep_axis``: *stacked expert weights*
+  (a module holding 3-d parameters with one leading size ``E``, the experts,
+  as Hugging Face's MoE expert modules do: ``gate_up_proj (E, 2I, H)``,
+  ``down_proj (E, H, I)``, and their ``(E, n)`` biases) are split on the
+  expert dim; everything else is replicated.
+* ``"fsdp+ep"``: the ``"ep"`` split plus the largest other dim of each
+  expert weight over ``fsdp_axis``; every other parameter gets the
+  ``"fsdp"`` rule.
 
 Pairs are found from shapes and registration order, not names: ``d`` is the
 most common ``in_features`` of the module's Linear children; a Linear with
@@ -51,7 +59,7 @@ from spmdtorch.plan._memory import MemoryPlan, memory_plan
 
 __all__ = ["PlanError", "ShardingPlan", "plan_sharding"]
 
-STRATEGIES = ("fsdp", "tp", "fsdp+tp")
+STRATEGIES = ("fsdp", "tp", "fsdp+tp", "ep", "fsdp+ep")
 
 
 class PlanError(ValueError):
@@ -63,11 +71,12 @@ class ShardingPlan:
     """Proposed rules for ``mark_sharding(model, mesh, rules)`` and what they cost.
 
     Attributes:
-        strategy: ``"fsdp"``, ``"tp"`` or ``"fsdp+tp"``.
+        strategy: one of ``STRATEGIES``.
         rules: read-only mapping of parameter-name globs to partition specs;
             ``dict(plan.rules)`` gives an editable copy.
         roles: parameter name -> why it got its spec: ``"column"``, ``"row"``,
-            ``"vocab"`` (embedding or output head), ``"fsdp"`` or ``"replicated"``.
+            ``"vocab"`` (embedding or output head), ``"expert"`` (stacked
+            expert weights), ``"fsdp"`` or ``"replicated"``.
         memory: the :class:`~spmdtorch.plan.MemoryPlan` of the
             model under these rules.
     """
@@ -121,16 +130,28 @@ def _module_roles(model: nn.Module) -> dict[str, tuple[str, str]]:
     lin_roles = _linear_roles(model)
     owner = {}
     for _mod_name, mod in model.named_modules():
+        experts = _expert_count(mod)
         for pname, p in mod.named_parameters(recurse=False):
             if id(p) in owner:
                 continue
             role = "other"
-            if isinstance(mod, nn.Embedding) and pname == "weight":
+            if experts is not None and p.dim() >= 2 and p.shape[0] == experts:
+                role = "expert"
+            elif isinstance(mod, nn.Embedding) and pname == "weight":
                 role = "vocab"
             elif isinstance(mod, nn.Linear):
                 role = lin_roles.get(id(mod)) or ("vocab" if mod.out_features in vocab else "other")
             owner[id(p)] = (role, pname)
     return {name: owner[id(p)] for name, p in model.named_parameters()}
+
+
+def _expert_count(mod: nn.Module) -> int | None:
+    """``E`` when ``mod``'s own 3-d parameters are stacked expert weights (all lead with ``E`` > 1)."""
+    leads = {p.shape[0] for p in mod.parameters(recurse=False) if p.dim() == 3}
+    if len(leads) == 1 and not isinstance(mod, (nn.Linear, nn.Embedding)):
+        (e,) = leads
+        return e if e > 1 else None
+    return None
 
 
 def _largest_dim_spec(shape, axis) -> tuple:
@@ -140,10 +161,15 @@ def _largest_dim_spec(shape, axis) -> tuple:
     return tuple(spec)
 
 
-def _spec(role, pname, shape, strategy, fsdp, tp) -> tuple[tuple, str]:
+def _spec(role, pname, shape, strategy, fsdp, tp, ep) -> tuple[tuple, str]:
     ndim = len(shape)
     use_tp = strategy in ("tp", "fsdp+tp")
-    use_fsdp = strategy in ("fsdp", "fsdp+tp")
+    use_fsdp = strategy in ("fsdp", "fsdp+tp", "fsdp+ep")
+    if strategy in ("ep", "fsdp+ep") and role == "expert":
+        rest = (None,) * (ndim - 1)
+        if use_fsdp and ndim > 1:
+            rest = _largest_dim_spec(shape[1:], fsdp)
+        return (ep, *rest), "expert"
     if use_tp and role in ("column", "row", "vocab") and ndim in (1, 2):
         if ndim == 2 and pname == "weight":
             tp_dim = 1 if role == "row" else 0
@@ -200,6 +226,7 @@ def plan_sharding(
     *,
     fsdp_axis: str = "fsdp",
     tp_axis: str = "tp",
+    ep_axis: str = "ep",
     optimizer=None,
 ) -> ShardingPlan:
     """Propose sharding rules for ``model`` on ``mesh`` and plan their memory.
@@ -211,9 +238,11 @@ def plan_sharding(
     Args:
         model: the module.
         mesh: a ``spmdtorch.mesh.Mesh`` with the axes the strategy uses.
-        strategy: ``"fsdp"``, ``"tp"`` or ``"fsdp+tp"`` (see the module docs).
+        strategy: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"``, ``"ep"`` or ``"fsdp+ep"``
+            (see the module docs).
         fsdp_axis: the mesh axis for FSDP sharding.
         tp_axis: the mesh axis for tensor parallelism.
+        ep_axis: the mesh axis for expert parallelism.
         optimizer: passed to :func:`~spmdtorch.plan.memory_plan` for the
             optimizer-state estimate (an optimizer or a name like ``"adamw"``).
 
@@ -239,18 +268,24 @@ def plan_sharding(
     if not isinstance(model, nn.Module):
         raise PlanError(f"plan_sharding expects an nn.Module, got {type(model).__name__}")
     axes = tuple(getattr(mesh, "axis_names", None) or ())
-    needed = {"fsdp": [fsdp_axis], "tp": [tp_axis], "fsdp+tp": [fsdp_axis, tp_axis]}[strategy]
+    needed = {
+        "fsdp": [fsdp_axis],
+        "tp": [tp_axis],
+        "fsdp+tp": [fsdp_axis, tp_axis],
+        "ep": [ep_axis],
+        "fsdp+ep": [fsdp_axis, ep_axis],
+    }[strategy]
     missing = [a for a in needed if a not in axes]
     if missing:
         raise PlanError(
             f"strategy {strategy!r} shards over the mesh axes {needed}, but the mesh's axes are {axes!r}; "
-            f"name them so (e.g. Mesh(ids, shape, {tuple(needed)!r})) or pass fsdp_axis=/tp_axis="
+            f"name them so (e.g. Mesh(ids, shape, {tuple(needed)!r})) or pass fsdp_axis=/tp_axis=/ep_axis="
         )
     specs: dict[str, tuple] = {}
     roles: dict[str, str] = {}
     for name, (role, pname) in _module_roles(model).items():
         shape = tuple(model.get_parameter(name).shape)
-        specs[name], roles[name] = _spec(role, pname, shape, strategy, fsdp_axis, tp_axis)
+        specs[name], roles[name] = _spec(role, pname, shape, strategy, fsdp_axis, tp_axis, ep_axis)
     rules = _compact(specs)
     memory = memory_plan(model, mesh, rules=rules, optimizer=optimizer)
     return ShardingPlan(

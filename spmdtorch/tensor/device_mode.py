@@ -33,7 +33,13 @@ from spmdtorch.ops import registry
 from spmdtorch.tensor import transfer
 from spmdtorch.tensor._router import torch_function_handler
 from spmdtorch.tensor.autocast import autocast_inputs
-from spmdtorch.tensor.dispatch import CAPTURE_FUNCS, MetaFactoryLeak, capture_meta_factories, factory_kernel
+from spmdtorch.tensor.dispatch import (
+    CAPTURE_FUNCS,
+    FUNCTION_OVERRIDES,
+    MetaFactoryLeak,
+    capture_meta_factories,
+    factory_kernel,
+)
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
 __all__ = ["install", "to_xla", "torch_function"]
@@ -186,8 +192,9 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 _BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _NO_RETRY = _BACKWARD
-# Functions with a branch of their own below (CAPTURE_FUNCS grows at run time).
-_SPECIAL_FUNCS = frozenset(_INDEXING | _BACKWARD)
+# Functions with a branch of their own below (CAPTURE_FUNCS grows at run time;
+# FUNCTION_OVERRIDES is complete once spmdtorch.tensor.dispatch is imported).
+_SPECIAL_FUNCS = frozenset(_INDEXING | _BACKWARD | FUNCTION_OVERRIDES.keys())
 
 
 def _host_list(seq):
@@ -236,6 +243,10 @@ def torch_function(func, args, kwargs):
         # Python key masked; host tensors built here carry them instead.
         args = (args[0], _host_index(args[1])) + tuple(args[2:])
         return func(*args, **kwargs)
+    elif func in FUNCTION_OVERRIDES:  # a fused op instead of torch's decomposition (attention)
+        out = FUNCTION_OVERRIDES[func](*args, **kwargs)
+        if out is not NotImplemented:  # else torch's function, as below
+            return out
     elif func in CAPTURE_FUNCS:
         with capture_meta_factories():
             return func(*args, **kwargs)

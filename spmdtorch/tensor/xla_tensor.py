@@ -13,6 +13,7 @@ which "xla" lacks without torch_xla); ``.device`` reports ``xla:0``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import NamedTuple
 
 import jax
@@ -223,9 +224,20 @@ class XlaTensor(torch.Tensor):
         return object.__format__(self, spec)
 
     def __reduce_ex__(self, proto):
-        raise RuntimeError(
-            "an xla tensor cannot be pickled or torch.save'd directly; save t.cpu() "
-            "(or use spmdtorch.checkpoint for sharded state)"
+        # What stock torch does for devices without host storage (the "xla"
+        # branch of Tensor._reduce_ex_internal), minus the subclass wrapper
+        # torch adds around subclasses (it would pickle the Storage and the
+        # view chain): the values as a CPU tensor, rebuilt on load by
+        # ``_rebuild_device_tensor_from_cpu_tensor``, which honours
+        # ``map_location`` and is on ``torch.load``'s weights_only allowlist.
+        # The CPU copy is detached, so the rebuilt tensor is a leaf that can
+        # take ``requires_grad``. Shardings and storage sharing between views
+        # are not saved (as torch_xla).
+        if getattr(self, "_is_param", False):
+            return (torch._utils._rebuild_parameter, (self.detach(), self.requires_grad, OrderedDict()))
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (to_cpu(self), self.dtype, str(XLA_DEVICE), self.requires_grad),
         )
 
     def __deepcopy__(self, memo):
@@ -263,6 +275,25 @@ class XlaTensor(torch.Tensor):
         # The router resolves the op once (spmdtorch.tensor._router); a global
         # lookup here, so tests can wrap it (monkeypatch this module's ``dispatch``).
         return dispatch(func, args, kwargs or {})
+
+
+def _restore_xla_location(storage, location):
+    """``torch.load``'s deserializer for the "xla" location (``map_location="xla"``).
+
+    Storages stay on the host: an xla tensor is saved as a CPU copy that
+    ``_rebuild_device_tensor_from_cpu_tensor`` then moves to the location
+    ``map_location`` names. A tensor saved from CPU therefore loads as a CPU
+    tensor even under ``map_location="xla"`` (the deserializer never learns
+    where it was saved from); ``load_state_dict`` copies it into xla params.
+    """
+    if location.startswith("xla"):
+        return storage
+    return None
+
+
+# The tagger never claims a storage (xla tensors have none on the host), so
+# saving plain tensors is unchanged; priority after torch's cpu/cuda/mps/meta.
+torch.serialization.register_package(30, lambda storage: None, _restore_xla_location)
 
 
 def is_xla_tensor(t) -> bool:

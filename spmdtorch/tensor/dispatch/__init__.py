@@ -10,6 +10,7 @@ this package holds the handlers it routes to, one concern per module:
 * ``_special``: ops with a handler of their own, registered with ``@special``;
 * ``_foreach``: ``_foreach_*`` ops as one call per element;
 * ``_fallback``: data-dependent ops on CPU copies;
+* ``_functions``: torch functions run as one fused ATen op (attention);
 * ``_factories``: factories on the XLA key and inside C++ composite ops.
 
 Importing this package registers the handlers (``spmdtorch.tensor`` does).
@@ -31,6 +32,7 @@ from spmdtorch.tensor.dispatch._errors import DeviceMismatchError, ForeachError,
 from spmdtorch.tensor.dispatch._factories import CAPTURE_FUNCS, capture_meta_factories, factory_kernel
 from spmdtorch.tensor.dispatch._fallback import cpu_fallback
 from spmdtorch.tensor.dispatch._foreach import foreach
+from spmdtorch.tensor.dispatch._functions import FUNCTION_OVERRIDES
 from spmdtorch.tensor.dispatch._meta import META_CACHE, MetaSpec, TensorSpec, meta_outputs
 from spmdtorch.tensor.dispatch._paths import write
 from spmdtorch.tensor.dispatch._special import copy_, local_scalar_dense
@@ -38,6 +40,7 @@ from spmdtorch.tensor.xla_tensor import wrap_jax_array
 
 __all__ = [
     "CAPTURE_FUNCS",
+    "FUNCTION_OVERRIDES",
     "META_CACHE",
     "DeviceMismatchError",
     "ForeachError",

@@ -13,11 +13,13 @@ import torch
 
 from spmdtorch.lazy import contract, metrics
 from spmdtorch.tensor._host import to_device_array
-from spmdtorch.tensor._router import special
+from spmdtorch.tensor._router import dispatch, special
 from spmdtorch.tensor._values import to_cpu
 from spmdtorch.tensor.dispatch._paths import dispatch_lowering, dispatch_mutation
 from spmdtorch.tensor.dispatch._special import copy_
-from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
+from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XlaTensor, new_base
+
+aten = torch.ops.aten
 
 __all__ = ["cpu_fallback"]
 
@@ -34,8 +36,6 @@ _INDEX_OPS = ("index.Tensor", "index_put.default", "index_put_.default", "_index
     "unique_consecutive",
     "unique_dim_consecutive",
     "repeat_interleave.Tensor",
-    "bincount",
-    "histc",
     "nonzero_static",
     # histograms: bin edges and counts come from a data pass; the CPU
     # kernels are what torch_xla falls back to as well
@@ -95,3 +95,49 @@ def _dispatch_index(func, args, kwargs, facts):
     if facts.mutable_pos and facts.lowering is None:
         return dispatch_mutation(func, args, kwargs, facts)
     return dispatch_lowering(func, args, kwargs, facts)
+
+
+@special("bincount.default")
+def _bincount(func, args, kwargs, facts):
+    """``bincount`` on the device: only its length comes from the data.
+
+    The output length is ``max(self.max() + 1, minlength)``, so the extrema
+    are read on the host (one small transfer, and a sync, like PyTorch/XLA);
+    the counts are one ``index_add`` on the device, the input never leaves it.
+    """
+    names = facts.arg_names
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    x, weights, minlength = bound["self"], bound.get("weights"), bound.get("minlength", 0)
+    if not isinstance(x, XlaTensor) or x.dim() != 1 or x.dtype.is_floating_point or x.dtype == torch.bool:
+        raise RuntimeError(
+            f"bincount only supports 1-d non-negative integral inputs; got a {x.dim()}-d {x.dtype} tensor"
+        )
+    if weights is not None and tuple(weights.shape) != tuple(x.shape):
+        raise RuntimeError(
+            f"weights should be 1-d and have the same length as input; got {tuple(weights.shape)} for input "
+            f"{tuple(x.shape)}"
+        )
+    if minlength < 0:
+        raise RuntimeError(f"minlength should be >= 0, got {minlength}")
+    contract.check_not_tracing(f"runs bincount, whose output length depends on the data ({func})")
+    metrics.inc("aten::bincount")
+    length = minlength
+    if x.numel():
+        lo, hi = to_cpu(dispatch(aten.stack.default, (list(dispatch(aten.aminmax.default, (x,), {})),), {})).tolist()
+        if lo < 0:
+            raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs; the input holds {lo}")
+        length = max(length, hi + 1)
+    # torch's dtype rule: the count type without weights, else the weights'
+    # floating type (double for integer weights).
+    probe = torch.zeros(1, dtype=torch.long)
+    dtype = torch.bincount(probe, None if weights is None else torch.zeros(1, dtype=weights.dtype)).dtype
+    out = dispatch(aten.zeros.default, ([length],), {"dtype": dtype, "device": XLA_DEVICE})
+    if x.numel() == 0:
+        return out
+    src = (
+        dispatch(aten.ones.default, ([x.shape[0]],), {"dtype": dtype, "device": XLA_DEVICE})
+        if weights is None
+        else dispatch(aten._to_copy.default, (weights,), {"dtype": dtype})
+    )
+    return dispatch(aten.index_add.default, (out, 0, x, src), {})

@@ -82,6 +82,9 @@ def _run_meta(func, args, kwargs, facts):
         meta_kwargs = dict(kwargs, device="meta")
     meta_args = [_to_meta(a) for a in args]
     meta_kwargs = {k: _to_meta(v) for k, v in meta_kwargs.items()}
+    low = facts.lowering
+    if low is not None and low.meta is not None:  # the lowering's own shape rule (Lowering.meta)
+        func = low.meta
     MetaFlag.active = True
     try:
         with torch._C._ExcludeDispatchKeyGuard(PYTHON_KEY):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from spmdtorch.lazy import metrics
+from spmdtorch.lazy import contract, metrics
 from spmdtorch.tensor._facts import view_twin
 from spmdtorch.tensor._host import to_device_array
 from spmdtorch.tensor._router import dispatch, special
@@ -173,3 +173,41 @@ def _decompose_batch_norm(func, args, kwargs, facts):
         return out
     empty = [dispatch(aten.empty.memory_format, ([0],), {"dtype": o.dtype, "device": XLA_DEVICE}) for o in out[1:]]
     return (out[0], *empty)
+
+
+@special("_nested_tensor_from_mask_left_aligned.default")
+def _nested_tensor_from_mask_left_aligned(func, args, kwargs, facts):
+    """Whether each row of ``mask`` (N, L) is all True then all False: a Python bool.
+
+    ``nn.TransformerEncoder`` asks this in eval mode to choose its nested-tensor
+    fast path (which it never takes for xla tensors: they have a
+    ``__torch_function__``). Computed as torch's kernel does, then read on the
+    host (a sync). While ``spmdtorch.compile`` traces, no value can be read:
+    the answer is False, which only ever selects the general path.
+    """
+    t, mask = args[0], args[1]
+    if mask.dtype != torch.bool:
+        # torch's TORCH_CHECK messages, word for word.
+        name = str(mask.dtype).removeprefix("torch.").capitalize()
+        raise RuntimeError(f"Expected mask to be of ScalarType Bool, but got {name} instead.")
+    if mask.dim() != 2:
+        raise RuntimeError("Padding mask should be 2D")
+    if t.dim() != 3:
+        raise RuntimeError("Input should be a 3D tensor, N * L * D")
+    n, length = t.shape[0], t.shape[1]
+    if tuple(mask.shape) != (n, length):
+        raise RuntimeError("Mask size should match input size")
+    if contract.tracing():
+        return False
+    # Row i is left-aligned iff mask[i] == (arange(L) < index of its first False).
+    dev = {"device": XLA_DEVICE}
+    pad = dispatch(aten.zeros.default, ([n, 1],), {"dtype": torch.bool, **dev})
+    ints = dispatch(aten._to_copy.default, (dispatch(aten.cat.default, ([mask, pad], 1), {}),), {"dtype": torch.int32})
+    first_false = dispatch(aten.argmin.default, (ints, 1), {})
+    ar = dispatch(aten.arange.default, (length,), {"dtype": first_false.dtype, **dev})
+    want = dispatch(
+        aten.lt.Tensor,
+        (dispatch(aten.unsqueeze.default, (ar, 0), {}), dispatch(aten.unsqueeze.default, (first_false, 1), {})),
+        {},
+    )
+    return _equal(None, (want, mask), {}, None)

@@ -1,0 +1,65 @@
+"""Torch-level overrides: torch functions that xla tensors run as one fused ATen op.
+
+Some torch functions decompose in C++ before any ATen call reaches the
+dispatcher, because their fused kernels are chosen by device and the xla
+tensors' storage device is ``meta``: ``F.scaled_dot_product_attention``
+becomes a dozen math ops there. ``FUNCTION_OVERRIDES`` maps such a function
+to a handler with its signature; the torch-function handler
+(``spmdtorch.tensor.device_mode``) calls it for calls with an xla argument.
+A handler returns what torch's function returns, or ``NotImplemented`` for
+a case it does not take: the handler then runs torch's function as for any
+other call (with its retry for helpers that C++ composites build on meta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from spmdtorch.tensor.xla_tensor import XlaTensor
+
+__all__ = ["FUNCTION_OVERRIDES", "scaled_dot_product_attention"]
+
+FUNCTION_OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """``F.scaled_dot_product_attention`` as one fused op (``jax.nn.dot_product_attention``).
+
+    The call becomes ``aten._scaled_dot_product_flash_attention_for_cpu``,
+    whose lowering (``spmdtorch.ops.attention``) is jax's fused attention and
+    whose autograd formula torch supplies (its backward op lowers to the
+    ``jax.vjp`` of the same function). torch's own function (the math
+    decomposition) runs instead for what that op does not take: dropout,
+    inputs that are not 4-d xla tensors of one dtype, a mask that needs a
+    gradient or is not an xla tensor, and the argument errors torch reports
+    (a mask with ``is_causal``, head counts that do not match): for those it
+    returns ``NotImplemented``.
+    """
+    fused = (
+        isinstance(query, XlaTensor)
+        and isinstance(key, XlaTensor)
+        and isinstance(value, XlaTensor)
+        and isinstance(dropout_p, (int, float))
+        and dropout_p == 0
+        and query.dim() == key.dim() == value.dim() == 4
+        and query.dtype == key.dtype == value.dtype
+        and query.dtype.is_floating_point
+        and key.shape[1] == value.shape[1]
+        and (query.shape[1] == key.shape[1] or (enable_gqa and query.shape[1] % key.shape[1] == 0))
+        and not (is_causal and attn_mask is not None)
+        and (attn_mask is None or (isinstance(attn_mask, XlaTensor) and not attn_mask.requires_grad))
+    )
+    if not fused:
+        return NotImplemented
+    return _FLASH(query, key, value, 0.0, bool(is_causal), attn_mask=attn_mask, scale=scale)[0]
+
+
+FUNCTION_OVERRIDES[F.scaled_dot_product_attention] = scaled_dot_product_attention
