@@ -4,24 +4,39 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Iterator
 
-from spmdtorch.lazy.executor import sync
+from spmdtorch._checks import ArgumentTypeError, check_bool
+from spmdtorch.lazy import executor
 
 __all__ = ["mark_step", "step", "sync", "wait_device_ops"]
 
 
 def mark_step(wait: bool = False) -> None:
     """PyTorch/XLA's name for ``sync``: run everything recorded so far."""
-    sync(wait=wait)
+    sync(wait=check_bool(wait, "mark_step", "wait", ArgumentTypeError))
+
+
+def sync(wait: bool = False) -> None:
+    """Compute every pending live tensor in one compiled program.
+
+    Args:
+        wait: block until the results are ready (otherwise execution is async).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> y = torch.ones(2, device="xla") + 1
+        >>> spmdtorch.sync(wait=True)
+    """
+    executor.sync(check_bool(wait, "sync", "wait", ArgumentTypeError))
 
 
 def wait_device_ops() -> None:
     """Block until every queued execution has finished."""
-    sync(wait=True)
+    executor.sync(wait=True)
 
 
-@contextlib.contextmanager
-def step(*, pause_gc: bool = True):
+def step(*, pause_gc: bool = True) -> contextlib.AbstractContextManager[None]:
     """Run the body as one training step: leaving the block syncs.
 
     Args:
@@ -45,6 +60,12 @@ def step(*, pause_gc: bool = True):
         >>> w.cpu()
         tensor([2., 2., 2.])
     """
+    # Checked on the call, not on entering the block (a generator body would run only then).
+    return _step(check_bool(pause_gc, "step", "pause_gc", ArgumentTypeError))
+
+
+@contextlib.contextmanager
+def _step(pause_gc: bool) -> Iterator[None]:
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from spmdtorch._checks import ArgumentTypeError, check_bool, check_str
 from spmdtorch.lazy import executor, metrics
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
@@ -46,7 +47,7 @@ def counter_value(name: str) -> int:
         >>> debug.counter_value("UncachedCompile") >= 0
         True
     """
-    return metrics.counters.get(name, 0)
+    return metrics.counters.get(check_str(name, "counter_value", "name", ArgumentTypeError), 0)
 
 
 def metric_names() -> list[str]:
@@ -55,7 +56,7 @@ def metric_names() -> list[str]:
 
 def metric_data(name: str):
     """``(count, total_seconds, max_seconds)`` of timer ``name``, or None."""
-    entry = metrics.timers.get(name)
+    entry = metrics.timers.get(check_str(name, "metric_data", "name", ArgumentTypeError))
     return None if entry is None else tuple(entry)
 
 
@@ -110,11 +111,15 @@ def metrics_report() -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def _pending_refs(tensors):
+def _pending_refs(tensors, what: str):
+    if isinstance(tensors, XlaTensor):
+        tensors = [tensors]
+    if not isinstance(tensors, (list, tuple)):
+        raise ArgumentTypeError(f"{what}: tensors must be a list of xla tensors, got {type(tensors).__name__}")
     refs = []
     for t in tensors:
         if not isinstance(t, XlaTensor):
-            raise TypeError(f"get_hlo_text expects xla tensors, got {type(t).__name__}")
+            raise ArgumentTypeError(f"{what} expects xla tensors, got {type(t).__name__} in tensors")
         v = read_value(t)
         if isinstance(v, LazyRef):  # concrete tensors have no pending graph
             refs.append(v)
@@ -123,7 +128,7 @@ def _pending_refs(tensors):
 
 def get_hlo_text(tensors) -> str:
     """HLO text of the pending graph computing ``tensors`` (before partitioning)."""
-    refs = _pending_refs(tensors)
+    refs = _pending_refs(tensors, "get_hlo_text")
     if not refs:
         return ""
     return executor.lower(refs).as_text(dialect="hlo")
@@ -131,7 +136,7 @@ def get_hlo_text(tensors) -> str:
 
 def get_stablehlo(tensors) -> str:
     """StableHLO (MLIR text) of the pending graph computing ``tensors``."""
-    refs = _pending_refs(tensors)
+    refs = _pending_refs(tensors, "get_stablehlo")
     if not refs:
         return ""
     return executor.lower(refs).as_text()
@@ -139,6 +144,7 @@ def get_stablehlo(tensors) -> str:
 
 def log_recompiles(enabled: bool = True) -> None:
     """Log a line on every recompilation saying which input changed."""
+    enabled = check_bool(enabled, "log_recompiles", "enabled", ArgumentTypeError)
     logging.getLogger("spmdtorch.compile").setLevel(logging.INFO if enabled else logging.WARNING)
 
 

@@ -19,6 +19,8 @@ Example:
 """
 
 from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentError,
+    CheckpointArgumentTypeError,
     CheckpointCorruptionError,
     CheckpointError,
     CheckpointExistsError,
@@ -40,6 +42,8 @@ from spmdtorch.checkpoint.manager import CheckpointManager
 from spmdtorch.checkpoint.optim import init_optimizer_state
 
 __all__ = [
+    "CheckpointArgumentError",
+    "CheckpointArgumentTypeError",
     "CheckpointCorruptionError",
     "CheckpointError",
     "CheckpointExistsError",

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-__all__ = ["InputShardingError", "LoaderWorkerError"]
+from spmdtorch._checks import ArgumentError, ArgumentTypeError
+
+__all__ = ["InputShardingError", "LoaderArgumentError", "LoaderArgumentTypeError", "LoaderWorkerError"]
 
 
 class InputShardingError(ValueError):
     """``input_sharding`` does not fit the loader or one of its batches."""
+
+
+class LoaderArgumentError(ArgumentError):
+    """A loader option with a wrong value (a size < 1...); the message names it."""
+
+
+class LoaderArgumentTypeError(LoaderArgumentError, ArgumentTypeError):
+    """A loader argument of the wrong type (a ``TypeError`` too, as before it was named)."""
 
 
 class LoaderWorkerError(RuntimeError):

@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast, overload
 import jax
 import torch
 
+from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.lazy import metrics, padding
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Slot
@@ -38,6 +39,30 @@ __all__ = [
 
 class ShardingError(ValueError):
     """An annotation that cannot be applied (bad spec, conflicting re-mark...)."""
+
+
+class ShardingTypeError(ShardingError, ArgumentTypeError):
+    """An argument of the wrong type (a ``TypeError`` too)."""
+
+
+def _check_mesh(mesh: object, what: str) -> Mesh:
+    if not isinstance(mesh, Mesh):
+        raise ShardingTypeError(
+            f"{what}: mesh must be a spmdtorch.mesh.Mesh, got {type(mesh).__module__}.{type(mesh).__qualname__}; "
+            "build one with Mesh(device_ids, mesh_shape, axis_names) or get_1d_mesh()"
+        )
+    return mesh
+
+
+def _check_spec(partition_spec: object, what: str) -> tuple[Any, ...]:
+    """The spec as a tuple; its entries are checked against the mesh by ``Mesh.named_sharding``."""
+    if isinstance(partition_spec, (str, bytes)) or not isinstance(partition_spec, Sequence):
+        hint = f"; did you mean ({partition_spec!r},)?" if isinstance(partition_spec, (str, int)) else ""
+        raise ShardingTypeError(
+            f"{what}: partition_spec must be a tuple with one entry per tensor dim (None, an axis index, "
+            f"an axis name or a tuple of those), got {type(partition_spec).__name__} {partition_spec!r}{hint}"
+        )
+    return tuple(partition_spec)
 
 
 @functools.lru_cache(maxsize=256)
@@ -68,7 +93,8 @@ def _check_tensor(t: object, what: str = "mark_sharding") -> XlaTensor:
 
 
 def _named_sharding(mesh: Mesh, partition_spec: Sequence[Any], t: torch.Tensor) -> jax.sharding.NamedSharding:
-    spec = tuple(partition_spec)
+    _check_mesh(mesh, "mark_sharding")
+    spec = _check_spec(partition_spec, "mark_sharding")
     if len(spec) != t.dim():
         raise ShardingError(
             f"partition_spec {spec} has {len(spec)} entries but the tensor has {t.dim()} dims "
@@ -244,6 +270,9 @@ def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: Se
     """
     if not isinstance(t, XlaTensor):  # a view is fine: the annotated tensor is a copy
         _check_tensor(t, "mark_sharding_with_gradients")
+    # Checked here, not in forward: autograd would report errors from there wrapped.
+    spec = _check_spec(partition_spec, "mark_sharding_with_gradients")
+    _check_mesh(mesh, "mark_sharding_with_gradients").named_sharding(spec, t.dim())
     # torch leaves Function.apply unannotated.
     out: torch.Tensor = _MarkWithGradients.apply(t, mesh, tuple(partition_spec))  # type: ignore[no-untyped-call]
     return out
@@ -266,7 +295,15 @@ class ShardingSpec:
     minibatch: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "partition_spec", tuple(self.partition_spec))
+        mesh = _check_mesh(self.mesh, "ShardingSpec")
+        spec = _check_spec(self.partition_spec, "ShardingSpec")
+        # Entries are checked now (unknown axis, an axis used twice...), so a bad
+        # spec fails where it is written, not at the first batch; the rank is
+        # checked when the spec is applied to a tensor.
+        mesh.jax_partition_spec(spec)
+        if not isinstance(self.minibatch, bool):
+            raise ShardingTypeError(f"ShardingSpec: minibatch must be True or False, got {self.minibatch!r}")
+        object.__setattr__(self, "partition_spec", spec)
 
     def apply(self, t: _T) -> _T:
         """``mark_sharding(t, self.mesh, self.partition_spec)``."""
