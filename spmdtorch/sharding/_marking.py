@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 import jax
+import numpy as np
 import torch
 
 from spmdtorch._checks import ArgumentTypeError
@@ -162,6 +163,11 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
         st.set(ref)
     else:
         metrics.inc("ReshardOnDevice")
+        if value.size == 0:
+            # No data to move. jax 0.10 reshards an empty *replicated* array onto
+            # a mesh with another device order with wrong per-device shapes
+            # (reading it back then fails); a fresh host array places correctly.
+            value = np.zeros(value.shape, value.dtype)
         target = padding.padded_shape(value.shape, sharding)
         if target is None:
             st.logical_shape = None
