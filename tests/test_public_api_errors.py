@@ -295,23 +295,6 @@ ANY_VALUE: dict[tuple[str, str], str] = {
     ("memory_plan", "model_or_state"): "a module or a state dict",
 }
 
-#: Functions whose argument checks live in modules other engineers are rewriting
-#: now (runtime.py and launch/: multi-host work; fsdp/_fsdpv2.py: view
-#: marking). A case of theirs that fails is reported as xfail (with the reason);
-#: the cases that already pass are checked like every other one.
-KNOWN_GAPS: dict[str, str] = {
-    "FSDPv2": "fsdp/_fsdpv2.py is being rewritten on the views branch",
-    "plain_state_dict": "fsdp/_fsdpv2.py is being rewritten on the views branch",
-    "load_plain_state_dict": "fsdp/_fsdpv2.py is being rewritten on the views branch",
-    "device": "runtime.py is being rewritten on the multihost branch (raises builtin TypeError/ValueError)",
-    "initialize_cache": "runtime.py is being rewritten on the multihost branch",
-    "resolve_distributed_config": "runtime.py is being rewritten on the multihost branch",
-    "set_max_gather_bytes": "runtime.py is being rewritten on the multihost branch (raises builtin ValueError)",
-    "child_env": "launch/ is being rewritten on the multihost branch",
-    "free_port": "launch/ is being rewritten on the multihost branch",
-    "launch": "launch/ is being rewritten on the multihost branch",
-}
-
 #: Parameters whose name is a poor word for a message: what the message says instead.
 PARAM_WORDS: dict[tuple[str, str], str] = {
     ("parse_hlo_sharding_string", "s"): "sharding string",
@@ -400,14 +383,13 @@ def _cases() -> list[Any]:
         if name in NOT_WALKED:
             continue
         sig = inspect.signature(obj)
-        marks: list[Any] = []
         for p in sig.parameters.values():
             if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.name.startswith("_") or (name, p.name) in ANY_VALUE:
                 continue
             for i, bad in enumerate(_generic_bad(p)):
-                out.append(pytest.param(name, p.name, bad, id=f"{name}-{p.name}-{i}", marks=marks))
+                out.append(pytest.param(name, p.name, bad, id=f"{name}-{p.name}-{i}"))
         for i, (pname, bad) in enumerate(EXTRA.get(name, [])):
-            out.append(pytest.param(name, pname, bad, id=f"{name}-{pname}-x{i}", marks=marks))
+            out.append(pytest.param(name, pname, bad, id=f"{name}-{pname}-x{i}"))
     return out
 
 
@@ -461,12 +443,7 @@ def _cleanup():
 
 @pytest.mark.parametrize(("name", "param", "bad"), _cases())
 def test_bad_argument_raises_named_error(name, param, bad, tmp_path):
-    try:
-        _check_bad_argument(name, param, bad, str(tmp_path))
-    except (AssertionError, pytest.fail.Exception):
-        if name in KNOWN_GAPS:
-            pytest.xfail(KNOWN_GAPS[name])
-        raise
+    _check_bad_argument(name, param, bad, str(tmp_path))
 
 
 def _check_bad_argument(name: str, param: str, bad: Any, tmp: str) -> None:
