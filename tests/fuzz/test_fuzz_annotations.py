@@ -2,8 +2,9 @@
 
 Each example builds a mesh over the 8 simulated devices (any shape with
 1-sized axes, any device order, named or not, ``Mesh`` or ``HybridMesh``),
-annotates a random tensor (scalars, 0-size dims, uneven dims) with a random
-spec (valid or not), runs one op, and checks:
+annotates a random tensor (scalars, 0-size dims, uneven dims; concrete data,
+resharded at once, or a pending value, which gets a sharding constraint in the
+lazy graph) with a random spec (valid or not), runs one op, and checks:
 
 * a valid spec: the sharded result equals the unsharded eager CPU result
   exactly (the values are small integers, so sums and products are exact);
@@ -78,7 +79,9 @@ def _check_annotation(mesh_case: MeshCase, shape: tuple[int, ...], data: st.Data
     mesh = mesh_case.build()
     case = data.draw(specs(mesh_case, len(shape)), label="spec")
     cpu = small_ints(shape, seed=data.draw(st.integers(0, 2**16), label="seed"))
-    x = cpu.to("xla")
+    # Concrete data is resharded on the spot; a pending value gets a sharding constraint in its graph.
+    pending = data.draw(st.booleans(), label="pending")
+    x = cpu.to("xla") * 1 if pending else cpu.to("xla")
     event(
         f"valid spec: {case.valid}; sharded dims: {sum(e is not None and e != () for e in case.spec) if case.valid else '-'}"
     )
