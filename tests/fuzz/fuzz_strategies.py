@@ -149,12 +149,12 @@ def tensor_shapes(draw: st.DrawFn, max_rank: int = 3, max_size: int = 6) -> tupl
     return tuple(draw(st.integers(0, max_size)) for _ in range(rank))
 
 
-def small_ints(shape: tuple[int, ...], seed: int) -> Any:
-    """float32 values that are small integers: sums and products of them are exact."""
+def small_ints(shape: tuple[int, ...], seed: int, dtype: Any = None) -> Any:
+    """Small integer values (float32 unless ``dtype``): the ops' sums and products of them are exact."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-4, 5, shape, generator=g).to(torch.float32)
+    return torch.randint(-4, 5, shape, generator=g).to(dtype or torch.float32)
 
 
 def prod(shape: tuple[int, ...]) -> int:

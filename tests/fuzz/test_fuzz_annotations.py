@@ -2,7 +2,7 @@
 
 Each example builds a mesh over the 8 simulated devices (any shape with
 1-sized axes, any device order, named or not, ``Mesh`` or ``HybridMesh``),
-annotates a random tensor (scalars, 0-size dims, uneven dims; concrete data,
+annotates a random tensor (float32, int32 or bfloat16; scalars, 0-size dims, uneven dims; concrete data,
 resharded at once, or a pending value, which gets a sharding constraint in the
 lazy graph) with a random spec (valid or not), runs one op, and checks:
 
@@ -78,7 +78,8 @@ def _expect_named_error(case: SpecCase, run: Callable[[], object]) -> None:
 def _check_annotation(mesh_case: MeshCase, shape: tuple[int, ...], data: st.DataObject, op_name: str) -> None:
     mesh = mesh_case.build()
     case = data.draw(specs(mesh_case, len(shape)), label="spec")
-    cpu = small_ints(shape, seed=data.draw(st.integers(0, 2**16), label="seed"))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float32, torch.int32, torch.bfloat16]), label="dtype")
+    cpu = small_ints(shape, seed=data.draw(st.integers(0, 2**16), label="seed"), dtype=dtype)
     # Concrete data is resharded on the spot; a pending value gets a sharding constraint in its graph.
     pending = data.draw(st.booleans(), label="pending")
     x = cpu.to("xla") * 1 if pending else cpu.to("xla")
