@@ -36,6 +36,7 @@ from spmdtorch import (  # noqa: E402
     plan,
     sharding,
 )
+from spmdtorch._checks import ArgumentError, ArgumentTypeError  # noqa: E402
 from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
 from spmdtorch._step import add_step_closure, mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
@@ -47,6 +48,8 @@ from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "CompileContractError",
     "CompiledFunction",
     "RandomGeneratorError",

@@ -7,9 +7,10 @@ import contextlib
 import gc
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+from spmdtorch._checks import ArgumentTypeError, check_bool
 from spmdtorch.lazy import _profiling, executor
 
 __all__ = ["add_step_closure", "mark_step", "step", "sync", "wait_device_ops"]
@@ -89,7 +90,13 @@ def sync(wait: bool = False) -> None:
 
     Args:
         wait: block until the results are ready (otherwise execution is async).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> y = torch.ones(2, device="xla") + 1
+        >>> spmdtorch.sync(wait=True)
     """
+    wait = check_bool(wait, "sync", "wait", ArgumentTypeError)
     if BARRIER_HOOKS:
         for hook in list(BARRIER_HOOKS):
             hook("before")
@@ -102,16 +109,15 @@ def sync(wait: bool = False) -> None:
 
 def mark_step(wait: bool = False) -> None:
     """PyTorch/XLA's name for :func:`sync`: run everything recorded so far, then the step closures."""
-    sync(wait=wait)
+    sync(wait=check_bool(wait, "mark_step", "wait", ArgumentTypeError))
 
 
 def wait_device_ops() -> None:
     """Block until every queued execution has finished."""
-    sync(wait=True)
+    executor.sync(wait=True)
 
 
-@contextlib.contextmanager
-def step(*, pause_gc: bool = True):
+def step(*, pause_gc: bool = True) -> contextlib.AbstractContextManager[None]:
     """Run the body as one training step: leaving the block syncs.
 
     Args:
@@ -135,6 +141,12 @@ def step(*, pause_gc: bool = True):
         >>> w.cpu()
         tensor([2., 2., 2.])
     """
+    # Checked on the call, not on entering the block (a generator body would run only then).
+    return _step(check_bool(pause_gc, "step", "pause_gc", ArgumentTypeError))
+
+
+@contextlib.contextmanager
+def _step(pause_gc: bool) -> Iterator[None]:
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()

@@ -35,7 +35,8 @@ from typing import Any
 import jax
 import torch
 
-from spmdtorch import _cluster, config
+from spmdtorch import _checks, _cluster, config
+from spmdtorch._checks import ArgumentError, ArgumentTypeError
 from spmdtorch.config import DistributedInitError, InvalidPjrtDeviceError, RuntimeConfigError
 
 __all__ = [
@@ -289,10 +290,10 @@ def device(index: int | None = None) -> torch.device:
     if index is None:
         index = 0
     if isinstance(index, bool) or not isinstance(index, int):
-        raise TypeError(f"device index must be an int, got {type(index).__name__}")
+        raise ArgumentTypeError(f"device index must be an int, got {type(index).__name__}")
     count = addressable_runtime_device_count()
     if index < 0 or index >= count:
-        raise ValueError(
+        raise ArgumentError(
             f"device index {index} is out of range: this process has {count} "
             f"addressable device(s) (valid indices 0..{count - 1})"
         )
@@ -371,16 +372,16 @@ def initialize_cache(path: str | os.PathLike[str], readonly: bool = False) -> No
         readonly: Read entries but never write them.
 
     Raises:
-        ValueError: ``path`` is empty.
+        ArgumentError: ``path`` is empty or not a path, or ``readonly`` not a bool
+            (a ``ValueError``; ``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
 
     Example:
         >>> import spmdtorch.runtime as xr
         >>> xr.initialize_cache("/tmp/spmdtorch_cache")          # doctest: +SKIP
         >>> xr.initialize_cache("/shared/cache", readonly=True)  # doctest: +SKIP
     """
-    path = os.fspath(path)
-    if not path:
-        raise ValueError("initialize_cache: path must be a non-empty directory path")
+    path = os.fspath(_checks.check_path(path, "initialize_cache", "path", ArgumentTypeError))
+    readonly = _checks.check_bool(readonly, "initialize_cache", "readonly", ArgumentTypeError)
 
     from jax.experimental.compilation_cache import compilation_cache as cc
 
@@ -521,6 +522,15 @@ def resolve_distributed_config(
     # Each variable is parsed (spmdtorch.config) only where this resolution
     # order consults it: torchrun's RANK is not ours to reject when the
     # launcher's variables decide.
+    what = "resolve_distributed_config"
+    if coordinator_address is not None:
+        _checks.check_str(coordinator_address, what, "coordinator_address", DistributedInitError, nonempty=True)
+    if heartbeat_timeout_s is not None:
+        _checks.check_int(heartbeat_timeout_s, what, "heartbeat_timeout_s", DistributedInitError, minimum=1)
+    if env is not None and not isinstance(env, Mapping):
+        _checks.fail(DistributedInitError, what, "env", "a mapping of environment variables or None", env)
+    if local_device_ids is not None and not isinstance(local_device_ids, int):
+        _checks.check_int_sequence(local_device_ids, what, "local_device_ids", DistributedInitError, minimum=0)
     env = os.environ if env is None else env
 
     def var(field: str) -> Any:  # the field's parsed type (spmdtorch.config's knob table)
@@ -925,7 +935,7 @@ def set_max_gather_bytes(limit: int | None) -> None:
     """Sets the cross-host gather limit in bytes (None: back to the environment/default).
 
     Raises:
-        ValueError: ``limit`` is not an int >= 0 or None.
+        ArgumentError: ``limit`` is not an int >= 0 or None (a ``ValueError``).
 
     Example:
         >>> set_max_gather_bytes(2 ** 20); max_gather_bytes()
@@ -933,7 +943,9 @@ def set_max_gather_bytes(limit: int | None) -> None:
         >>> set_max_gather_bytes(None)
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"max gather bytes must be an int >= 0 or None, got {limit!r}")
+        raise ArgumentError(
+            f"set_max_gather_bytes: limit (max gather bytes) must be an int >= 0 or None, got {limit!r}"
+        )
     _MAX_GATHER[0] = limit
 
 

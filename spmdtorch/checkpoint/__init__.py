@@ -32,6 +32,8 @@ from spmdtorch.checkpoint._hf_save import save_pretrained
 from spmdtorch.checkpoint._planners import SPMDLoadPlanner, SPMDSavePlanner
 from spmdtorch.checkpoint._xla_manager import XlaCheckpointManager, prime_optimizer
 from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentError,
+    CheckpointArgumentTypeError,
     CheckpointCorruptionError,
     CheckpointError,
     CheckpointExistsError,
@@ -53,6 +55,8 @@ from spmdtorch.checkpoint.manager import CheckpointManager
 from spmdtorch.checkpoint.optim import init_optimizer_state
 
 __all__ = [
+    "CheckpointArgumentError",
+    "CheckpointArgumentTypeError",
     "CheckpointCorruptionError",
     "CheckpointError",
     "CheckpointExistsError",

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from spmdtorch._checks import ArgumentError, ArgumentTypeError
+
 __all__ = [
+    "CheckpointArgumentError",
+    "CheckpointArgumentTypeError",
     "CheckpointCorruptionError",
     "CheckpointError",
     "CheckpointExistsError",
@@ -30,6 +34,14 @@ __all__ = [
 
 class CheckpointError(Exception):
     """Base class of every error raised by :mod:`spmdtorch.checkpoint`."""
+
+
+class CheckpointArgumentError(CheckpointError, ArgumentError):
+    """An argument with a wrong value (a format name, a size < 1...); the message names it."""
+
+
+class CheckpointArgumentTypeError(CheckpointArgumentError, ArgumentTypeError):
+    """An argument of the wrong type (a ``TypeError`` too)."""
 
 
 class NotACheckpointError(CheckpointError, FileNotFoundError):

@@ -25,8 +25,14 @@ import orbax.checkpoint as ocp
 import torch
 from etils import epath
 
+from spmdtorch import _checks
 from spmdtorch.checkpoint import fingerprint, placement, tree
-from spmdtorch.checkpoint.errors import CheckpointCorruptionError
+from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentError,
+    CheckpointArgumentTypeError,
+    CheckpointCorruptionError,
+    MissingKeysError,
+)
 from spmdtorch.checkpoint.io import ARRAYS, Record, read_record
 from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
 from spmdtorch.checkpoint.tree import Key, KeyPath
@@ -122,7 +128,9 @@ def _select(record: Record, prefix: Key | Sequence[Key] | None) -> tuple[Any, di
         elif isinstance(node, (list, tuple)) and isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(node):
             node = node[k]
         else:  # a leaf, a missing key, or a str / out-of-range index into a list or tuple
-            raise KeyError(f"export prefix {keys!r}: the checkpoint has no entry state{tree.keystr(keys)}")
+            raise MissingKeysError(
+                f"export prefix {keys!r}: the checkpoint has no entry state{tree.keystr(keys)}", [tree.keystr(keys)]
+            )
     names: dict[int, str] = {}
     for info_i, info in enumerate(record["arrays"]):
         p = tuple(info["path"])
@@ -300,8 +308,9 @@ def export(
 
     Raises:
         NotACheckpointError, CheckpointCorruptionError: see :func:`spmdtorch.checkpoint.load`.
-        ValueError: an unknown ``format``.
-        KeyError: ``prefix`` names no entry of the checkpoint.
+        CheckpointArgumentError: an unknown ``format``, ``max_host_bytes`` < 1
+            (a ``ValueError``; ``CheckpointArgumentTypeError`` for a wrong type).
+        MissingKeysError: ``prefix`` names no entry of the checkpoint (a ``KeyError``).
 
     Example:
         >>> import tempfile, torch, spmdtorch
@@ -312,10 +321,16 @@ def export(
         >>> torch.load(d + "/model.pt", weights_only=True)
         {'w': tensor([1., 1.])}
     """
-    if format not in _FORMATS:
-        raise ValueError(f"export format must be one of {_FORMATS}, got {format!r}")
-    if max_host_bytes < 1:
-        raise ValueError(f"max_host_bytes must be positive, got {max_host_bytes}")
+    checkpoint_path(path)
+    checkpoint_path(out, "out")
+    _checks.check_choice(format, _FORMATS, "export", "format", CheckpointArgumentError)
+    _checks.check_int(max_host_bytes, "export", "max_host_bytes", CheckpointArgumentError, minimum=1)
+    if prefix is not None and not isinstance(prefix, (str, int)):
+        if not isinstance(prefix, Sequence) or isinstance(prefix, bytes):
+            _checks.fail(CheckpointArgumentTypeError, "export", "prefix", "a key, a sequence of keys or None", prefix)
+        for i, k in enumerate(prefix):
+            if not isinstance(k, (str, int)):
+                _checks.fail(CheckpointArgumentTypeError, "export", f"prefix[{i}]", "a str or int key", k)
     record = read_record(path)
     node, names = _select(record, prefix)
     if format == "safetensors":

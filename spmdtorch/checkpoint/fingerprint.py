@@ -151,15 +151,17 @@ def device_fingerprints(
 
     Returns:
         One ``jax.Array`` of shape (2,) uint32 per input, not yet waited for:
-        arrays that share a device set are hashed in one program, dispatched
+        arrays that share a device assignment are hashed in one program, dispatched
         asynchronously.
     """
     arrays = list(arrays)
     if logical_shapes is None:
         logical_shapes = [None] * len(arrays)
-    groups: dict[frozenset[jax.Device], list[int]] = {}
+    # Grouped by the *ordered* device assignment: jit refuses arguments over
+    # the same devices in different orders (meshes with permuted device ids).
+    groups: dict[tuple[jax.Device, ...], list[int]] = {}
     for i, a in enumerate(arrays):
-        groups.setdefault(frozenset(a.sharding.device_set), []).append(i)
+        groups.setdefault(tuple(a.sharding._device_assignment), []).append(i)
     out: list[jax.Array | None] = [None] * len(arrays)
     for idx in groups.values():
         shapes = tuple(None if (s := logical_shapes[i]) is None else tuple(s) for i in idx)

@@ -16,11 +16,13 @@ from typing import Any
 import numpy.typing as npt
 import torch
 
-from spmdtorch import _dtypes
+from spmdtorch import _checks, _dtypes
 from spmdtorch.checkpoint import placement
 from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentTypeError,
     DtypeMismatchError,
     MissingKeysError,
+    NotACheckpointError,
     ShapeMismatchError,
     UnexpectedKeysError,
     UnsupportedValueError,
@@ -59,9 +61,17 @@ class _MappingSource:
 def _open(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[_SafetensorsSource | _MappingSource, str]:
     if isinstance(source, Mapping):
         return _MappingSource(source), "the given state_dict"
+    if not isinstance(source, (str, os.PathLike)) or isinstance(source, bytes):
+        _checks.fail(
+            CheckpointArgumentTypeError,
+            "import_state_dict",
+            "file_or_dict",
+            "a state_dict (a Mapping) or the path of a safetensors / torch file",
+            source,
+        )
     path = os.fspath(source)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"import_state_dict: {path} is not a file")
+        raise NotACheckpointError(f"import_state_dict: file_or_dict {path} is not a file")
     with open(path, "rb") as f:
         head = f.read(8)
     if head[:2] == b"PK":  # torch's zip format; mmap keeps host memory to what is touched
@@ -107,6 +117,11 @@ def import_state_dict(
         >>> torch.equal(model.weight.cpu(), src.weight.detach())
         True
     """
+    _checks.check_instance(
+        model, torch.nn.Module, "import_state_dict", "model", CheckpointArgumentTypeError, "a torch.nn.Module"
+    )
+    strict = _checks.check_bool(strict, "import_state_dict", "strict", CheckpointArgumentTypeError)
+    cast = _checks.check_bool(cast, "import_state_dict", "cast", CheckpointArgumentTypeError)
     source, where = _open(file_or_dict)
     executor.sync()
     targets = model.state_dict()

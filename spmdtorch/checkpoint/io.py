@@ -32,9 +32,10 @@ import orbax.checkpoint as ocp
 import torch
 from etils import epath
 
-from spmdtorch import _dtypes
+from spmdtorch import _checks, _dtypes
 from spmdtorch.checkpoint import fingerprint, placement, tree
 from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentTypeError,
     CheckpointCorruptionError,
     CheckpointExistsError,
     CheckpointSaveError,
@@ -304,6 +305,7 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
         tensor([0., 1., 2., 3.])
     """
     path = checkpoint_path(path)
+    overwrite = _checks.check_bool(overwrite, "save", "overwrite", CheckpointArgumentTypeError)
     if path.exists() and not overwrite:
         raise CheckpointExistsError(f"checkpoint path {path} already exists; pick a new path or pass overwrite=True")
     args, pending = save_args(state)
@@ -562,6 +564,8 @@ def load(path: CheckpointPath, state: Any, *, strict: bool = True, cast: bool = 
         CheckpointCorruptionError: the files are damaged; nothing was changed.
     """
     path = checkpoint_path(path)
+    strict = _checks.check_bool(strict, "load", "strict", CheckpointArgumentTypeError)
+    cast = _checks.check_bool(cast, "load", "cast", CheckpointArgumentTypeError)
     record = read_record(path)
     saved = tree.decode(record["tree"])
     executor.sync()

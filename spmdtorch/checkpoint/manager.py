@@ -24,8 +24,11 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from spmdtorch import _checks
 from spmdtorch.checkpoint import io
 from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentError,
+    CheckpointArgumentTypeError,
     CheckpointCorruptionError,
     CheckpointExistsError,
     StepNotFoundError,
@@ -46,7 +49,7 @@ def _positive_int(value: object, name: str, allow_none: bool = False) -> int | N
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+        raise CheckpointArgumentError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
     return value
 
 
@@ -97,8 +100,9 @@ class CheckpointManager:
         async_save: bool = True,
         save_on_preemption: bool = True,
     ) -> None:
-        self._directory = checkpoint_path(directory)
-        self._async = bool(async_save)
+        self._directory = checkpoint_path(directory, "directory")
+        self._async = _checks.check_bool(async_save, "CheckpointManager", "async_save", CheckpointArgumentTypeError)
+        _checks.check_bool(save_on_preemption, "CheckpointManager", "save_on_preemption", CheckpointArgumentTypeError)
         self._writing: int | None = None  # the step of the latest async save (maybe still being written)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=_positive_int(save_interval_steps, "save_interval_steps"),

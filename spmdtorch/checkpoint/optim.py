@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from spmdtorch import _checks
+from spmdtorch.checkpoint.errors import CheckpointArgumentError, CheckpointArgumentTypeError
+
 __all__ = ["init_optimizer_state"]
 
 
@@ -22,7 +25,7 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     shardings. Step counters become 1 until the checkpoint overwrites them.
 
     Raises:
-        ValueError: a parameter already has a gradient (the step would use it).
+        CheckpointArgumentError: a parameter already has a gradient (the step would use it; a ``ValueError``).
 
     Example:
         >>> import torch, spmdtorch
@@ -32,12 +35,20 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         >>> sorted(opt.state_dict()["state"][0])
         ['exp_avg', 'exp_avg_sq', 'step']
     """
+    _checks.check_instance(
+        optimizer,
+        torch.optim.Optimizer,
+        "init_optimizer_state",
+        "optimizer",
+        CheckpointArgumentTypeError,
+        "a torch.optim.Optimizer",
+    )
     if optimizer.state:
         return
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for p in params:
         if p.grad is not None:
-            raise ValueError(
+            raise CheckpointArgumentError(
                 "init_optimizer_state: a parameter of shape "
                 f"{tuple(p.shape)} already has a gradient; call optimizer.zero_grad(set_to_none=True) first"
             )

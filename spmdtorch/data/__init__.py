@@ -11,13 +11,21 @@ Example:
     ['{devices=[8,1]0,1,2,3,4,5,6,7}']
 """
 
-from spmdtorch.data.errors import InputShardingError, LoaderStateError, LoaderWorkerError
+from spmdtorch.data.errors import (
+    InputShardingError,
+    LoaderArgumentError,
+    LoaderArgumentTypeError,
+    LoaderStateError,
+    LoaderWorkerError,
+)
 from spmdtorch.data.loader import MpDeviceLoader, ParallelLoader, PerDeviceLoader
 from spmdtorch.data.transfer import send_cpu_data_to_device
 
 __all__ = [
     "InputShardingError",
     "LoaderStateError",
+    "LoaderArgumentError",
+    "LoaderArgumentTypeError",
     "LoaderWorkerError",
     "MpDeviceLoader",
     "ParallelLoader",

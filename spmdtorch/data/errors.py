@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-__all__ = ["InputShardingError", "LoaderStateError", "LoaderWorkerError"]
+from spmdtorch._checks import ArgumentError, ArgumentTypeError
+
+__all__ = [
+    "InputShardingError",
+    "LoaderArgumentError",
+    "LoaderArgumentTypeError",
+    "LoaderStateError",
+    "LoaderWorkerError",
+]
 
 
 class InputShardingError(ValueError):
     """``input_sharding`` does not fit the loader or one of its batches."""
 
 
-class LoaderStateError(ValueError):
+class LoaderArgumentError(ArgumentError):
+    """A loader option with a wrong value (a size < 1...); the message names it."""
+
+
+class LoaderArgumentTypeError(LoaderArgumentError, ArgumentTypeError):
+    """A loader argument of the wrong type (a ``TypeError`` too, as before it was named)."""
+
+
+class LoaderStateError(LoaderArgumentError):
     """``MpDeviceLoader.load_state_dict`` got a state that does not fit this loader."""
 
 

@@ -37,7 +37,7 @@ import torch
 
 from spmdtorch._step import mark_step
 from spmdtorch.data import _resume, transfer
-from spmdtorch.data.errors import InputShardingError, LoaderWorkerError
+from spmdtorch.data.errors import InputShardingError, LoaderArgumentError, LoaderArgumentTypeError, LoaderWorkerError
 from spmdtorch.sharding import ShardingSpec
 
 __all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
@@ -62,8 +62,27 @@ class _Failed:
 
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        raise LoaderArgumentError(f"{name} must be an int >= 1, got {value!r}")
     return value
+
+
+def _check_loader(loader: object, owner: str) -> None:
+    if not hasattr(loader, "__iter__") or isinstance(loader, (str, bytes)):
+        raise LoaderArgumentTypeError(
+            f"{owner}: loader must be an iterable of batches (e.g. a torch.utils.data.DataLoader), got "
+            f"{type(loader).__name__} {loader!r}"
+        )
+
+
+#: ParallelLoader's options besides loader/devices (MpDeviceLoader passes them through).
+_OPTIONS = (
+    "batchdim",
+    "batches_per_execution",
+    "loader_prefetch_size",
+    "device_prefetch_size",
+    "host_to_device_transfer_threads",
+    "input_sharding",
+)
 
 
 def _loader_len(loader: Iterable[Any]) -> int:
@@ -97,7 +116,8 @@ class ParallelLoader:
             a dict from batch key to ``ShardingSpec`` for dict batches.
 
     Raises:
-        ValueError: a size is not a positive int.
+        LoaderArgumentError: a size is not a positive int (a ``ValueError``;
+            ``LoaderArgumentTypeError``, also a ``TypeError``, for a wrong type).
         InputShardingError: ``devices`` is not one xla device, or
             ``input_sharding`` is malformed (see :class:`MpDeviceLoader`).
     """
@@ -115,6 +135,12 @@ class ParallelLoader:
         *,
         _batches: Iterator[Any] | None = None,
     ) -> None:
+        _check_loader(loader, "ParallelLoader")
+        if not isinstance(devices, (str, torch.device, Sequence)):
+            raise LoaderArgumentTypeError(
+                f"ParallelLoader: devices must be an xla device or a list of one, got {type(devices).__name__} "
+                f"{devices!r}; pass [spmdtorch.device()]"
+            )
         devices = [devices] if isinstance(devices, (str, torch.device)) else list(devices)
         if len(devices) != 1:
             raise InputShardingError(
@@ -123,7 +149,7 @@ class ParallelLoader:
             )
         transfer._check_device(devices[0])
         if isinstance(batchdim, bool) or not isinstance(batchdim, int):
-            raise TypeError(f"batchdim must be an int, got {batchdim!r}")
+            raise LoaderArgumentTypeError(f"batchdim must be an int, got {batchdim!r}")
         self._devices = [torch.device(devices[0])]
         self._batchdim = batchdim
         self._batches_per_execution = _positive_int("batches_per_execution", batches_per_execution)
@@ -332,7 +358,20 @@ class MpDeviceLoader:
     """
 
     def __init__(self, loader: Iterable[Any], device: torch.device | str, **kwargs: Any) -> None:
+        _check_loader(loader, "MpDeviceLoader")
+        if device is None:
+            raise InputShardingError(
+                "MpDeviceLoader: device must be an xla device such as spmdtorch.device(), got None"
+            )
         transfer._check_device(device)
+        unknown = sorted(set(kwargs) - set(_OPTIONS))
+        if unknown:
+            raise LoaderArgumentTypeError(
+                f"MpDeviceLoader got unexpected keyword arguments {unknown}; ParallelLoader's options are {_OPTIONS}"
+            )
+        for name in _OPTIONS[1:-1]:
+            if name in kwargs:
+                _positive_int(name, kwargs[name])
         transfer.InputShardings(kwargs.get("input_sharding"))  # fail at construction, not at iter()
         self._loader = loader
         self._device = device

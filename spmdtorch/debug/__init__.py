@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+from spmdtorch._checks import ArgumentTypeError, check_bool, check_str
 from spmdtorch.debug import profiler
 from spmdtorch.debug.profiler import (
     ProfilerError,
@@ -84,7 +85,7 @@ def counter_value(name: str) -> int:
         >>> debug.counter_value("UncachedCompile") >= 0
         True
     """
-    return metrics.counters.get(name, 0)
+    return metrics.counters.get(check_str(name, "counter_value", "name", ArgumentTypeError), 0)
 
 
 def metric_names() -> list[str]:
@@ -93,7 +94,7 @@ def metric_names() -> list[str]:
 
 def metric_data(name: str):
     """``(count, total_seconds, max_seconds)`` of timer ``name``, or None."""
-    entry = metrics.timers.get(name)
+    entry = metrics.timers.get(check_str(name, "metric_data", "name", ArgumentTypeError))
     return None if entry is None else tuple(entry)
 
 
@@ -199,13 +200,17 @@ def short_metrics_report(counter_names=None, metric_names=None) -> str:
     return _report(list(metric_names or SHORT_REPORT_METRICS), list(counter_names or SHORT_REPORT_COUNTERS))
 
 
-def _pending_refs(tensors):
+def _pending_refs(tensors, what: str):
     if tensors is None:  # the whole pending graph (every live pending tensor)
         return [st.value for st in executor.pending_storages()]
+    if isinstance(tensors, XlaTensor):
+        tensors = [tensors]
+    if not isinstance(tensors, (list, tuple)):
+        raise ArgumentTypeError(f"{what}: tensors must be a list of xla tensors, got {type(tensors).__name__}")
     refs = []
     for t in tensors:
         if not isinstance(t, XlaTensor):
-            raise TypeError(f"get_hlo_text expects xla tensors, got {type(t).__name__}")
+            raise ArgumentTypeError(f"{what} expects xla tensors, got {type(t).__name__} in tensors")
         v = read_value(t)
         if isinstance(v, LazyRef):  # concrete tensors have no pending graph
             refs.append(v)
@@ -214,7 +219,7 @@ def _pending_refs(tensors):
 
 def get_hlo_text(tensors=None) -> str:
     """HLO text of the pending graph computing ``tensors`` (before partitioning; None: every pending tensor)."""
-    refs = _pending_refs(tensors)
+    refs = _pending_refs(tensors, "get_hlo_text")
     if not refs:
         return ""
     return executor.lower(refs).as_text(dialect="hlo")
@@ -222,7 +227,7 @@ def get_hlo_text(tensors=None) -> str:
 
 def get_stablehlo(tensors=None) -> str:
     """StableHLO (MLIR text) of the pending graph computing ``tensors`` (None: every pending tensor)."""
-    refs = _pending_refs(tensors)
+    refs = _pending_refs(tensors, "get_stablehlo")
     if not refs:
         return ""
     return executor.lower(refs).as_text()
@@ -239,7 +244,7 @@ def get_stablehlo_bytecode(tensors=None) -> bytes:
     """
     import io
 
-    refs = _pending_refs(tensors)
+    refs = _pending_refs(tensors, "get_stablehlo_bytecode")
     if not refs:
         return b""
     module = executor.lower(refs).compiler_ir("stablehlo")
@@ -250,6 +255,7 @@ def get_stablehlo_bytecode(tensors=None) -> bytes:
 
 def log_recompiles(enabled: bool = True) -> None:
     """Log a line on every recompilation saying which input changed."""
+    enabled = check_bool(enabled, "log_recompiles", "enabled", ArgumentTypeError)
     logging.getLogger("spmdtorch.compile").setLevel(logging.INFO if enabled else logging.WARNING)
 
 

@@ -45,6 +45,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from spmdtorch import _checks
 from spmdtorch.fsdp._mixed_precision import MixedPrecision
 from spmdtorch.fsdp._wrap import recursive_wrap
 from spmdtorch.lazy.graph import LazyRef
@@ -285,7 +286,16 @@ class FSDPv2(nn.Module):
                 "the outer parent (or pass auto_wrap_policy)"
             )
         if not isinstance(module, nn.Module):
-            raise FSDPv2WrapError(f"FSDPv2 wraps an nn.Module, got {type(module).__name__}")
+            raise FSDPv2WrapError(f"FSDPv2 wraps an nn.Module, got {type(module).__name__} as module")
+        for name, fn in (
+            ("shard_output", shard_output),
+            ("auto_wrap_policy", auto_wrap_policy),
+            ("auto_wrapper_callable", auto_wrapper_callable),
+        ):
+            if fn is not None:
+                _checks.check_callable(fn, "FSDPv2", name, FSDPv2Error)
+        if extra_data_axis is not None:
+            _checks.check_str(extra_data_axis, "FSDPv2", "extra_data_axis", FSDPv2Error, nonempty=True)
         if not _defines_forward(module):
             raise FSDPv2WrapError(
                 f"FSDPv2 can only wrap a module that defines forward(), and "
@@ -437,6 +447,7 @@ def plain_state_dict(module: nn.Module, *args: Any, **kwargs: Any) -> dict[str, 
         >>> list(plain_state_dict(model))
         ['weight', 'bias']
     """
+    _checks.check_instance(module, nn.Module, "plain_state_dict", "module", FSDPv2Error, "an nn.Module")
     out = {}
     for key, value in module.state_dict(*args, **kwargs).items():
         out[_plain_key(key)] = value
@@ -463,5 +474,10 @@ def load_plain_state_dict(
         >>> load_plain_state_dict(model, ref.state_dict())
         <All keys matched successfully>
     """
+    what = "load_plain_state_dict"
+    _checks.check_instance(module, nn.Module, what, "module", FSDPv2Error, "an nn.Module")
+    _checks.check_instance(state_dict, Mapping, what, "state_dict", FSDPv2Error, "a mapping (a state dict)")
+    strict = _checks.check_bool(strict, what, "strict", FSDPv2Error)
+    assign = _checks.check_bool(assign, what, "assign", FSDPv2Error)
     names = {_plain_key(k): k for k in module.state_dict(keep_vars=True)}
     return module.load_state_dict({names.get(k, k): v for k, v in state_dict.items()}, strict=strict, assign=assign)

@@ -33,7 +33,8 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 
-from spmdtorch import _dtypes
+from spmdtorch import _checks, _dtypes
+from spmdtorch._checks import ArgumentTypeError
 from spmdtorch._cpu_devices import CPU_REMAT_XLA_FLAG
 from spmdtorch.lazy import rng
 from spmdtorch.lazy.graph import Slot
@@ -56,7 +57,10 @@ def cpu_keeps_barriers(xla_flags: str | None = None) -> bool:
         >>> cpu_keeps_barriers("--xla_force_host_platform_device_count=8")
         False
     """
-    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    if xla_flags is None:
+        flags = os.environ.get("XLA_FLAGS", "")
+    else:
+        flags = _checks.check_str(xla_flags, "cpu_keeps_barriers", "xla_flags", ArgumentTypeError)
     passes = ",".join(re.findall(r"--xla_disable_hlo_passes=(\S*)", flags)).split(",")
     return "cse_barrier_expander" in passes
 
@@ -107,9 +111,9 @@ def optimization_barrier(*tensors: torch.Tensor) -> tuple[XlaTensor, ...]:
     """
     for i, t in enumerate(tensors):
         if not isinstance(t, XlaTensor):
-            raise TypeError(
-                f"optimization_barrier argument {i} is a {type(t).__name__} on "
-                f"{getattr(t, 'device', '?')}, not an xla tensor; move it with .to('xla')"
+            raise ArgumentTypeError(
+                f"optimization_barrier: argument {i} is a {type(t).__name__} on "
+                f"{getattr(t, 'device', '?')}, not an xla tensor (tensors[{i}]); move it with .to('xla')"
             )
     values = [read_value(t) for t in tensors]
     avals = tuple((tuple(t.shape), _dtypes.to_jax_dtype(t.dtype)) for t in tensors)
@@ -228,7 +232,7 @@ def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
         ``module``.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``.
+        ArgumentTypeError: ``module`` is not an ``nn.Module`` (a ``TypeError``).
 
     Example:
         >>> import torch, spmdtorch
@@ -239,8 +243,8 @@ def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
         (4, 4)
     """
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(
-            f"checkpoint_module expects an nn.Module, got {type(module).__name__}; "
+        raise ArgumentTypeError(
+            f"checkpoint_module expects an nn.Module, got {type(module).__name__} as module; "
             "wrap plain functions in a module or use torch.utils.checkpoint"
         )
     if getattr(module, "_spmdtorch_checkpointed", False):

@@ -32,12 +32,26 @@ from typing import Any
 import torch
 from torch import nn
 
+from spmdtorch import _checks
+from spmdtorch._checks import ArgumentTypeError
+
 __all__ = [
     "lambda_auto_wrap_policy",
     "recursive_wrap",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
 ]
+
+
+def _iterable_of(value: Any, kind: type, param: str) -> list[Any]:
+    """``list(value)`` if it is an iterable of ``kind`` instances, else ``ArgumentTypeError``."""
+    if isinstance(value, (str, bytes, torch.Tensor, torch.nn.Module)) or not hasattr(value, "__iter__"):
+        _checks.fail(ArgumentTypeError, "recursive_wrap", param, f"an iterable of {kind.__name__}", value)
+    items = list(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            _checks.fail(ArgumentTypeError, "recursive_wrap", f"{param}[{i}]", f"a {kind.__name__}", item)
+    return items
 
 
 def _classes(value: Any, param: str) -> tuple[type, ...]:
@@ -47,13 +61,13 @@ def _classes(value: Any, param: str) -> tuple[type, ...]:
     try:
         classes = tuple(value)
     except TypeError:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{param} must be a set of nn.Module classes, got {type(value).__name__} {value!r}; "
             f"e.g. {param}={{DecoderLayer}}"
         ) from None
     for cls in classes:
         if not isinstance(cls, type):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{param} must hold nn.Module classes, got {type(cls).__name__} {cls!r}; pass the "
                 "class itself (DecoderLayer), not an instance or its name"
             )
@@ -202,6 +216,13 @@ def recursive_wrap(
         >>> type(seq[0]).__name__
         'Sequential'
     """
+    what = "recursive_wrap"
+    _checks.check_instance(module, torch.nn.Module, what, "module", ArgumentTypeError, "an nn.Module")
+    _checks.check_callable(auto_wrap_policy, what, "auto_wrap_policy", ArgumentTypeError)
+    _checks.check_callable(wrapper_cls, what, "wrapper_cls", ArgumentTypeError)
+    only_wrap_children = _checks.check_bool(only_wrap_children, what, "only_wrap_children", ArgumentTypeError)
+    ignored_modules = _iterable_of(ignored_modules, torch.nn.Module, "ignored_modules")
+    ignored_params = _iterable_of(ignored_params, torch.Tensor, "ignored_params")
     wrapped, n = _wrap_tree(
         module,
         auto_wrap_policy,

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, TextIO
 
-from spmdtorch import runtime
+from spmdtorch import _checks, runtime
 
 __all__ = ["LaunchError", "LaunchResult", "RankResult", "child_env", "free_port", "launch"]
 
@@ -87,6 +87,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         >>> 0 < free_port() < 65536
         True
     """
+    _checks.check_str(host, "free_port", "host", LaunchError, nonempty=True)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         port: int = s.getsockname()[1]  # (host, port) for AF_INET; typeshed says Any
@@ -118,6 +119,16 @@ def child_env(
         >>> env["SPMDTORCH_PROCESS_ID"], env["RANK"], env["XLA_FLAGS"]
         ('1', '1', '--xla_force_host_platform_device_count=4')
     """
+    what = "child_env"
+    nprocs = _checks.check_int(nprocs, what, "nprocs", LaunchError, minimum=1)
+    _checks.check_int(rank, what, "rank", LaunchError, minimum=0, maximum=nprocs - 1)
+    _checks.check_int(devices_per_proc, what, "devices_per_proc", LaunchError, minimum=1)
+    _checks.check_str(coordinator, what, "coordinator", LaunchError, nonempty=True)
+    _checks.check_int(master_port, what, "master_port", LaunchError, minimum=0, maximum=65535)
+    if heartbeat_timeout_s is not None:
+        _checks.check_int(heartbeat_timeout_s, what, "heartbeat_timeout_s", LaunchError, minimum=1)
+    if base is not None and not isinstance(base, Mapping):
+        _checks.fail(LaunchError, what, "base", "a mapping of environment variables or None", base)
     env = dict(os.environ if base is None else base)
     # A launch from inside a process that joined a job starts a new job: its children join it.
     env.pop(runtime.ENV_JOINED_PID, None)
@@ -225,11 +236,26 @@ def launch(
         raise LaunchError(f"nprocs must be an int >= 1, got {nprocs!r}")
     if isinstance(devices_per_proc, bool) or not isinstance(devices_per_proc, int) or devices_per_proc < 1:
         raise LaunchError(f"devices_per_proc must be an int >= 1, got {devices_per_proc!r}")
-    if not grace_period_s >= 0:
+    if not _checks.check_float(grace_period_s, "launch", "grace_period_s", LaunchError) >= 0:
         raise LaunchError(f"grace_period_s must be >= 0 seconds, got {grace_period_s!r}")
-    if timeout_s is not None and not timeout_s > 0:
+    if timeout_s is not None and not (_checks.check_float(timeout_s, "launch", "timeout_s", LaunchError) > 0):
         raise LaunchError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
-    if isinstance(command, str) or not command:
+    _checks.check_str(host, "launch", "host", LaunchError, nonempty=True)
+    if port is not None:
+        _checks.check_int(port, "launch", "port", LaunchError, minimum=0, maximum=65535)
+    if heartbeat_timeout_s is not None:
+        _checks.check_int(heartbeat_timeout_s, "launch", "heartbeat_timeout_s", LaunchError, minimum=1)
+    if env is not None and not isinstance(env, Mapping):
+        _checks.fail(LaunchError, "launch", "env", "a mapping of environment variables or None", env)
+    if out is not None and not callable(getattr(out, "write", None)):
+        _checks.fail(LaunchError, "launch", "out", "a text stream (with write) or None", out)
+    _checks.check_str(python, "launch", "python", LaunchError, nonempty=True)
+    if (
+        isinstance(command, str)
+        or not isinstance(command, Sequence)
+        or not command
+        or not all(isinstance(c, str) for c in command)
+    ):
         raise LaunchError(
             f"command must be a non-empty list of arguments after the interpreter, e.g. "
             f"['train.py', '--steps', '5'], got {command!r}"

@@ -32,6 +32,7 @@ a per-op generator would have to be an input of every replayed program.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,11 @@ def manual_seed(seed: int) -> torch.Generator:
     one-line replacement.
 
     Args:
-        seed: any value ``torch.manual_seed`` accepts.
+        seed: an int (as for ``torch.manual_seed``; negative seeds wrap).
+
+    Raises:
+        RandomGeneratorError: ``seed`` is not an int (a str, a float or a bool
+            would silently become a different seed).
 
     Returns:
         torch's default CPU generator, like ``torch.manual_seed``.
@@ -79,7 +84,9 @@ def manual_seed(seed: int) -> torch.Generator:
         >>> torch.equal(a, torch.rand(3, device="xla").cpu())
         True
     """
-    return torch.manual_seed(seed)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise RandomGeneratorError(f"manual_seed: seed must be an int, got {type(seed).__name__} {seed!r}")
+    return torch.manual_seed(int(seed))
 
 
 def next_key_data() -> np.ndarray:

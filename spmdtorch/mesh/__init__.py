@@ -21,6 +21,7 @@ from spmdtorch.mesh.errors import (
     HybridMeshError,
     MeshError,
     MeshShapeError,
+    MeshTypeError,
     PartitionSpecError,
     UnknownAxisError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "Mesh",
     "MeshError",
     "MeshShapeError",
+    "MeshTypeError",
     "PartitionSpecError",
     "UnknownAxisError",
     "device_records",

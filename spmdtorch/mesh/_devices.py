@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import jax
 
+from spmdtorch.mesh.errors import MeshTypeError
+
 __all__ = ["DeviceRecord", "device_records", "global_devices"]
 
 
@@ -63,4 +65,12 @@ def device_records(devices: Sequence[jax.Device] | None = None) -> list[DeviceRe
     """
     if devices is None:
         devices = global_devices()
+    elif isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        raise MeshTypeError(
+            f"device_records: devices must be a sequence of jax devices (or None for all), got "
+            f"{type(devices).__name__} {devices!r}"
+        )
+    for i, d in enumerate(devices):
+        if not isinstance(d, jax.Device):
+            raise MeshTypeError(f"device_records: devices[{i}] must be a jax.Device, got {type(d).__name__} {d!r}")
     return [DeviceRecord(i, int(d.process_index), getattr(d, "slice_index", None)) for i, d in enumerate(devices)]

@@ -9,12 +9,15 @@ was given, and suggest a fix.
 
 from __future__ import annotations
 
+from spmdtorch._checks import ArgumentTypeError
+
 __all__ = [
     "AxisNamesError",
     "DeviceIdsError",
     "HybridMeshError",
     "MeshError",
     "MeshShapeError",
+    "MeshTypeError",
     "PartitionSpecError",
     "UnknownAxisError",
 ]
@@ -46,3 +49,7 @@ class PartitionSpecError(MeshError):
 
 class HybridMeshError(MeshError):
     """ICI/DCN shapes that cannot be placed on the available slices/processes."""
+
+
+class MeshTypeError(MeshError, ArgumentTypeError):
+    """An argument of the wrong type (a ``TypeError`` too, as before it was named)."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import threading
 
+from spmdtorch import _checks
 from spmdtorch.mesh._devices import global_devices
+from spmdtorch.mesh.errors import AxisNamesError, MeshTypeError
 from spmdtorch.mesh.mesh import Mesh
 
 __all__ = ["get_1d_mesh", "get_global_mesh", "set_global_mesh"]
@@ -39,6 +41,8 @@ def get_1d_mesh(axis_name: str | None = None) -> Mesh:
         >>> get_1d_mesh().axis_names is None
         True
     """
+    if axis_name is not None:
+        _checks.check_str(axis_name, "get_1d_mesh", "axis_name", AxisNamesError, nonempty=True)
     n = len(global_devices())
     return Mesh(range(n), (n,), None if axis_name is None else (axis_name,))
 
@@ -47,7 +51,7 @@ def set_global_mesh(mesh: Mesh | None) -> None:
     """Sets the process-wide default mesh (None clears it).
 
     Raises:
-        TypeError: ``mesh`` is not a :class:`Mesh` (a ``jax.sharding.Mesh``
+        MeshTypeError: ``mesh`` is not a :class:`Mesh` (a ``TypeError``) (a ``jax.sharding.Mesh``
             is refused: wrap the layout in ``spmdtorch.mesh.Mesh``).
 
     Example:
@@ -57,8 +61,8 @@ def set_global_mesh(mesh: Mesh | None) -> None:
         >>> set_global_mesh(None)
     """
     if mesh is not None and not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"set_global_mesh expects a spmdtorch.mesh.Mesh (or None to clear), got "
+        raise MeshTypeError(
+            f"set_global_mesh expects a spmdtorch.mesh.Mesh (or None to clear) as mesh, got "
             f"{type(mesh).__module__}.{type(mesh).__qualname__}; build one with "
             "Mesh(device_ids, mesh_shape, axis_names) or get_1d_mesh()"
         )

@@ -73,7 +73,9 @@ def hybrid_device_ids(
         An int64 array of shape ``ici[i] * dcn[i]`` holding every device id once.
 
     Raises:
-        HybridMeshError: The shapes' lengths differ, their product is not the
+        MeshShapeError: A shape is not a tuple of positive ints.
+        HybridMeshError: ``records`` holds something other than DeviceRecords,
+            the shapes' lengths differ, their product is not the
             device count, the granule count is not ``prod(dcn_mesh_shape)``, or
             a granule's size is not ``prod(ici_mesh_shape)``.
 
@@ -86,8 +88,18 @@ def hybrid_device_ids(
         array([[0, 1, 4, 5],
                [2, 3, 6, 7]])
     """
-    ici = tuple(int(s) for s in ici_mesh_shape)
-    dcn = tuple(int(s) for s in dcn_mesh_shape)
+    ici = _validate_shape(ici_mesh_shape, "ici_mesh_shape")
+    dcn = _validate_shape(dcn_mesh_shape, "dcn_mesh_shape")
+    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
+        raise HybridMeshError(
+            f"hybrid_device_ids: records must be a sequence of DeviceRecord, got {type(records).__name__} {records!r}"
+        )
+    for i, r in enumerate(records):
+        if not isinstance(r, DeviceRecord):
+            raise HybridMeshError(
+                f"hybrid_device_ids: records[{i}] must be a DeviceRecord(device_id, process_index, slice_index), "
+                f"got {type(r).__name__} {r!r}; build them with device_records()"
+            )
     if len(ici) != len(dcn):
         raise HybridMeshError(
             f"ici_mesh_shape {ici} has {len(ici)} axes but dcn_mesh_shape {dcn} has "

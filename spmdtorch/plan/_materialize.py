@@ -39,8 +39,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from spmdtorch import _checks
 from spmdtorch.fsdp import FSDP_AXIS, param_spec
 from spmdtorch.lazy import executor
+from spmdtorch.mesh import Mesh
 from spmdtorch.sharding import mark_sharding
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -193,7 +195,14 @@ def materialize(
         torch.Size([8, 8])
     """
     if not isinstance(model, nn.Module):
-        raise MaterializeError(f"materialize expects an nn.Module, got {type(model).__name__}")
+        raise MaterializeError(f"materialize expects an nn.Module as model, got {type(model).__name__}")
+    if mesh is not None:
+        _checks.check_instance(mesh, Mesh, "materialize", "mesh", MaterializeError, "a spmdtorch.mesh.Mesh or None")
+    if rules_or_fsdp is not None and not isinstance(rules_or_fsdp, (str, Mapping)):
+        _checks.fail(MaterializeError, "materialize", "rules_or_fsdp", "a dict of rules, 'fsdp' or None", rules_or_fsdp)
+    if init_fn is not None:
+        _checks.check_callable(init_fn, "materialize", "init_fn", MaterializeError)
+    sync = _checks.check_bool(sync, "materialize", "sync", MaterializeError)
     if rules_or_fsdp is not None and mesh is None:
         raise MaterializeError(
             "materialize was given sharding rules but no mesh; pass mesh=Mesh(device_ids, shape, axis_names)"

@@ -41,7 +41,7 @@ import jax
 import torch
 from torch import nn
 
-from spmdtorch import _dtypes
+from spmdtorch import _checks, _dtypes
 from spmdtorch.fsdp import FSDP_AXIS, param_spec
 from spmdtorch.lazy import padding
 from spmdtorch.sharding import ShardingError, match_rules, tensor_sharding
@@ -334,11 +334,11 @@ def _optimizer_state(optimizer) -> tuple[str | None, int, bool]:
 
 
 def _resolve_mesh(mesh):
-    if mesh is None:
-        from spmdtorch.mesh import get_global_mesh
+    from spmdtorch.mesh import Mesh, get_global_mesh
 
-        mesh = get_global_mesh()
-    return mesh
+    if mesh is None:
+        return get_global_mesh()
+    return _checks.check_instance(mesh, Mesh, "memory_plan", "mesh", MemoryPlanError, "a spmdtorch.mesh.Mesh or None")
 
 
 def memory_plan(
@@ -388,6 +388,9 @@ def memory_plan(
         >>> plan.parameter_bytes, plan.gradient_bytes, plan.optimizer_bytes
         (40, 40, 0)
     """
+    if budget_bytes is not None:
+        _checks.check_int(budget_bytes, "memory_plan", "budget_bytes", MemoryPlanError, minimum=0)
+    show = _checks.check_bool(show, "memory_plan", "show", MemoryPlanError)
     entries = list(_tensors(model_or_state))
     mesh = _resolve_mesh(mesh)
     matched: dict[str, str] = {}
@@ -478,7 +481,7 @@ def compiled_memory(compiled) -> CompiledMemory:
     stats = analysis() if callable(analysis) else None
     if stats is None:
         raise MemoryPlanError(
-            f"no memory analysis for {type(compiled).__name__}: pass a spmdtorch.compile'd function or a "
+            f"no memory analysis for compiled={type(compiled).__name__}: pass a spmdtorch.compile'd function or a "
             "jax.stages.Compiled (this backend may not provide one)"
         )
     return CompiledMemory(

@@ -55,6 +55,8 @@ from collections.abc import Mapping
 
 from torch import nn
 
+from spmdtorch import _checks
+from spmdtorch.mesh import Mesh
 from spmdtorch.plan._memory import MemoryPlan, memory_plan
 
 __all__ = ["PlanError", "ShardingPlan", "plan_sharding"]
@@ -266,7 +268,10 @@ def plan_sharding(
     if strategy not in STRATEGIES:
         raise PlanError(f"strategy={strategy!r} is not one of {STRATEGIES}")
     if not isinstance(model, nn.Module):
-        raise PlanError(f"plan_sharding expects an nn.Module, got {type(model).__name__}")
+        raise PlanError(f"plan_sharding expects an nn.Module as model, got {type(model).__name__}")
+    _checks.check_instance(mesh, Mesh, "plan_sharding", "mesh", PlanError, "a spmdtorch.mesh.Mesh")
+    _checks.check_str(fsdp_axis, "plan_sharding", "fsdp_axis", PlanError, nonempty=True)
+    _checks.check_str(tp_axis, "plan_sharding", "tp_axis", PlanError, nonempty=True)
     axes = tuple(getattr(mesh, "axis_names", None) or ())
     needed = {
         "fsdp": [fsdp_axis],

@@ -42,6 +42,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from spmdtorch._checks import ArgumentTypeError
+
 __all__ = [
     "HloShardingError",
     "ParsedHloSharding",
@@ -53,6 +55,10 @@ __all__ = [
 
 class HloShardingError(ValueError):
     """A sharding cannot be turned into, or read back from, an HLO string."""
+
+
+class HloShardingTypeError(HloShardingError, ArgumentTypeError):
+    """An argument of the wrong type (a ``TypeError`` too, as before it was named)."""
 
 
 # --------------------------------------------------------------------------
@@ -84,7 +90,22 @@ def logical_device_order(devices: Sequence[Any] | None = None) -> list[Any]:
     """
     if devices is None:
         devices = jax.devices()
-    return sorted(devices, key=lambda d: (d.process_index, d.id))
+    return sorted(_check_devices(devices, "devices"), key=lambda d: (d.process_index, d.id))
+
+
+def _check_devices(devices: Any, param: str) -> list[Any]:
+    """``list(devices)`` if it is a sequence of device-like objects (``process_index`` and ``id``)."""
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, (Sequence, np.ndarray)):
+        raise HloShardingTypeError(
+            f"{param} must be a sequence of jax devices, got {type(devices).__name__} {devices!r}"
+        )
+    out = list(devices)
+    for i, d in enumerate(out):
+        if not (hasattr(d, "process_index") and hasattr(d, "id")):
+            raise HloShardingTypeError(
+                f"{param}[{i}] must be a jax device (with process_index and id), got {type(d).__name__} {d!r}"
+            )
+    return out
 
 
 def _default_device_order(assignment: Sequence[Any]) -> list[Any]:
@@ -112,7 +133,7 @@ def _ordinal_map(assignment: Sequence[Any], device_order: Sequence[Any] | None) 
     Raises:
         HloShardingError: A device of the assignment is not in ``device_order``.
     """
-    order = _default_device_order(assignment) if device_order is None else list(device_order)
+    order = _default_device_order(assignment) if device_order is None else _check_devices(device_order, "device_order")
     index = {_device_key(d): i for i, d in enumerate(order)}
     if len(index) != len(order):
         raise HloShardingError(f"device_order lists a device twice: {order}")
@@ -135,7 +156,7 @@ def _ordinal_map(assignment: Sequence[Any], device_order: Sequence[Any] | None) 
 
 def _check_ndim(ndim: Any) -> int:
     if isinstance(ndim, bool) or not isinstance(ndim, (int, np.integer)):
-        raise TypeError(f"ndim must be an int, got {type(ndim).__name__}: {ndim!r}")
+        raise HloShardingTypeError(f"ndim must be an int, got {type(ndim).__name__}: {ndim!r}")
     if ndim < 0:
         raise HloShardingError(f"ndim must be >= 0, got {ndim}")
     return int(ndim)
@@ -152,7 +173,9 @@ def _hlo_and_assignment(sharding: Any, ndim: Any) -> tuple[Any, tuple[Any, ...]]
         HloShardingError: The sharding does not fit an array of rank ``ndim``.
     """
     if not isinstance(sharding, jax.sharding.Sharding):
-        raise TypeError(f"expected a jax.sharding.Sharding, got {type(sharding).__name__}: {sharding!r}")
+        raise HloShardingTypeError(
+            f"sharding: expected a jax.sharding.Sharding, got {type(sharding).__name__}: {sharding!r}"
+        )
     ndim = _check_ndim(ndim)
     try:
         hlo = sharding._to_xla_hlo_sharding(ndim)
@@ -380,7 +403,7 @@ def parse_hlo_sharding_string(s: str) -> ParsedHloSharding:
         ParsedHloSharding(tile_dims=(), devices=(), last_tile_dim_replicate=False)
     """
     if not isinstance(s, str):
-        raise TypeError(f"expected an HLO sharding string, got {type(s).__name__}: {s!r}")
+        raise HloShardingTypeError(f"s: expected an HLO sharding string, got {type(s).__name__}: {s!r}")
     text = s.strip()
     if _REPLICATED_RE.fullmatch(text):
         return ParsedHloSharding((), (), False)

@@ -23,11 +23,11 @@ import jax
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _dtypes, lazy
+from spmdtorch import _checks, _dtypes, lazy
 from spmdtorch.lazy import executor, padding
 from spmdtorch.lazy.graph import LazyRef, Node, Slot
-from spmdtorch.mesh import Mesh
-from spmdtorch.sharding._marking import ShardingError
+from spmdtorch.mesh import Mesh, MeshError
+from spmdtorch.sharding._marking import ShardingError, ShardingTypeError, _check_mesh, _check_spec
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -207,6 +207,17 @@ def shard_map(
         tensor([[8., 8.]])
     """
 
+    _checks.check_callable(fn, "shard_map", "fn", ShardingTypeError)
+    _check_mesh(mesh, "shard_map")
+    for name, specs in (("in_specs", in_specs), ("out_specs", out_specs)):
+        if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+            _checks.fail(ShardingTypeError, "shard_map", name, "a sequence of partition specs", specs)
+    for i, spec in enumerate(in_specs):
+        try:
+            mesh.jax_partition_spec(_check_spec(spec, f"shard_map: in_specs[{i}]"))
+        except MeshError as e:
+            raise type(e)(f"shard_map: in_specs[{i}]: {e}") from None
+
     def wrapped(*args: Any) -> Any:
         placeholders = _begin(mesh, args, list(in_specs))
         region = _ACTIVE[-1]
@@ -223,13 +234,29 @@ def shard_map(
 
 def enable_manual_sharding(t: torch.Tensor, partition_spec: Sequence[Any], *, mesh: Mesh) -> XlaTensor:
     """Start a manual region on ``t``: returns its local block (close with ``disable_manual_sharding``)."""
-    return _begin(mesh, [t], [partition_spec])[0]
+    _check_region_tensor(t, "enable_manual_sharding")
+    spec = _check_spec(partition_spec, "enable_manual_sharding")
+    return _begin(_check_mesh(mesh, "enable_manual_sharding"), [t], [spec])[0]
+
+
+def _check_region_tensor(t: object, what: str) -> XlaTensor:
+    if not isinstance(t, XlaTensor):
+        raise ShardingTypeError(
+            f"{what}: t must be a tensor on the xla device, got {type(t).__name__} {getattr(t, 'device', '')}".rstrip()
+        )
+    return t
 
 
 def disable_manual_sharding(
     t: torch.Tensor, partition_spec: Sequence[Any], full_shape: Sequence[int], *, mesh: Mesh
 ) -> torch.Tensor:
     """Close the innermost manual region: ``t`` (local) becomes a global tensor of ``full_shape``."""
+    what = "disable_manual_sharding"
+    _check_region_tensor(t, what)
+    partition_spec = _check_spec(partition_spec, what)
+    full_shape = _checks.check_int_sequence(full_shape, what, "full_shape", ShardingError, minimum=0)
+    if _check_mesh(mesh, what) != (_ACTIVE[-1].mesh if _ACTIVE else mesh):
+        raise ShardingError(f"{what}: mesh {mesh} is not the mesh of the open region ({_ACTIVE[-1].mesh})")
     if not _ACTIVE:
         raise ManualRegionError("disable_manual_sharding without a matching enable_manual_sharding")
     region = _ACTIVE.pop()
@@ -252,9 +279,22 @@ def _region(what: str) -> _Region:
 Axis = str | int | tuple[Any, ...]
 
 
+def _check_dim(dim: object, t: torch.Tensor, what: str) -> int:
+    """``dim`` wrapped into ``0..t.dim()-1``."""
+    n = t.dim()
+    return _checks.check_int(dim, what, "dim", ShardingError, minimum=-n, maximum=n - 1) % n
+
+
 def _axis(region: _Region, axis: Axis) -> str | tuple[Any, ...]:
     names = region.mesh.jax_mesh.axis_names
+    if isinstance(axis, bool) or not isinstance(axis, (int, str, tuple)):
+        raise ShardingTypeError(
+            f"axis must be a mesh axis name, index or a tuple of those, got {type(axis).__name__} {axis!r}; "
+            f"the mesh has {names}"
+        )
     if isinstance(axis, int):
+        if not -len(names) <= axis < len(names):
+            raise ManualRegionError(f"axis index {axis} is out of range; the mesh has {names}")
         name: str = names[axis]
         return name
     if isinstance(axis, tuple):
@@ -315,16 +355,17 @@ def _collective(fn: Callable[..., Any], name: str, t: torch.Tensor, shape: Seque
 def all_reduce(t: torch.Tensor, axis: Axis, op: str = "sum") -> XlaTensor:
     """Sum (or ``max``/``min``/``mean``) ``t`` over mesh ``axis`` inside a region."""
     region = _region("all_reduce")
-    if op not in ("sum", "max", "min", "mean"):
-        raise ValueError(f"all_reduce op must be sum, max, min or mean, got {op!r}")
+    _check_region_tensor(t, "all_reduce")
+    _checks.check_choice(op, ("sum", "max", "min", "mean"), "all_reduce", "op", ShardingError)
     return _collective(_psum, "psum", t, t.shape, axis=_axis(region, axis), op=op)
 
 
 def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0) -> XlaTensor:
     """Concatenate every device's ``t`` along ``dim`` over mesh ``axis``."""
     region = _region("all_gather")
+    _check_region_tensor(t, "all_gather")
     ax = _axis(region, axis)
-    dim = dim % t.dim()
+    dim = _check_dim(dim, t, "all_gather")
     shape = list(t.shape)
     shape[dim] *= _size(region, ax)
     return _collective(_gather, "all_gather", t, shape, axis=ax, dim=dim)
@@ -333,8 +374,9 @@ def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0) -> XlaTensor:
 def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0) -> XlaTensor:
     """Sum over mesh ``axis`` and keep this device's slice of ``dim``."""
     region = _region("reduce_scatter")
+    _check_region_tensor(t, "reduce_scatter")
     ax = _axis(region, axis)
-    dim = dim % t.dim()
+    dim = _check_dim(dim, t, "reduce_scatter")
     n = _size(region, ax)
     if t.shape[dim] % n:
         raise ShardingError(f"reduce_scatter: dim {dim} of size {t.shape[dim]} is not divisible by {n}")
@@ -346,7 +388,16 @@ def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0) -> XlaTensor:
 def ppermute(t: torch.Tensor, axis: Axis, perm: Sequence[Sequence[int]]) -> XlaTensor:
     """Send ``t`` from device i to device j for each ``(i, j)`` in ``perm`` along ``axis``."""
     region = _region("ppermute")
-    return _collective(_permute, "ppermute", t, t.shape, axis=_axis(region, axis), perm=tuple(tuple(p) for p in perm))
+    _check_region_tensor(t, "ppermute")
+    ax = _axis(region, axis)
+    if isinstance(perm, (str, bytes)) or not isinstance(perm, Sequence):
+        _checks.fail(ShardingTypeError, "ppermute", "perm", "a sequence of (source, destination) pairs", perm)
+    pairs = tuple(_checks.check_int_sequence(p, "ppermute", f"perm[{i}]", ShardingError) for i, p in enumerate(perm))
+    n = _size(region, ax)
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2 or not all(0 <= k < n for k in pair):
+            _checks.fail(ShardingError, "ppermute", f"perm[{i}]", f"a (source, destination) pair in 0..{n - 1}", pair)
+    return _collective(_permute, "ppermute", t, t.shape, axis=ax, perm=pairs)
 
 
 def axis_index(axis: Axis) -> XlaTensor:

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 import jax
+import numpy as np
 import torch
 
+from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.lazy import ConstraintStep, metrics, padding, replicated_sharding
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.constraint import constrained_input, record_constraint
@@ -49,6 +51,30 @@ __all__ = [
 
 class ShardingError(ValueError):
     """An annotation that cannot be applied (bad spec, conflicting re-mark...)."""
+
+
+class ShardingTypeError(ShardingError, ArgumentTypeError):
+    """An argument of the wrong type (a ``TypeError`` too)."""
+
+
+def _check_mesh(mesh: object, what: str) -> Mesh:
+    if not isinstance(mesh, Mesh):
+        raise ShardingTypeError(
+            f"{what}: mesh must be a spmdtorch.mesh.Mesh, got {type(mesh).__module__}.{type(mesh).__qualname__}; "
+            "build one with Mesh(device_ids, mesh_shape, axis_names) or get_1d_mesh()"
+        )
+    return mesh
+
+
+def _check_spec(partition_spec: object, what: str) -> tuple[Any, ...]:
+    """The spec as a tuple; its entries are checked against the mesh by ``Mesh.named_sharding``."""
+    if isinstance(partition_spec, (str, bytes)) or not isinstance(partition_spec, Sequence):
+        hint = f"; did you mean ({partition_spec!r},)?" if isinstance(partition_spec, (str, int)) else ""
+        raise ShardingTypeError(
+            f"{what}: partition_spec must be a tuple with one entry per tensor dim (None, an axis index, "
+            f"an axis name or a tuple of those), got {type(partition_spec).__name__} {partition_spec!r}{hint}"
+        )
+    return tuple(partition_spec)
 
 
 @functools.lru_cache(maxsize=256)
@@ -89,7 +115,8 @@ def _already_annotated(t: torch.Tensor, current: jax.sharding.Sharding, partitio
 
 
 def _named_sharding(mesh: Mesh, partition_spec: Sequence[Any], t: torch.Tensor) -> jax.sharding.NamedSharding:
-    spec = tuple(partition_spec)
+    _check_mesh(mesh, "mark_sharding")
+    spec = _check_spec(partition_spec, "mark_sharding")
     if len(spec) != t.dim():
         raise ShardingError(
             f"partition_spec {spec} has {len(spec)} entries but the tensor has {t.dim()} dims "
@@ -167,6 +194,11 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
         st.set(record_constraint(value, sharding))
     else:
         metrics.inc("ReshardOnDevice")
+        if value.size == 0:
+            # No data to move. jax 0.10 reshards an empty *replicated* array onto
+            # a mesh with another device order with wrong per-device shapes
+            # (reading it back then fails); a fresh host array places correctly.
+            value = np.zeros(value.shape, value.dtype)
         target = padding.padded_shape(value.shape, sharding)
         if target is None:
             st.logical_shape = None
@@ -348,6 +380,9 @@ def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: Se
     """
     if not isinstance(t, XlaTensor):  # a view is fine: the annotated tensor is a copy
         _check_tensor(t, "mark_sharding_with_gradients")
+    # Checked here, not in forward: autograd would report errors from there wrapped.
+    spec = _check_spec(partition_spec, "mark_sharding_with_gradients")
+    _check_mesh(mesh, "mark_sharding_with_gradients").named_sharding(spec, t.dim())
     # torch leaves Function.apply unannotated.
     out: torch.Tensor = _MarkWithGradients.apply(t, mesh, tuple(partition_spec))  # type: ignore[no-untyped-call]
     return out
@@ -370,7 +405,15 @@ class ShardingSpec:
     minibatch: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "partition_spec", tuple(self.partition_spec))
+        mesh = _check_mesh(self.mesh, "ShardingSpec")
+        spec = _check_spec(self.partition_spec, "ShardingSpec")
+        # Entries are checked now (unknown axis, an axis used twice...), so a bad
+        # spec fails where it is written, not at the first batch; the rank is
+        # checked when the spec is applied to a tensor.
+        mesh.jax_partition_spec(spec)
+        if not isinstance(self.minibatch, bool):
+            raise ShardingTypeError(f"ShardingSpec: minibatch must be True or False, got {self.minibatch!r}")
+        object.__setattr__(self, "partition_spec", spec)
 
     def apply(self, t: _T) -> _T:
         """``mark_sharding(t, self.mesh, self.partition_spec)``."""

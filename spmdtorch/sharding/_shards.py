@@ -11,7 +11,7 @@ import torch
 
 from spmdtorch.lazy import executor
 from spmdtorch.lazy.graph import LazyRef
-from spmdtorch.sharding._marking import ShardingError, _check_tensor
+from spmdtorch.sharding._marking import ShardingError, ShardingTypeError, _check_tensor
 from spmdtorch.tensor import transfer
 from spmdtorch.tensor.dispatch import concrete_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
@@ -96,6 +96,16 @@ def load_local_shards_(t: torch.Tensor, shards: Sequence[torch.Tensor | XLAShard
     sharding gives that device.
     """
     xt = _check_tensor(t, "load_local_shards_")
+    if isinstance(shards, (str, bytes, torch.Tensor)) or not isinstance(shards, Sequence):
+        raise ShardingTypeError(
+            f"load_local_shards_: shards must be a list of CPU tensors or XLAShards (one per local device), "
+            f"got {type(shards).__name__}"
+        )
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, (torch.Tensor, XLAShard)):
+            raise ShardingTypeError(
+                f"load_local_shards_: shards[{i}] must be a tensor or an XLAShard, got {type(shard).__name__}"
+            )
     if xt._chain:
         raise ShardingError(
             f"load_local_shards_ writes a tensor's own data, but this one (shape {tuple(t.shape)}) is a "
@@ -114,7 +124,9 @@ def load_local_shards_(t: torch.Tensor, shards: Sequence[torch.Tensor | XLAShard
         index = _trim(dst.index, arr.shape, tuple(t.shape))
         expected = tuple(sl.stop - sl.start for sl in index)
         if tuple(data.shape) != expected:
-            raise ShardingError(f"shard {i} has shape {tuple(data.shape)}, expected {expected} for device {dst.device}")
+            raise ShardingError(
+                f"shards[{i}] has shape {tuple(data.shape)}, expected {expected} for device {dst.device}"
+            )
         block = torch.zeros(dst.data.shape, dtype=t.dtype)
         block[tuple(slice(0, n) for n in expected)] = data.to(t.dtype)
         pieces.append(jax.device_put(transfer.host_numpy(block).copy(), dst.device))

@@ -52,7 +52,10 @@ import rich.style
 import rich.table
 import rich.text
 
+from spmdtorch import _checks
+from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.sharding._hlo_sharding import (
+    HloShardingError,
     ParsedHloSharding,
     _hlo_and_assignment,
     _is_single_device,
@@ -65,7 +68,11 @@ __all__ = ["VisualizationError", "visualize_sharding", "visualize_array_sharding
 
 
 class VisualizationError(ValueError):
-    """The sharding cannot be drawn as a 1-D or 2-D grid."""
+    """The sharding cannot be drawn as a 1-D or 2-D grid (or a drawing option is invalid)."""
+
+
+class VisualizationTypeError(VisualizationError, ArgumentTypeError):
+    """An argument of the wrong type (a ``TypeError`` too, as before it was named)."""
 
 
 # matplotlib's "tab20" palette: distinct, readable background colours.
@@ -220,13 +227,35 @@ def _render(
     return table
 
 
-def _check_widths(scale: float, min_width: int, max_width: int) -> None:
-    if not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"scale must be a positive number, got {scale!r}")
-    if not (isinstance(min_width, int) and min_width >= 1):
-        raise ValueError(f"min_width must be an int >= 1, got {min_width!r}")
-    if not (isinstance(max_width, int) and max_width >= min_width):
-        raise ValueError(f"max_width must be an int >= min_width ({min_width}), got {max_width!r}")
+def _check_options(
+    func: str,
+    shape: Any,
+    use_color: Any,
+    scale: Any,
+    min_width: Any,
+    max_width: Any,
+    device_kind: Any,
+    console: Any,
+    print_: Any,
+) -> tuple[int, ...] | None:
+    """Checks the drawing options on entry; returns ``shape`` as a tuple (or None)."""
+    err = VisualizationError
+    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0):
+        raise err(f"{func}: scale must be a positive number, got {scale!r}")
+    _checks.check_int(min_width, func, "min_width", err, minimum=1)
+    if not (_checks.is_int(max_width) and max_width >= min_width):
+        raise err(f"{func}: max_width must be an int >= min_width ({min_width}), got {max_width!r}")
+    _checks.check_bool(use_color, func, "use_color", VisualizationTypeError)
+    _checks.check_bool(print_, func, "print_", VisualizationTypeError)
+    if device_kind is not None:
+        _checks.check_str(device_kind, func, "device_kind", VisualizationTypeError)
+    if console is not None:
+        _checks.check_instance(
+            console, rich.console.Console, func, "console", VisualizationTypeError, "a rich.console.Console or None"
+        )
+    if shape is None:
+        return None
+    return _checks.check_int_sequence(shape, func, "shape", VisualizationError, minimum=0)
 
 
 def _draw(
@@ -243,9 +272,6 @@ def _draw(
     console: rich.console.Console | None,
     print_: bool,
 ) -> rich.table.Table:
-    _check_widths(scale, min_width, max_width)
-    if shape is not None:
-        shape = tuple(int(s) for s in shape)
     if console is None and print_:
         console = rich.console.Console(width=max_width)
     if console is not None:
@@ -321,15 +347,21 @@ def visualize_sharding(
         └─────────┴─────────┘
     """
     if not isinstance(sharding, str):
-        raise TypeError(f"expected an HLO sharding string, got {type(sharding).__name__}")
-    parsed = parse_hlo_sharding_string(sharding if sharding.strip() else "{replicated}")
+        raise VisualizationTypeError(
+            f"visualize_sharding: sharding must be an HLO sharding string, got {type(sharding).__name__}"
+        )
+    shape = _check_options(
+        "visualize_sharding", shape, use_color, scale, min_width, max_width, device_kind, console, print_
+    )
+    try:
+        parsed = parse_hlo_sharding_string(sharding if sharding.strip() else "{replicated}")
+    except HloShardingError as e:
+        raise HloShardingError(f"visualize_sharding: sharding is not an HLO sharding string: {e}") from None
+    if num_devices is not None:
+        _checks.check_int(num_devices, "visualize_sharding", "num_devices", VisualizationError, minimum=1)
     replicated: Sequence[int] = ()
     if parsed.is_replicated:
-        if num_devices is None:
-            num_devices = jax.device_count()
-        if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-            raise ValueError(f"num_devices must be an int >= 1, got {num_devices!r}")
-        replicated = range(num_devices)
+        replicated = range(jax.device_count() if num_devices is None else num_devices)
     if device_kind is None:
         device_kind = _default_device_kind()
     return _draw(
@@ -397,7 +429,14 @@ def visualize_array_sharding(
         │         │         │
         └─────────┴─────────┘
     """
-    shape = tuple(int(s) for s in shape)
+    if shape is None:
+        raise VisualizationTypeError("visualize_array_sharding: shape must be the array's shape, got None")
+    shape = cast(
+        tuple[int, ...],  # not None: checked above
+        _check_options(
+            "visualize_array_sharding", shape, use_color, scale, min_width, max_width, device_kind, console, print_
+        ),
+    )
     hlo, assignment = _hlo_and_assignment(sharding, len(shape))
     spec = hlo_sharding_string(sharding, len(shape), device_order)
     if hlo.is_manual() or hlo.is_unreduced() or hlo.is_unknown() or hlo.subgroup_types():
