@@ -20,9 +20,10 @@ generates greedily from a batch of 2 prompts of 12 tokens, as
   cache, one ``jax.jit`` prefill and one ``jax.jit`` decode step (donated
   cache), dispatched from a Python loop — the floor for a Python-driven loop;
 
-each on one device and with tensor-parallel heads over 8 (``tp=8``: the HF
-model sharded by ``plan_sharding(model, mesh, "tp")``, the twin's weights by
-the same rules as ``NamedSharding``s). Every row's tokens are checked equal to
+each replicated on the 8 devices (spmdtorch's placement of unannotated
+tensors; the twin's weights as replicated ``NamedSharding``s) and with
+tensor-parallel heads over 8 (``tp=8``: the HF model sharded by
+``plan_sharding(model, mesh, "tp")``, the twin's weights by the same rules). Every row's tokens are checked equal to
 eager CPU's. ``tokens/s`` = batch x new tokens / wall time of one whole
 generate call (prefill included), after a warm-up call, median of the
 repetitions; ``compiles`` = programs compiled over the warm-up and timed calls
@@ -85,19 +86,18 @@ def build_model() -> transformers.LlamaForCausalLM:
 # rotate_half, SwiGLU), a static KV cache written at the step's position.
 
 
-def twin_params(model, mesh=None) -> dict:
+def twin_params(model, mesh, tp: bool) -> dict:
+    """The weights on every device of ``mesh``: replicated (as spmdtorch places unannotated tensors), or
+    split by the same rules as ``plan_sharding(model, mesh, "tp")``."""
     sd = {k: jnp.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
-    if mesh is not None:  # the same rules as plan_sharding(model, mesh, "tp")
-        jmesh = mesh.jax_mesh
-        col, row = ("tp", None), (None, "tp")
-        rules = {"q_proj": col, "k_proj": col, "v_proj": col, "gate_proj": col, "up_proj": col}
-        rules |= {"o_proj": row, "down_proj": row, "embed_tokens": col, "lm_head": col}
-        out = {}
-        for k, v in sd.items():
-            spec = next((s for name, s in rules.items() if f"{name}." in k), (None,) * v.ndim)
-            out[k] = jax.device_put(v, NamedSharding(jmesh, P(*spec)))
-        sd = out
-    return sd
+    col, row = ("tp", None), (None, "tp")
+    rules = {"q_proj": col, "k_proj": col, "v_proj": col, "gate_proj": col, "up_proj": col}
+    rules |= {"o_proj": row, "down_proj": row, "embed_tokens": col, "lm_head": col}
+    out = {}
+    for k, v in sd.items():
+        spec = next((s for name, s in rules.items() if f"{name}." in k), ()) if tp else ()
+        out[k] = jax.device_put(v, NamedSharding(mesh.jax_mesh, P(*spec)))
+    return out
 
 
 def _rms(x, w, eps=1e-6):
@@ -207,7 +207,7 @@ def main() -> None:
     token_counts = [16] if args.quick else [32, 128]
     reps = args.reps or (1 if args.quick else 3)
 
-    console = Console()
+    console = Console(width=160)
     cpu_model = build_model()
     ids = torch.randint(1, VOCAB, (BATCH, PROMPT), generator=torch.Generator().manual_seed(0))
     mesh = Mesh(np.arange(8), (8,), ("tp",))
@@ -220,7 +220,7 @@ def main() -> None:
         ref_s, ref = _timed(lambda n=n: cpu_model.generate(ids, max_new_tokens=n, do_sample=False), reps)
         table.add_row(str(n), "CPU", "eager CPU (transformers)", f"{BATCH * n / ref_s:.1f}", f"{ref_s:.3f}", "-", "-")
         for tp in (False, True):
-            devices = "tp=8" if tp else "1"
+            devices = "tp=8" if tp else "8, replicated"
             model = build_model()
             model.load_state_dict(cpu_model.state_dict())
             model = model.to("xla")
@@ -255,7 +255,7 @@ def main() -> None:
                 failures += not ok
                 compiles = debug.counter_value("UncachedCompile") - c0
                 table.add_row(str(n), devices, name, f"{BATCH * n / s:.1f}", f"{s:.3f}", str(compiles), str(ok))
-            params = twin_params(cpu_model, mesh if tp else None)
+            params = twin_params(cpu_model, mesh, tp)
             c0 = _twin_cache_size()
             s, out = _timed(lambda n=n, params=params: twin_generate(params, ids.numpy(), n), reps)
             ok = np.array_equal(out, ref.numpy())
