@@ -63,7 +63,8 @@ __all__ = [
 
 # Processors that read ``input_ids`` only as the *set* of tokens seen so far
 # (or not at all); they give eager's results on the fixed-size token buffer,
-# whose unwritten slots repeat a token of the same row (see _TokenBuffers).
+# whose unwritten slots repeat a token of the same row (see static_decode).
+# (EtaLogitsWarper is left out: it calls torch._check on a tensor, a host read.)
 _SUPPORTED_PROCESSORS = frozenset(
     {
         "TemperatureLogitsWarper",
@@ -72,7 +73,6 @@ _SUPPORTED_PROCESSORS = frozenset(
         "MinPLogitsWarper",
         "TypicalLogitsWarper",
         "EpsilonLogitsWarper",
-        "EtaLogitsWarper",
         "RepetitionPenaltyLogitsProcessor",
         "SuppressTokensLogitsProcessor",
         "LogitNormalization",

@@ -180,6 +180,34 @@ def test_repetition_penalty_matches_eager(llama_pair):
     assert torch.equal(out.cpu(), ref)
 
 
+def test_greedy_processors_match_eager(llama_pair):
+    cpu, xla = llama_pair
+    ids, mask = _prompts(7)
+    for kw in (dict(suppress_tokens=[5, 7]), dict(renormalize_logits=True), dict(remove_invalid_values=True)):
+        ref = cpu.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, **kw)
+        out = generate(xla, ids.to("xla"), attention_mask=mask.to("xla"), max_new_tokens=6, **kw)
+        assert torch.equal(out.cpu(), ref), kw
+
+
+def test_sampling_warpers_keep_eager_support(llama_pair):
+    """min_p=0.5 (with top_p and typical_p run alike): every sampled token has eager p >= 0.5 * p_max."""
+    cpu, xla = llama_pair
+    ids, mask = _prompts(7)
+    torch.manual_seed(1)
+    for kw in (dict(top_p=0.9), dict(typical_p=0.9)):
+        out = generate(xla, ids.to("xla"), attention_mask=mask.to("xla"), max_new_tokens=4, do_sample=True, **kw)
+        assert out.shape == (2, 11), kw
+    out = generate(
+        xla, ids.to("xla"), attention_mask=mask.to("xla"), max_new_tokens=8, do_sample=True, min_p=0.5, top_k=0
+    ).cpu()
+    full_mask = torch.cat([mask, torch.ones(2, 8, dtype=mask.dtype)], dim=1)
+    pos = (full_mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        probs = cpu(input_ids=out, attention_mask=full_mask, position_ids=pos).logits[:, 6:-1].softmax(-1)
+    chosen = probs.gather(-1, out[:, 7:, None])[..., 0]
+    assert (chosen >= 0.5 * probs.max(-1).values - 1e-6).all()
+
+
 def test_sampling_top_k_1_equals_greedy(pair):
     cpu, xla = pair
     ids, mask = _prompts(7)
