@@ -1,0 +1,71 @@
+"""End-to-end: ``examples/generate.py`` generates on 8 devices with tensor-parallel heads.
+
+Each run is a fresh subprocess (the example configures XLA before JAX starts),
+at the example's small default sizes; the child inherits the 8-CPU-device
+environment that ``tests/conftest.py`` sets. The example itself compares its
+tokens with transformers' eager CPU ``generate`` and exits non-zero when they
+differ or when more than 3 programs were compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "generate.py"
+RUN_TIMEOUT_S = 300
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            [sys.executable, str(EXAMPLE), *args],
+            cwd=ROOT,
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"{EXAMPLE.name} {' '.join(args)} did not finish in {RUN_TIMEOUT_S}s\n{out[-4000:]}", pytrace=False)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize(
+    "flags,verdict",
+    [
+        (("--new-tokens", "16"), "OK: tokens equal eager CPU"),
+        (("--new-tokens", "6", "--mode", "lazy", "--sample", "--top-k", "4"), "OK: sampled tokens in eager CPU top-4"),
+    ],
+    ids=["greedy-compiled", "sampled-lazy"],
+)
+def test_generate_example(flags, verdict):
+    proc = _run(*flags)
+    out = proc.stdout
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    )
+    assert "devices: 8 x CPU" in out, out
+    assert "mesh: tp=8" in out, out
+    assert "self_attn.q_proj.weight: {devices=[8,1]0,1,2,3,4,5,6,7}" in out, out
+    assert "self_attn.o_proj.weight: {devices=[1,8]0,1,2,3,4,5,6,7}" in out, out
+    m = re.search(r"decode tokens/s: (\d+\.\d+) per sequence", out)
+    assert m and float(m.group(1)) > 0, out
+    m = re.search(r"compiles: (\d+)", out)
+    assert m and int(m.group(1)) <= 3, out
+    assert verdict in out, out
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_generate_example_rejects_bad_sizes():
+    proc = _run("--hidden", "100", "--head-dim", "16")
+    assert proc.returncode != 0
+    assert "--head-dim" in proc.stderr, proc.stderr
