@@ -36,6 +36,9 @@ from spmdtorch.checkpoint.errors import (
 from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
 from spmdtorch.lazy import executor
 
+#: Where retired steps go before they are deleted (not a step name, so never listed).
+_TRASH = ".spmdtorch-deleted"
+
 __all__ = ["CheckpointManager"]
 
 log = logging.getLogger("spmdtorch.checkpoint")
@@ -112,8 +115,15 @@ class CheckpointManager:
             # fingerprints) inside its own save call, before they are dispatched.
             enable_async_checkpointing=True,
             create=True,
+            # A step is deleted (max_to_keep) by renaming it into _TRASH first, so
+            # that a process killed while deleting never leaves a half-deleted step
+            # that all_steps() would list; the trash is emptied by _empty_trash().
+            todelete_subdir=_TRASH,
+            # Leftovers of saves killed before they were finalised.
+            cleanup_tmp_directories=True,
         )
         self._mgr = ocp.CheckpointManager(self._directory, options=options, item_handlers=io.handlers())
+        self._empty_trash()
         self._preempted = False
         self._preemption_step: int | None = None
         self._restored_step: int | None = None
@@ -249,6 +259,17 @@ class CheckpointManager:
     def _finish_writes(self) -> None:
         executor.flush_before_next()  # fingerprints deferred to the next program: now
         self._mgr.wait_until_finished()
+        self._empty_trash()
+
+    def _empty_trash(self) -> None:
+        """Remove the steps that ``max_to_keep`` retired (already out of every listing)."""
+        if jax.process_index() != 0:  # one process deletes (the directory may be shared)
+            return
+        trash = self._directory / _TRASH
+        if trash.exists():
+            for child in trash.iterdir():
+                with contextlib.suppress(OSError):  # another process's cleanup got there first
+                    child.rmtree()
 
     # -- listing and restoring ---------------------------------------------------
 

@@ -334,3 +334,25 @@ def test_an_async_save_then_a_donating_step_keeps_the_saved_values(tmp_path):
     checkpoint.load(tmp_path / "0", {"w": target})  # verifies the fingerprint
     assert torch.equal(target.cpu(), torch.arange(64.0).reshape(16, 4))
     assert torch.equal(w.cpu(), torch.arange(64.0).reshape(16, 4) * 8)
+
+
+def test_retired_steps_leave_through_the_trash_and_leftovers_are_cleaned(tmp_path):
+    """max_to_keep retires a step by renaming it out of the listing first (a process killed while
+    deleting never leaves a half-deleted step listed); leftovers of killed saves are removed."""
+    w = torch.zeros(4, device="xla")
+    with CheckpointManager(tmp_path, save_interval_steps=1, max_to_keep=1) as mgr:
+        for step in range(3):
+            w.add_(1)
+            mgr.save(step, {"w": w})
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == [2]
+    trash = tmp_path / ".spmdtorch-deleted"
+    assert not trash.exists() or not any(trash.iterdir())
+    # What a SIGKILL leaves behind: a retired step not yet deleted, an unfinished save.
+    (trash / "1").mkdir(parents=True)
+    (tmp_path / "3.orbax-checkpoint-tmp").mkdir()
+    with CheckpointManager(tmp_path, save_interval_steps=1) as mgr:
+        assert mgr.all_steps() == [2]
+        assert not any(trash.iterdir())
+        assert not (tmp_path / "3.orbax-checkpoint-tmp").exists()
+        assert mgr.restore({"w": w})["w"] is w and w.cpu().tolist() == [3.0] * 4
