@@ -225,8 +225,9 @@ class Engine:
         self.inflight: collections.deque = collections.deque()
         self.before_next: list[Callable[[], None]] = []
         self.before_next_lock = threading.Lock()
-        self.scalar_arrays: dict = {}
-        self.packed_arrays: dict = {}
+        # Least recently used first (executor.scalar_array / packed_array).
+        self.scalar_arrays: collections.OrderedDict = collections.OrderedDict()
+        self.packed_arrays: collections.OrderedDict = collections.OrderedDict()
         # Not caches (clear_caches leaves them alone): the engine's live data model.
         self.pending = PendingSet()
         self.holders: dict[int, weakref.ref[Any]] = {}

@@ -382,9 +382,11 @@ def _packed_array(kind, values, mesh):
     key = (kind, struct.pack(f"{len(values)}d", *values) if kind == "f" else values, mesh)
     cache = ENGINE.packed_arrays
     arr = cache.get(key)
-    if arr is None:
+    if arr is not None:
+        cache.move_to_end(key)
+    else:
         if len(cache) >= _SCALAR_CACHE_MAX:
-            cache.clear()
+            cache.popitem(last=False)
         np_dtype = next(k[1] for k in _SCALAR_KINDS if k[0] == kind)
         if kind == "i":
             for v in values:
@@ -575,7 +577,12 @@ def _log_recompile(old, new, plan=None):
     log.warning(line)
 
 
-_SCALAR_CACHE_MAX = 4096  # per scalar cache (ENGINE.scalar_arrays, .packed_arrays); emptied when full
+# Per scalar cache (ENGINE.scalar_arrays, .packed_arrays), least recently used
+# evicted. Small on purpose: values that change every step (a scheduled
+# learning rate, Adam's bias corrections) make a new entry per step, each a
+# buffer on every device, which a large bound would keep alive by the
+# thousand; the constants a loop reuses stay at the recent end.
+_SCALAR_CACHE_MAX = 256
 
 
 def scalar_array(value, mesh=None):
@@ -589,9 +596,11 @@ def scalar_array(value, mesh=None):
     key = (type(value), value.hex() if type(value) is float else value, mesh)
     cache = ENGINE.scalar_arrays
     arr = cache.get(key)
-    if arr is None:
+    if arr is not None:
+        cache.move_to_end(key)
+    else:
         if len(cache) >= _SCALAR_CACHE_MAX:
-            cache.clear()
+            cache.popitem(last=False)
 
         sharding = (
             replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

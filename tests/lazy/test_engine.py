@@ -213,3 +213,17 @@ def test_engine_owns_the_lazy_data_model():
     debug.clear_caches()  # not caches: clearing leaves the data model alone
     assert ENGINE.holders[id(x._st.value)]() is x._st
     assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_scalar_caches_keep_the_recent_values_and_stay_bounded():
+    """Values that change every step (a scheduled learning rate) must not pile up device buffers."""
+    hot = executor.scalar_array(0.9)
+    hot_packed = executor._packed_array("f", (0.9, 0.999), None)
+    for i in range(3 * executor._SCALAR_CACHE_MAX):
+        executor.scalar_array(1e-3 * i + 0.5)
+        executor._packed_array("f", (1e-3 * i, 0.9), None)
+        # Constants the loop reuses stay cached.
+        assert executor.scalar_array(0.9) is hot
+        assert executor._packed_array("f", (0.9, 0.999), None) is hot_packed
+    assert len(ENGINE.scalar_arrays) <= executor._SCALAR_CACHE_MAX
+    assert len(ENGINE.packed_arrays) <= executor._SCALAR_CACHE_MAX
