@@ -34,6 +34,7 @@ from spmdtorch import (  # noqa: E402
     sharding,
 )
 from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
+from spmdtorch._scan import ScanError, scan, scan_layers  # noqa: E402
 from spmdtorch._step import mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
@@ -47,6 +48,7 @@ __all__ = [
     "CompileContractError",
     "CompiledFunction",
     "RandomGeneratorError",
+    "ScanError",
     "XlaTensor",
     "checkpoint",
     "compile",
@@ -63,6 +65,8 @@ __all__ = [
     "partition",
     "plan",
     "runtime",
+    "scan",
+    "scan_layers",
     "sharding",
     "step",
     "sync",

@@ -41,7 +41,7 @@ from spmdtorch.lazy.graph import LazyRef, Node, Slot
 from spmdtorch.tensor._values import read_value
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
-__all__ = ["Recording", "Subgraph", "SubgraphError", "begin", "end"]
+__all__ = ["Recording", "Subgraph", "SubgraphError", "abort", "begin", "end"]
 
 
 class SubgraphError(RuntimeError):
@@ -142,6 +142,13 @@ def begin(avals: Sequence[tuple[Sequence[int], torch.dtype]], what: str = "a rec
     return Recording(placeholders, what, nodes, refs, start_seq, next(graph._DRAWS))
 
 
+def abort(rec: Recording) -> None:
+    """Drop an open recording whose body raised: its pending values leave the pending set."""
+    for st in list(lazy.PENDING):
+        if st.pseq > rec.start_seq:
+            lazy.PENDING.discard(st)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Subgraph:
     """A recorded body as one JAX function.
@@ -209,9 +216,7 @@ def end(rec: Recording, outs: Sequence[torch.Tensor], arg_names: Sequence[str] |
     refs = [read_value(o) for o in outs]
     # Tensors computed inside the region are body-local: they must not join
     # the enclosing program as outputs of their own.
-    for st in list(lazy.PENDING):
-        if st.pseq > rec.start_seq:
-            lazy.PENDING.discard(st)
+    abort(rec)
     roots = [r.node for r in refs if type(r) is LazyRef]
     inside = _inside_nodes(rec, roots)
     arg_of = {id(n): i for i, n in enumerate(rec.nodes)}
