@@ -386,16 +386,20 @@ def _scan_core(
         + [(t.shape, t.dtype) for t in (layer_params[0] if layer_params else ())]
         + [(t.shape, t.dtype) for t in consts]
     )
-    grad_on = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    # With grad enabled the body is recorded under autograd even when no input
+    # requires grad: that is how a closed-over tensor that requires grad is found.
+    record_grad = torch.is_grad_enabled()
+    grad_on = record_grad and any(t.requires_grad for t in tensors)
     rec = subgraph.begin(avals, what)
     ph = rec.placeholders
-    if grad_on:
-        for p in ph:
-            if p.is_floating_point():
+    if record_grad:
+        sources = [*init, *xs, *(layer_params[0] if layer_params else ()), *consts]
+        for p, src in zip(ph, sources):
+            if src.requires_grad:
                 p.requires_grad_(True)
-    start_nr = _sequence_nr_now() if grad_on else 0
+    start_nr = _sequence_nr_now() if record_grad else 0
     try:
-        with torch.set_grad_enabled(grad_on):
+        with torch.set_grad_enabled(record_grad):
             new_carry, ys = body(ph[:nc], ph[nc : nc + nx], ph[nc + nx : nc + nx + n_params], ph[nc + nx + n_params :])
         if len(new_carry) != nc:
             raise ScanError(f"{what} returned {len(new_carry)} carry tensors; `init` has {nc}")
@@ -408,7 +412,7 @@ def _scan_core(
                 )
         for i, y in enumerate(ys):
             _check_tensor(y, f"per-iteration output {i} of {what}")
-        if grad_on:
+        if record_grad:
             _check_no_captured_grad([*new_carry, *ys], ph, start_nr)
         arg_names = [*names[: nc + nx], *(f"layer tensor {j}" for j in range(n_params)), *names[nc + nx :]]
         sub = subgraph.end(rec, [*new_carry, *ys], arg_names)
