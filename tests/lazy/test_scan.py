@@ -319,3 +319,13 @@ def test_bodies_that_cannot_be_a_loop_raise_named_errors(devices8):
         spmdtorch.scan_layers(bn, torch.ones(4, 2, device="xla"))
     # Nothing of the failed recordings is left pending: an unrelated step still runs.
     assert (torch.ones(2, device="xla") * 3).sum().item() == 6.0
+
+
+def test_readme_scan_snippet_runs(capsys):
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text.split("### Deep models: scan over layers", 1)[1], re.S)[0]
+    exec(compile(block, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "(64, 64)"
