@@ -17,6 +17,7 @@ import torch
 
 import spmdtorch
 from spmdtorch import debug
+from spmdtorch._scan import _param_spec
 from spmdtorch.fsdp import FSDPv2, checkpoint_module, transformer_auto_wrap_policy
 from spmdtorch.lazy import executor
 from spmdtorch.mesh import Mesh
@@ -179,6 +180,10 @@ def test_fsdpv2_scanned_llama_matches_eager_and_keeps_shardings(devices8):
     ref_losses = train_eager(ref, batches)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     specs_before = {n: spmdtorch.sharding.get_sharding_spec(p) for n, p in model.named_parameters()}
+    # The stacked weight inside the scan: one layer's sharding plus a replicated leading (layer) dim.
+    wq = model.module.layers[1].module.attention.wq.weight  # (64, 64): split on dim 0
+    _, stacked_spec = _param_spec(wq)
+    assert tuple(stacked_spec) == (None, "fsdp", None)
     losses = []
     for tokens in batches:
         tokens = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
