@@ -222,14 +222,16 @@ def count_ops(text):
 
 
 def test_program_does_not_grow_with_depth(devices8):
-    unrolled = [count_ops(lowered_step_text(n, scanned=False)) for n in (2, 8)]
+    unrolled = [count_ops(lowered_step_text(n, scanned=False)) for n in (2, 4)]
     scanned = [count_ops(lowered_step_text(n, scanned=True)) for n in (2, 8)]
-    # Unrolled: every layer's forward and backward ops again. Scanned: the
-    # body once; only the per-layer parameter inputs (stacked / unstacked) grow.
-    assert unrolled[1] > 3 * unrolled[0]
+    # Unrolled: every layer's forward and backward ops again (~300 per layer
+    # here). Scanned: the body once; per layer only its parameters' inputs
+    # (stacked, gradients unstacked) are added: a few ops per parameter.
+    per_layer_unrolled = (unrolled[1] - unrolled[0]) / 2
+    per_layer_scanned = (scanned[1] - scanned[0]) / 6
     n_params_per_layer = len(list(DecoderLayer(LlamaConfig()).parameters()))
-    assert scanned[1] - scanned[0] <= 6 * n_params_per_layer * 4, scanned
-    assert scanned[1] < unrolled[1] / 2
+    assert per_layer_scanned <= 6 * n_params_per_layer, scanned
+    assert per_layer_unrolled > 5 * per_layer_scanned, (unrolled, scanned)
 
 
 def test_remat_with_checkpoint_module_matches_eager(devices8):
