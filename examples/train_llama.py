@@ -20,6 +20,7 @@ Usage:
     python examples/train_llama.py --size small --steps 10
     python examples/train_llama.py --cpu-devices 4 --mesh 2,2
     python examples/train_llama.py --mixed-precision bf16 --checkpoint-layers
+    python examples/train_llama.py --layers 32 --scan     # deep: the layer loop as one jax.lax.scan
     PJRT_DEVICE=TPU python examples/train_llama.py      # real accelerators (no CPU simulation)
 
 Modes:
@@ -37,6 +38,10 @@ Sharding:
     ``--checkpoint-layers`` recomputes each decoder layer's activations in
     backward (``checkpoint_module``); ``--mixed-precision bf16`` computes in
     bfloat16 with float32 master weights (``MixedPrecision``).
+    ``--layers N`` sets the depth; ``--scan`` runs the decoder-layer loop as
+    one ``jax.lax.scan`` over the stacked per-layer weights
+    (``spmdtorch.models.scan_decoder_layers``): the layer is traced and
+    compiled once, so the first step's time stays flat in depth.
 
 Checkpoint:
     At the end the model, the optimizer state, the step and the RNG states are
@@ -108,6 +113,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="where the final sharded checkpoint (model, optimizer, step, RNG) is saved "
         "(default: a new checkpoints/train_llama-<date>-<time> per run)",
     )
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the preset's)")
+    p.add_argument(
+        "--scan",
+        action="store_true",
+        help="run the decoder layers as one jax.lax.scan (compile time flat in depth)",
+    )
     p.add_argument("--no-save", action="store_true", help="do not save a checkpoint at the end")
     p.add_argument(
         "--log-every", type=int, default=1, help="read the loss back every k steps (each read waits for the device)"
@@ -121,6 +132,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--cpu-devices must be >= 1")
     if args.log_every < 1:
         p.error("--log-every must be >= 1")
+    if args.layers is not None and args.layers < 1:
+        p.error("--layers must be >= 1")
     if args.checkpoint_dir is None:  # a fresh directory: a rerun never collides with an earlier save
         args.checkpoint_dir = time.strftime("checkpoints/train_llama-%Y%m%d-%H%M%S")
     return args
@@ -148,6 +161,7 @@ if ARGS is not None:
     configure_cpu_devices(ARGS.cpu_devices)
 
 # Only now may JAX start (spmdtorch is imported already; its backend starts on the first device query).
+import dataclasses
 import functools
 
 import numpy as np
@@ -165,6 +179,7 @@ from rich.table import Table
 import spmdtorch
 from spmdtorch import checkpoint
 from spmdtorch.mesh import Mesh
+from spmdtorch.models import scan_decoder_layers
 from spmdtorch.models.llama import (
     DecoderLayer,
     LlamaConfig,
@@ -289,10 +304,13 @@ def main(args: argparse.Namespace) -> int:
         f"[bold]devices:[/] {n_dev} x {spmdtorch.runtime.device_type()}  "
         f"[bold]mesh:[/] {axes}  [bold]mode:[/] {args.mode}  "
         f"[bold]precision:[/] {args.mixed_precision}  "
-        f"[bold]activation checkpointing:[/] {'on' if args.checkpoint_layers else 'off'}"
+        f"[bold]activation checkpointing:[/] {'on' if args.checkpoint_layers else 'off'}  "
+        f"[bold]layers:[/] {'scanned' if args.scan else 'unrolled'}"
     )
 
     cfg = LlamaConfig.tiny() if args.size == "tiny" else LlamaConfig.small()
+    if args.layers is not None:
+        cfg = dataclasses.replace(cfg, n_layers=args.layers)
     if args.seq_len > cfg.max_seq_len:
         raise SystemExit(f"--seq-len {args.seq_len} exceeds max_seq_len={cfg.max_seq_len} of the {args.size} config")
 
@@ -317,6 +335,8 @@ def main(args: argparse.Namespace) -> int:
         if args.mixed_precision == "bf16"
         else None,
     )
+    if args.scan:  # the model's loop over its layers becomes one scan; parameters stay per layer
+        scan_decoder_layers(model.module)
     batch_spec = ((data_axis, "fsdp") if data_axis else "fsdp", None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     table, n_params = parameter_table(model)

@@ -38,6 +38,7 @@ from spmdtorch import (  # noqa: E402
 )
 from spmdtorch._checks import ArgumentError, ArgumentTypeError  # noqa: E402
 from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
+from spmdtorch._scan import ScanError, scan, scan_layers  # noqa: E402
 from spmdtorch._step import add_step_closure, mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
@@ -53,6 +54,7 @@ __all__ = [
     "CompileContractError",
     "CompiledFunction",
     "RandomGeneratorError",
+    "ScanError",
     "XlaTensor",
     "add_step_closure",
     "checkpoint",
@@ -70,6 +72,8 @@ __all__ = [
     "partition",
     "plan",
     "runtime",
+    "scan",
+    "scan_layers",
     "sharding",
     "step",
     "sync",

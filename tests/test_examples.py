@@ -61,8 +61,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
             "data=2 x fsdp=4",
             "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}",
         ),
+        # Deeper, the layer loop as one scan, bf16 compute and remat inside the scan body, compiled.
+        (
+            ("--mode", "compiled", "--layers", "4", "--scan", "--mixed-precision", "bf16", "--checkpoint-layers"),
+            "fsdp=8",
+            "{devices=[8,1]0,1,2,3,4,5,6,7}",
+        ),
     ],
-    ids=["fsdp8-compiled", "hybrid-bf16-remat-lazy"],
+    ids=["fsdp8-compiled", "hybrid-bf16-remat-lazy", "scan-bf16-remat-compiled"],
 )
 def test_train_llama_loss_decreases(flags, mesh, embedding_spec, tmp_path):
     ckpt = tmp_path / "ckpt"

@@ -6,8 +6,9 @@ local tensors and may call the collectives here (``all_reduce``,
 ``all_gather``, ``reduce_scatter``, ``ppermute``, ``axis_index``).
 
 How it is built: ``fn`` is recorded lazily on placeholder tensors of the local
-shapes; the recorded graph becomes the body of a ``jax.shard_map``, which is
-one node of the enclosing lazy graph. ``enable_manual_sharding`` /
+shapes (``spmdtorch.tensor.subgraph``); the recorded graph becomes the body of
+a ``jax.shard_map``, which is one node of the enclosing lazy graph; values the
+body captures from outside are replicated inputs of that node. ``enable_manual_sharding`` /
 ``disable_manual_sharding`` open and close such a region around ordinary code.
 Regions are not differentiable through torch autograd yet (arguments that
 require grad are refused rather than silently detached).
@@ -23,11 +24,12 @@ import jax
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _checks, _dtypes, lazy
-from spmdtorch.lazy import executor, padding
-from spmdtorch.lazy.graph import LazyRef, Node, Slot
+from spmdtorch import _checks, _dtypes
+from spmdtorch.lazy import padding
+from spmdtorch.lazy.graph import Slot
 from spmdtorch.mesh import Mesh, MeshError
 from spmdtorch.sharding._marking import ShardingError, ShardingTypeError, _check_mesh, _check_spec
+from spmdtorch.tensor import subgraph
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -48,36 +50,12 @@ class ManualRegionError(RuntimeError):
     """A collective outside a manual region, or a region used wrongly."""
 
 
-class _ArgLeaf:
-    """Stands for the local block of region argument ``i`` inside the body."""
-
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-    @property
-    def shape(self) -> Any:
-        # Only reached when a tensor computed inside a region is used outside it.
-        raise ManualRegionError(
-            "a tensor local to a manual region (shard_map body) was used outside the region; "
-            "return it from the region instead"
-        )
-
-    sharding = dtype = shape
-
-
-def _identity(x: Any) -> Any:
-    return x
-
-
 @dataclasses.dataclass
 class _Region:
     mesh: Mesh
     args: list[XlaTensor]
     in_specs: list[jax.sharding.PartitionSpec]  # the arguments' (padded to their ndim)
-    placeholders: list[XlaTensor]  # the local blocks the body sees
-    start_seq: int = 0
+    recording: subgraph.Recording  # the local blocks the body sees are its placeholders
 
 
 _ACTIVE: list[_Region] = []
@@ -99,7 +77,8 @@ def _jax_spec(mesh: Mesh, spec: Sequence[Any], ndim: int, what: str) -> jax.shar
 def _begin(mesh: Mesh, args: Sequence[Any], in_specs: Sequence[Sequence[Any]]) -> list[XlaTensor]:
     if len(args) != len(in_specs):
         raise ShardingError(f"shard_map got {len(args)} arguments but {len(in_specs)} in_specs")
-    region = _Region(mesh, list(args), [], [], next(lazy.SEQ))
+    jspecs: list[jax.sharding.PartitionSpec] = []
+    locals_: list[tuple[tuple[int, ...], torch.dtype]] = []
     for i, (a, spec) in enumerate(zip(args, in_specs)):
         if not isinstance(a, XlaTensor):
             raise ShardingError(f"shard_map argument {i} must be an xla tensor, got {type(a).__name__}")
@@ -117,23 +96,11 @@ def _begin(mesh: Mesh, args: Sequence[Any], in_specs: Sequence[Sequence[Any]]) -
                     f"{parts} shards (spec {tuple(spec)})"
                 )
             local.append(size // parts)
-        aval = (tuple(local), _dtypes.to_jax_dtype(a.dtype))
-        node = Node(_identity, ("manual_arg", i), ((Slot(0),), ()), [_ArgLeaf(i)], ((Slot(0),), ()), (aval,))
-        region.in_specs.append(jspec)
-        region.placeholders.append(new_base(LazyRef(node, 0), a.dtype))
-    _ACTIVE.append(region)
-    return region.placeholders
-
-
-class _ShardMapBody:
-    """The traced body as a callable over (local args, captured inputs)."""
-
-    def __init__(self, plan: executor._Plan, n_out: int) -> None:
-        self.fn = executor._make_fn(plan)
-        self.n_out = n_out
-
-    def __call__(self, *vals: Any) -> tuple[Any, ...]:
-        return tuple(self.fn(*vals))
+        jspecs.append(jspec)
+        locals_.append((tuple(local), a.dtype))
+    rec = subgraph.begin(locals_, "a manual region (shard_map body)")
+    _ACTIVE.append(_Region(mesh, list(args), jspecs, rec))
+    return rec.placeholders
 
 
 def _end(region: _Region, outs: Any, out_specs: Sequence[Sequence[Any]]) -> Any:
@@ -142,27 +109,13 @@ def _end(region: _Region, outs: Any, out_specs: Sequence[Sequence[Any]]) -> Any:
         raise ShardingError("the body of a manual region must return xla tensors")
     if len(out_specs) != len(flat):
         raise ShardingError(f"the region returns {len(flat)} tensors but {len(out_specs)} out_specs were given")
-    refs = [read_value(o) for o in flat]
-    # Tensors computed inside the region are local blocks: they must not join
-    # the next global program as outputs of their own.
-    for st in list(lazy.PENDING):
-        if st.pseq > region.start_seq:
-            lazy.PENDING.discard(st)
-    if not all(isinstance(r, LazyRef) for r in refs):
-        raise ShardingError("a manual region must compute its outputs from its arguments")
-    plan = executor._Plan(refs)
-    if plan.has_random:
+    body = subgraph.end(region.recording, flat)
+    if body.has_random:
         raise NotImplementedError("random ops inside a manual region are not supported yet")
     mesh = region.mesh
-    in_specs: list[jax.sharding.PartitionSpec] = []
-    inputs: list[Any] = []  # the region's arguments' values, then captured leaves
-    for leaf in plan.leaves:
-        if type(leaf) is _ArgLeaf:
-            in_specs.append(region.in_specs[leaf.i])
-            inputs.append(read_value(region.args[leaf.i]))
-        else:  # captured from outside the region: every device gets all of it
-            in_specs.append(jax.sharding.PartitionSpec())
-            inputs.append(leaf)
+    # The region's arguments' values, then the captured values: every device gets all of those.
+    inputs: list[Any] = [read_value(a) for a in region.args] + list(body.captured)
+    in_specs = tuple(region.in_specs) + (jax.sharding.PartitionSpec(),) * len(body.captured)
     out_jspecs: list[jax.sharding.PartitionSpec] = []
     out_avals: list[tuple[tuple[int, ...], Any]] = []
     for k, (o, s) in enumerate(zip(flat, out_specs)):
@@ -170,16 +123,16 @@ def _end(region: _Region, outs: Any, out_specs: Sequence[Sequence[Any]]) -> Any:
         shape = tuple(n * p for n, p in zip(o.shape, _axis_sizes(mesh, jspec)))
         out_jspecs.append(jspec)
         out_avals.append((shape, _dtypes.to_jax_dtype(o.dtype)))
-    body = jax.shard_map(
-        _ShardMapBody(plan, len(flat)),
+    mapped = jax.shard_map(
+        body.fn,
         mesh=mesh.jax_mesh,
-        in_specs=tuple(in_specs),
+        in_specs=in_specs,
         out_specs=tuple(out_jspecs),
         check_vma=False,
     )
-    name = ("shard_map", plan.key, tuple(in_specs), tuple(out_jspecs), mesh.jax_mesh)
+    name = ("shard_map", body.key, in_specs, tuple(out_jspecs), mesh.jax_mesh)
     template = (tuple(Slot(i) for i in range(len(inputs))), ())
-    out_refs = record(body, name, template, inputs, tuple(out_avals))
+    out_refs = record(mapped, name, template, inputs, tuple(out_avals))
     if len(out_avals) == 1:
         out_refs = [out_refs]
     results = [new_base(r, o.dtype) for r, o in zip(out_refs, flat)]
@@ -342,6 +295,7 @@ def _index(*, axis: Any) -> Any:
 
 
 def _collective(fn: Callable[..., Any], name: str, t: torch.Tensor, shape: Sequence[int], **static: Any) -> XlaTensor:
+    region = _region(name)
     ref = record(
         fn,
         name,
@@ -349,6 +303,7 @@ def _collective(fn: Callable[..., Any], name: str, t: torch.Tensor, shape: Seque
         [read_value(t)],
         ((tuple(shape), _dtypes.to_jax_dtype(t.dtype)),),
     )
+    region.recording.pin(ref)  # a collective runs inside the region even on a captured value
     return new_base(ref, t.dtype)
 
 
@@ -404,4 +359,5 @@ def axis_index(axis: Axis) -> XlaTensor:
     """This device's index along mesh ``axis`` (a 0-dim int32 tensor)."""
     region = _region("axis_index")
     ref = record(_index, "axis_index", ((), (("axis", _axis(region, axis)),)), [], (((), jax.numpy.int32),))
+    region.recording.pin(ref)  # reads no placeholder, yet means this device's index
     return new_base(ref, torch.int32)
