@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from spmdtorch._checks import ArgumentTypeError, check_bool
+from spmdtorch._checks import ArgumentTypeError, check_bool, check_callable, check_instance
 from spmdtorch.lazy import _profiling, executor
 
 __all__ = ["add_step_closure", "mark_step", "step", "sync", "wait_device_ops"]
@@ -47,7 +47,8 @@ def add_step_closure(closure: Callable[..., Any], args: Sequence[Any] = (), run_
         run_async: run on a background thread instead of in the barrier's caller.
 
     Raises:
-        TypeError: ``closure`` is not callable.
+        ArgumentTypeError: ``closure`` is not callable, ``args`` not a tuple or
+            list, or ``run_async`` not a bool (a ``TypeError``).
 
     Example:
         >>> import torch, spmdtorch
@@ -58,10 +59,19 @@ def add_step_closure(closure: Callable[..., Any], args: Sequence[Any] = (), run_
         >>> seen
         [2.0]
     """
-    if not callable(closure):
-        raise TypeError(f"add_step_closure expects a callable, got {type(closure).__name__}")
+    check_callable(closure, "add_step_closure", "closure", ArgumentTypeError)
+    check_instance(
+        args,
+        (tuple, list),
+        "add_step_closure",
+        "args",
+        ArgumentTypeError,
+        "a tuple or list of positional arguments",
+        "e.g. args=(loss,)",
+    )
+    run_async = check_bool(run_async, "add_step_closure", "run_async", ArgumentTypeError)
     with _CLOSURES_LOCK:
-        _CLOSURES.append(_Closure(closure, tuple(args), bool(run_async)))
+        _CLOSURES.append(_Closure(closure, tuple(args), run_async))
 
 
 def _run_closures() -> None:

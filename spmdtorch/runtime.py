@@ -973,13 +973,14 @@ def use_spmd(auto: bool | None = False) -> None:
             proposes rules from a model's structure instead.
 
     Raises:
-        SpmdModeError: ``auto`` is true.
+        SpmdModeError: ``auto`` is True.
+        ArgumentTypeError: ``auto`` is not a bool or None.
 
     Example:
         >>> use_spmd(); is_spmd()
         True
     """
-    if auto:
+    if auto is not None and _checks.check_bool(auto, "use_spmd", "auto", ArgumentTypeError):
         raise SpmdModeError(
             "use_spmd(auto=True) asks for XLA's auto-sharding, which spmdtorch does not do; call "
             "use_spmd() and annotate with mark_sharding, or let spmdtorch.partition.plan_sharding(model, mesh) "
@@ -1109,14 +1110,27 @@ def memory_info(index: int | None = None) -> MemoryInfo:
     arrays' shards on that device and ``bytes_limit`` is the host's memory.
 
     Raises:
-        ValueError: ``index`` is not an addressable device.
+        ArgumentError: ``index`` is not an addressable device's index (a
+            ``ValueError``; ``ArgumentTypeError`` when not an int).
 
     Example:
         >>> memory_info().bytes_limit > 0
         True
     """
-    device(index)  # validates the index
-    dev = local_jax_devices()[0 if index is None else index]
+    index = 0 if index is None else index
+    if not _checks.is_int(index):
+        _checks.fail(ArgumentTypeError, "memory_info", "index", "an int or None", index)
+    count = addressable_runtime_device_count()
+    if not 0 <= index < count:
+        _checks.fail(
+            ArgumentError,
+            "memory_info",
+            "index",
+            f"an addressable device's index, 0..{count - 1}",
+            index,
+            f"this process has {count} addressable device(s)",
+        )
+    dev = local_jax_devices()[index]
     stats = dev.memory_stats()
     if stats:
         used = int(stats.get("bytes_in_use", 0))
@@ -1137,14 +1151,18 @@ def rendezvous(tag: str, payload: bytes = b"") -> list[bytes]:
     of one process it returns ``[payload]`` at once.
 
     Raises:
-        TypeError: ``payload`` is not bytes.
+        ArgumentTypeError: ``tag`` is not a str or ``payload`` not bytes (a ``TypeError``).
+        ArgumentError: ``tag`` is empty.
 
     Example:
         >>> rendezvous("init", b"hi")
         [b'hi']
     """
-    if not isinstance(payload, (bytes, bytearray)):
-        raise TypeError(f"rendezvous payload must be bytes, got {type(payload).__name__}")
+    _checks.check_str(tag, "rendezvous", "tag", ArgumentTypeError)
+    _checks.check_str(tag, "rendezvous", "tag", ArgumentError, nonempty=True)
+    _checks.check_instance(
+        payload, (bytes, bytearray), "rendezvous", "payload", ArgumentTypeError, "bytes", "encode a str with .encode()"
+    )
     if process_count() == 1:
         return [bytes(payload)]
     import numpy as np

@@ -21,6 +21,7 @@ import importlib
 import inspect
 import os
 import re
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -30,6 +31,7 @@ import torch
 
 import spmdtorch
 from spmdtorch import checkpoint, data, debug, fsdp, plan, runtime, sharding
+from spmdtorch.launch import free_port
 from spmdtorch.mesh import DeviceRecord, Mesh
 
 SUBPACKAGES = ("mesh", "sharding", "fsdp", "plan", "checkpoint", "data", "runtime", "debug", "launch", "partition")
@@ -59,6 +61,9 @@ NOT_WALKED: dict[str, str] = {
     "LaunchResult": "result of launch",
     "RankResult": "part of LaunchResult",
     "CPU_REMAT_XLA_FLAG": "a str constant",
+    "MemoryInfo": "result of runtime.memory_info",
+    "PretrainedLoad": "NamedTuple result of checkpoint.load_pretrained",
+    "HfLayout": "result of checkpoint.save_pretrained (read_layout builds it from a directory)",
     # Built by the dispatcher from a storage, never by user code.
     "XlaTensor": "internal constructor (user code gets XlaTensors from torch with device='xla')",
     "PerDeviceLoader": "built by ParallelLoader.per_device_loader",
@@ -70,7 +75,6 @@ NOT_WALKED: dict[str, str] = {
     # Joins a multi-process job (process-global, irreversible); its arguments
     # are resolved (and validated) by resolve_distributed_config, walked below.
     "initialize_distributed": "irreversible; validated through resolve_distributed_config",
-    # No parameters.
 }
 
 
@@ -124,6 +128,10 @@ class Case(NamedTuple):
     #: Called inside a manual region opened on an (8, 2) tensor; ``REGION_T``
     #: in ``kwargs`` stands for the region's local block.
     region: bool = False
+    #: Run first (inside the clean-up): puts the process in the state the call
+    #: needs (a profiler server, a trace); returns keyword arguments that depend
+    #: on it (a server's address), overridden by the bad value.
+    setup: Callable[[str], dict[str, Any]] = lambda tmp: {}
 
 
 REGION_T = object()
@@ -131,6 +139,24 @@ REGION_T = object()
 
 def _linear() -> torch.nn.Module:
     return torch.nn.Linear(4, 8)
+
+
+def _hf_dir(tmp: str) -> str:
+    path = os.path.join(tmp, "hf")
+    if not os.path.exists(path):
+        checkpoint.save_pretrained(_linear(), path)
+    return path
+
+
+def _server(tmp: str) -> dict[str, Any]:
+    port = free_port()
+    debug.start_server(port)
+    return {"service_addr": f"localhost:{port}"}
+
+
+def _tracing(tmp: str) -> dict[str, Any]:
+    debug.start_trace(os.path.join(tmp, "profile"))
+    return {}
 
 
 #: A valid call of every walked callable (tmp: a fresh temporary directory).
@@ -231,6 +257,12 @@ VALID: dict[str, Case] = {
     "init_optimizer_state": Case(lambda tmp: {"optimizer": torch.optim.SGD(_linear().parameters(), lr=0.1)}),
     "load": Case(lambda tmp: {"path": _ckpt(tmp), "state": {"w": torch.zeros(4, 2), "step": 0}}),
     "save": Case(lambda tmp: {"path": os.path.join(tmp, "new"), "state": {"w": torch.zeros(4, 2)}}),
+    "XlaCheckpointManager": Case(lambda tmp: {"path": os.path.join(tmp, "xmgr"), "save_interval": 1}),
+    "SPMDSavePlanner": Case(lambda tmp: {}),
+    "SPMDLoadPlanner": Case(lambda tmp: {}),
+    "prime_optimizer": Case(lambda tmp: {"optimizer": torch.optim.SGD(_linear().parameters(), lr=0.1)}),
+    "load_pretrained": Case(lambda tmp: {"directory": _hf_dir(tmp), "model": _linear(), "mesh": None, "rules": None}),
+    "save_pretrained": Case(lambda tmp: {"model": _linear(), "directory": os.path.join(tmp, "hf-out")}),
     # data
     "MpDeviceLoader": Case(lambda tmp: {"loader": [torch.zeros(8, 2)], "device": "xla"}),
     "ParallelLoader": Case(lambda tmp: {"loader": [torch.zeros(8, 2)], "devices": ["xla"]}),
@@ -256,6 +288,19 @@ VALID: dict[str, Case] = {
         }
     ),
     "set_max_gather_bytes": Case(lambda tmp: {"limit": None}),
+    "addressable_device_count": Case(lambda tmp: {}),
+    "auto_initialize_distributed": Case(lambda tmp: {}),
+    "global_device_count": Case(lambda tmp: {}),
+    "global_ordinal": Case(lambda tmp: {}),
+    "is_spmd": Case(lambda tmp: {}),
+    "local_device_count": Case(lambda tmp: {}),
+    "local_ordinal": Case(lambda tmp: {}),
+    "local_process_count": Case(lambda tmp: {}),
+    "world_size": Case(lambda tmp: {}),
+    "memory_info": Case(lambda tmp: {"index": 0}),
+    "rendezvous": Case(lambda tmp: {"tag": "walk", "payload": b"x"}),
+    "use_spmd": Case(lambda tmp: {"auto": False}),
+    "add_step_closure": Case(lambda tmp: {"closure": lambda: None, "args": (), "run_async": False}),
     # debug
     "metrics_report": Case(lambda tmp: {}),
     "counter_names": Case(lambda tmp: {}),
@@ -269,6 +314,22 @@ VALID: dict[str, Case] = {
     "get_stablehlo": Case(lambda tmp: {"tensors": [_xt(2) * 2]}),
     "last_executable": Case(lambda tmp: {}),
     "log_recompiles": Case(lambda tmp: {"enabled": False}),
+    "clear_counters": Case(lambda tmp: {}),
+    "clear_timers": Case(lambda tmp: {}),
+    "get_stablehlo_bytecode": Case(lambda tmp: {"tensors": [_xt(2) * 2]}),
+    "metric_samples": Case(lambda tmp: {"name": "ExecuteTime"}),
+    "short_metrics_report": Case(lambda tmp: {"counter_names": None, "metric_names": None}),
+    # debug.profiler (the profiler server / trace a call starts is stopped by _cleanup)
+    "profile": Case(lambda tmp: {"logdir": os.path.join(tmp, "profile")}),  # the block is not entered
+    "start_trace": Case(lambda tmp: {"log_dir": os.path.join(tmp, "profile")}),
+    "stop_trace": Case(lambda tmp: {}, setup=_tracing),
+    "start_server": Case(lambda tmp: {"port": free_port()}),
+    "stop_server": Case(lambda tmp: {}, setup=lambda tmp: _server(tmp) and {}),
+    "trace": Case(lambda tmp: {"logdir": os.path.join(tmp, "trace"), "duration_ms": 10}, setup=_server),
+    "trace_detached": Case(lambda tmp: {"logdir": os.path.join(tmp, "trace"), "duration_ms": 10}, setup=_server),
+    "trace_me": Case(lambda tmp: {"name": "walk"}),
+    "Trace": Case(lambda tmp: {"name": "walk"}),
+    "StepTrace": Case(lambda tmp: {"name": "walk"}),
     # launch
     "child_env": Case(
         lambda tmp: {
@@ -333,10 +394,28 @@ EXTRA: dict[str, list[tuple[str, Any]]] = {
     "FSDPv2": [("mesh", _mesh)],
     "MixedPrecision": [("param_dtype", torch.int64)],
     "memory_plan": [("budget_bytes", -1)],
-    "plan_sharding": [("strategy", "nope")],
+    "plan_sharding": [("strategy", "nope"), ("ep_axis", "")],
     "CheckpointManager": [("save_interval_steps", 0), ("max_to_keep", 0)],
     "export": [("format", "nope"), ("max_host_bytes", 0)],
     "load": [("path", "/nonexistent/ckpt")],
+    "XlaCheckpointManager": [("save_interval", 0), ("max_to_keep", -1), ("max_pending_async", 0), ("path", "")],
+    "load_pretrained": [("directory", "/nonexistent/hf"), ("rules", "nope"), ("rules", "fsdp")],
+    "save_pretrained": [("max_shard_size", "5MiB"), ("max_shard_size", 0), ("max_shard_size", True)],
+    "memory_info": [("index", -1), ("index", 8)],
+    "rendezvous": [("tag", "")],
+    "short_metrics_report": [("counter_names", "CachedCompile"), ("metric_names", [3])],
+    "start_trace": [("log_dir", ""), ("host_tracer_level", 4), ("python_tracer_level", -1)],
+    "profile": [("logdir", ""), ("python_tracer_level", 2)],
+    "start_server": [("port", 0), ("port", 65536)],
+    "trace": [
+        ("service_addr", ""),
+        ("service_addr", "localhost"),
+        ("duration_ms", 0),
+        ("num_tracing_attempts", 0),
+        ("host_tracer_level", 4),
+        ("delay_ms", -1),
+    ],
+    "trace_detached": [("service_addr", "localhost"), ("duration_ms", 0), ("logdir", "")],
     "ParallelLoader": [
         ("batches_per_execution", 0),
         ("loader_prefetch_size", 0),
@@ -407,12 +486,14 @@ def _call(name: str, tmp: str, override: dict[str, Any]) -> None:
     obj = _public_callables()[name]
     case = VALID[name]
     args = case.args(tmp)
-    kwargs = {**case.kwargs(tmp), **override}
     with _cleanup():
+        kwargs = {**case.kwargs(tmp), **case.setup(tmp), **override}
         if case.region:
             local = sharding.enable_manual_sharding(_xt(8, 2), ("data", None), mesh=_mesh())
             kwargs = {k: local if v is REGION_T else v for k, v in kwargs.items()}
-        obj(*args, **kwargs)
+        result = obj(*args, **kwargs)
+        if isinstance(result, threading.Thread):  # trace_detached: its capture ends before the clean-up
+            result.join(60)
 
 
 @pytest.mark.parametrize("name", sorted(VALID))
@@ -437,6 +518,10 @@ def _cleanup():
         set_global_mesh(None)
         runtime.set_max_gather_bytes(saved_limit)
         debug.log_recompiles(False)
+        if debug.profiler.is_tracing():
+            debug.stop_trace()
+        if debug.profiler._CAPTURE.server is not None:
+            debug.stop_server()
         for region in list(getattr(sharding._manual, "_ACTIVE", [])):
             sharding._manual._ACTIVE.remove(region)
 

@@ -18,7 +18,13 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from spmdtorch.checkpoint.errors import CheckpointCorruptionError, NotACheckpointError
+from spmdtorch import _checks
+from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentError,
+    CheckpointArgumentTypeError,
+    CheckpointCorruptionError,
+    NotACheckpointError,
+)
 
 __all__ = ["INDEX_NAME", "WEIGHTS_NAME", "HfLayout", "parse_size", "read_layout", "shard_file_names", "split_shards"]
 
@@ -52,24 +58,28 @@ class HfLayout:
         return [name for names in self.files.values() for name in names]
 
 
-def parse_size(size: int | str) -> int:
+def parse_size(size: int | str, func: str = "save_pretrained") -> int:
     """Bytes in ``size``: an int, or a string like ``"5GB"`` / ``"200MB"`` (decimal units, as Hugging Face).
+
+    Raises:
+        CheckpointArgumentError: ``size`` is not a positive int or such a
+            string (``CheckpointArgumentTypeError`` for a wrong type); the
+            message names ``func``'s ``max_shard_size``.
 
     Example:
         >>> parse_size("5MB"), parse_size(1024)
         (5000000, 1024)
     """
-    if isinstance(size, bool) or not isinstance(size, (int, str)):
-        raise TypeError(f"max_shard_size must be an int or a string like '5GB', got {type(size).__name__}")
-    if isinstance(size, int):
-        n = size
-    else:
+    expected = "a positive int (bytes) or a string like '5GB', '200MB', '10KB'"
+    if not _checks.is_int(size) and not isinstance(size, str):
+        _checks.fail(CheckpointArgumentTypeError, func, "max_shard_size", expected, size)
+    if isinstance(size, str):
         m = _SIZE.match(size)
-        if m is None:
-            raise ValueError(f"max_shard_size={size!r}: give bytes as an int or a string like '5GB', '200MB', '10KB'")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        n = 0 if m is None else int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    else:
+        n = int(size)
     if n < 1:
-        raise ValueError(f"max_shard_size must be positive, got {size!r}")
+        _checks.fail(CheckpointArgumentError, func, "max_shard_size", expected, size)
     return n
 
 

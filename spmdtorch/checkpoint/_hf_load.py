@@ -31,10 +31,11 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from spmdtorch import _dtypes
+from spmdtorch import _checks, _dtypes
 from spmdtorch.checkpoint import placement
 from spmdtorch.checkpoint._hf_layout import HfLayout, read_layout
 from spmdtorch.checkpoint.errors import (
+    CheckpointArgumentTypeError,
     CheckpointError,
     DtypeMismatchError,
     KeyMismatchError,
@@ -460,6 +461,32 @@ def _open_files(layout: HfLayout, order: Sequence[str]) -> Iterator[tuple[str, A
             yield file, handle
 
 
+def _check_load_args(
+    directory: Any, model: Any, mesh: Any, rules: Any, strict: Any, cast: Any, rename: Any, init_fn: Any
+) -> None:
+    """:func:`load_pretrained`'s argument checks: all of them before anything is read."""
+    func, err = "load_pretrained", CheckpointArgumentTypeError
+    _checks.check_path(directory, func, "directory", err)
+    _checks.check_instance(model, nn.Module, func, "model", err, "a torch.nn.Module")
+    if mesh is not None:
+        _checks.check_instance(mesh, Mesh, func, "mesh", err, "a spmdtorch.mesh.Mesh or None")
+    if rules is not None and not isinstance(rules, (str, Mapping)):
+        # A wrong *type* is an argument error; bad rules of the right type are ShardingErrors (below).
+        _checks.fail(
+            err,
+            func,
+            "rules",
+            "a dict of parameter-name globs to partition specs, 'fsdp' or None",
+            rules,
+            "e.g. plan_sharding(model, mesh).rules",
+        )
+    _checks.check_bool(strict, func, "strict", err)
+    _checks.check_bool(cast, func, "cast", err)
+    for name, fn in (("rename", rename), ("init_fn", init_fn)):
+        if fn is not None:
+            _checks.check_callable(fn, func, name, err)
+
+
 def load_pretrained(
     directory: str | os.PathLike[str],
     model: nn.Module,
@@ -507,6 +534,8 @@ def load_pretrained(
         ``init_fn`` initialised.
 
     Raises:
+        CheckpointArgumentTypeError: an argument of the wrong type (``model``
+            not a module, ``strict`` not a bool, ``rename`` not callable...).
         NotACheckpointError: ``directory`` holds no safetensors weights.
         MissingKeysError, UnexpectedKeysError: (``strict``) names listed, with the fix.
         ShapeMismatchError, DtypeMismatchError: a tensor that does not fit its target.
@@ -527,6 +556,7 @@ def load_pretrained(
         >>> spmdtorch.sharding.get_sharding_spec(lin.weight)
         '{devices=[8,1]0,1,2,3,4,5,6,7}'
     """
+    _check_load_args(directory, model, mesh, rules, strict, cast, rename, init_fn)
     cast_ = cast
     layout = read_layout(directory)
     source_dir = os.fspath(directory)

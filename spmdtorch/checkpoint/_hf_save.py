@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from spmdtorch import runtime
+from spmdtorch import _checks, runtime
 from spmdtorch.checkpoint._hf_layout import (
     INDEX_NAME,
     WEIGHTS_NAME,
@@ -28,7 +28,7 @@ from spmdtorch.checkpoint._hf_layout import (
     shard_file_names,
     split_shards,
 )
-from spmdtorch.checkpoint.errors import KeyMismatchError, UnsupportedValueError
+from spmdtorch.checkpoint.errors import CheckpointArgumentTypeError, KeyMismatchError, UnsupportedValueError
 from spmdtorch.lazy import executor
 
 __all__ = ["save_pretrained"]
@@ -103,6 +103,8 @@ def save_pretrained(
         The :class:`HfLayout` written (file -> tensor names).
 
     Raises:
+        CheckpointArgumentError: a bad argument (``max_shard_size`` not like
+            ``"5GB"``; ``CheckpointArgumentTypeError`` for a wrong type).
         KeyMismatchError: ``rename`` maps two tensors to one name.
         UnsupportedValueError: a ``state_dict`` entry that is not a tensor.
 
@@ -114,7 +116,15 @@ def save_pretrained(
         >>> sorted(load_file(d + "/model.safetensors"))
         ['bias', 'weight']
     """
-    limit = parse_size(max_shard_size)
+    func, err = "save_pretrained", CheckpointArgumentTypeError
+    _checks.check_instance(model, nn.Module, func, "model", err, "a torch.nn.Module")
+    _checks.check_path(directory, func, "directory", err)
+    limit = parse_size(max_shard_size, func)
+    if dtype is not None:
+        _checks.check_instance(dtype, torch.dtype, func, "dtype", err, "a torch.dtype or None", "e.g. torch.bfloat16")
+    if rename is not None:
+        _checks.check_callable(rename, func, "rename", err)
+    _checks.check_bool(save_config, func, "save_config", err)
     directory = os.fspath(directory)
     state = _unique_state(model)
     names: dict[str, str] = {}  # stored name -> model name

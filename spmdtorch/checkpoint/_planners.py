@@ -49,8 +49,9 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from spmdtorch import _checks
 from spmdtorch.checkpoint import placement
-from spmdtorch.checkpoint.errors import UnsupportedValueError
+from spmdtorch.checkpoint.errors import CheckpointArgumentTypeError, UnsupportedValueError
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["SPMDLoadPlanner", "SPMDSavePlanner"]
@@ -67,6 +68,10 @@ def _region(index: tuple[slice, ...], shape: Sequence[int]) -> Region:
         offsets.append(start)
         sizes.append(max(0, stop - start))
     return tuple(offsets), tuple(sizes)
+
+
+def _flag(value: Any, func: str, param: str) -> bool:
+    return _checks.check_bool(value, func, param, CheckpointArgumentTypeError)
 
 
 def _chunk(region: Region) -> ChunkStorageMetadata:
@@ -96,7 +101,36 @@ class SPMDSavePlanner(DefaultSavePlanner):
         >>> dist_cp.load({"model": fresh.state_dict()}, checkpoint_id=d, planner=SPMDLoadPlanner())
         >>> torch.equal(fresh.weight.cpu(), model.weight.cpu())
         True
+
+    Args:
+        flatten_state_dict, flatten_sharded_tensors, dedup_replicated_tensors,
+        dedup_save_to_lowest_rank, enable_plan_caching: ``DefaultSavePlanner``'s
+            options (bools; ``dedup_replicated_tensors`` may be None).
+
+    Raises:
+        CheckpointArgumentTypeError: an option is not a bool.
     """
+
+    def __init__(
+        self,
+        flatten_state_dict: bool = True,
+        flatten_sharded_tensors: bool = True,
+        dedup_replicated_tensors: bool | None = None,
+        dedup_save_to_lowest_rank: bool = False,
+        enable_plan_caching: bool = False,
+    ) -> None:
+        func = "SPMDSavePlanner"
+        super().__init__(
+            flatten_state_dict=_flag(flatten_state_dict, func, "flatten_state_dict"),
+            flatten_sharded_tensors=_flag(flatten_sharded_tensors, func, "flatten_sharded_tensors"),
+            dedup_replicated_tensors=(
+                None
+                if dedup_replicated_tensors is None
+                else _flag(dedup_replicated_tensors, func, "dedup_replicated_tensors")
+            ),
+            dedup_save_to_lowest_rank=_flag(dedup_save_to_lowest_rank, func, "dedup_save_to_lowest_rank"),
+            enable_plan_caching=_flag(enable_plan_caching, func, "enable_plan_caching"),
+        )
 
     def set_up_planner(
         self, state_dict: dict[str, Any], storage_meta: StorageMeta | None = None, is_coordinator: bool = False
@@ -177,9 +211,27 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
     Each process reads only the regions its devices hold in the target's
     sharding, whatever the checkpoint's chunking (resharding on load).
 
+    Args:
+        flatten_state_dict, flatten_sharded_tensors, allow_partial_load:
+            ``DefaultLoadPlanner``'s options (bools).
+
     Raises:
+        CheckpointArgumentTypeError: an option is not a bool.
         UnsupportedValueError: (at load) a target is a view of another tensor.
     """
+
+    def __init__(
+        self,
+        flatten_state_dict: bool = True,
+        flatten_sharded_tensors: bool = True,
+        allow_partial_load: bool = False,
+    ) -> None:
+        func = "SPMDLoadPlanner"
+        super().__init__(
+            flatten_state_dict=_flag(flatten_state_dict, func, "flatten_state_dict"),
+            flatten_sharded_tensors=_flag(flatten_sharded_tensors, func, "flatten_sharded_tensors"),
+            allow_partial_load=_flag(allow_partial_load, func, "allow_partial_load"),
+        )
 
     def set_up_planner(
         self, state_dict: dict[str, Any], metadata: Metadata | None = None, is_coordinator: bool = False

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from spmdtorch import _checks
+from spmdtorch.checkpoint.errors import CheckpointArgumentError, CheckpointArgumentTypeError
 from spmdtorch.checkpoint.manager import CheckpointManager as _NativeManager
 from spmdtorch.checkpoint.optim import init_optimizer_state
 from spmdtorch.checkpoint.paths import CheckpointPath
@@ -22,10 +24,20 @@ from spmdtorch.checkpoint.paths import CheckpointPath
 __all__ = ["XlaCheckpointManager", "prime_optimizer"]
 
 
-def _int_at_least(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+_FUNC = "CheckpointManager"  # PyTorch/XLA's name for it (distributed_checkpoint.CheckpointManager)
+
+
+def _int_at_least(value: Any, name: str, minimum: int, hint: str = "") -> int:
+    expected = f"an int >= {minimum}"
+    if not _checks.is_int(value):
+        _checks.fail(CheckpointArgumentTypeError, _FUNC, name, expected, value, hint)
+    number = int(value)
+    if number < minimum:
+        # "got <value>" (no type name for an int): the form users and tests match on.
+        raise CheckpointArgumentError(
+            f"{_FUNC}: {name} must be {expected}, got {value!r}" + (f"; {hint}" if hint else "")
+        )
+    return number
 
 
 def _assign_in_place(target: Any, new: Any) -> None:
@@ -60,7 +72,9 @@ class XlaCheckpointManager(_NativeManager):
             :class:`spmdtorch.checkpoint.CheckpointManager`).
 
     Raises:
-        ValueError: an argument is out of range, or ``process_group`` is given.
+        CheckpointArgumentError: an argument is out of range or of the wrong
+            type, or ``process_group`` is given (a ``ValueError``;
+            ``CheckpointArgumentTypeError`` for a wrong type).
 
     Example:
         >>> import tempfile, torch, spmdtorch
@@ -88,17 +102,22 @@ class XlaCheckpointManager(_NativeManager):
         process_group: Any = None,
         chkpt_on_preemption: bool = True,
     ) -> None:
+        _checks.check_path(path, _FUNC, "path", CheckpointArgumentTypeError)
         self.save_interval = _int_at_least(save_interval, "save_interval", 1)
-        keep = _int_at_least(0 if max_to_keep is None else max_to_keep, "max_to_keep", 0)
-        _int_at_least(1 if max_pending_async is None else max_pending_async, "max_pending_async", 1)
-        _int_at_least(1 if num_of_threads is None else num_of_threads, "num_of_threads", 1)
+        keep = 0 if max_to_keep is None else _int_at_least(max_to_keep, "max_to_keep", 0, "0 or None keeps every step")
+        if max_pending_async is not None:
+            _int_at_least(max_pending_async, "max_pending_async", 1, "None means 1")
+        if num_of_threads is not None:
+            _int_at_least(num_of_threads, "num_of_threads", 1, "None means 1")
         if process_group is not None:
-            raise ValueError(
-                "process_group must be None: an spmdtorch job's processes are JAX's (joined at import), and "
-                "every process calls save/restore; drop the argument"
+            raise CheckpointArgumentError(
+                f"{_FUNC}: process_group must be None, got {type(process_group).__name__}: an spmdtorch job's "
+                "processes are JAX's (joined at import), and every process calls save/restore; drop the argument"
             )
         self.max_to_keep = keep
-        self.chkpt_on_preemption = bool(chkpt_on_preemption)
+        self.chkpt_on_preemption = _checks.check_bool(
+            chkpt_on_preemption, _FUNC, "chkpt_on_preemption", CheckpointArgumentTypeError
+        )
         super().__init__(
             path,
             save_interval_steps=self.save_interval,
@@ -142,5 +161,13 @@ def prime_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         >>> prime_optimizer(opt) is opt, sorted(opt.state_dict()["state"][0])
         (True, ['momentum_buffer'])
     """
+    _checks.check_instance(
+        optimizer,
+        torch.optim.Optimizer,
+        "prime_optimizer",
+        "optimizer",
+        CheckpointArgumentTypeError,
+        "a torch.optim.Optimizer",
+    )
     init_optimizer_state(optimizer)
     return optimizer

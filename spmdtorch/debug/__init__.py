@@ -17,10 +17,14 @@ names (``start_server``, ``trace``, ``trace_detached``, ``Trace``,
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+from spmdtorch import _checks
 from spmdtorch._checks import ArgumentTypeError, check_bool, check_str
 from spmdtorch.debug import profiler
 from spmdtorch.debug.profiler import (
+    ProfilerArgumentError,
+    ProfilerArgumentTypeError,
     ProfilerError,
     StepTrace,
     Trace,
@@ -60,6 +64,8 @@ __all__ = [
     "profile",
     "profiler",
     # torch_xla.debug.profiler's names (also in spmdtorch.debug.profiler)
+    "ProfilerArgumentError",
+    "ProfilerArgumentTypeError",
     "ProfilerError",
     "StepTrace",
     "Trace",
@@ -104,7 +110,7 @@ def metric_samples(name: str) -> list[tuple[float, float]]:
     At most ``spmdtorch.lazy.metrics.MAX_SAMPLES`` are kept (a circular
     buffer, as in PyTorch/XLA); an unknown name gives ``[]``.
     """
-    return list(metrics.samples.get(name, ()))
+    return list(metrics.samples.get(check_str(name, "metric_samples", "name", ArgumentTypeError), ()))
 
 
 def clear_metrics() -> None:
@@ -183,7 +189,7 @@ SHORT_REPORT_COUNTERS = ("CachedCompile", "MarkStep")
 SHORT_REPORT_METRICS = ("CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime")
 
 
-def short_metrics_report(counter_names=None, metric_names=None) -> str:
+def short_metrics_report(counter_names: Sequence[str] | None = None, metric_names: Sequence[str] | None = None) -> str:
     """The report of a few counters and timers (PyTorch/XLA's ``short_metrics_report``).
 
     Args:
@@ -197,7 +203,22 @@ def short_metrics_report(counter_names=None, metric_names=None) -> str:
         >>> "Metric: ExecuteTime" in short_metrics_report()
         True
     """
-    return _report(list(metric_names or SHORT_REPORT_METRICS), list(counter_names or SHORT_REPORT_COUNTERS))
+    counters = _names(counter_names, "counter_names", SHORT_REPORT_COUNTERS)
+    timers = _names(metric_names, "metric_names", SHORT_REPORT_METRICS)
+    return _report(timers, counters)
+
+
+def _names(names: object, param: str, default: Sequence[str]) -> list[str]:
+    """``short_metrics_report``'s list of names: None (the default) or a sequence of str."""
+    if names is None:
+        return list(default)
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        _checks.fail(
+            ArgumentTypeError, "short_metrics_report", param, "a list of names or None", names, f"e.g. {param}=['a']"
+        )
+    for i, name in enumerate(names):
+        check_str(name, "short_metrics_report", f"{param}[{i}]", ArgumentTypeError)
+    return list(names) or list(default)
 
 
 def _pending_refs(tensors, what: str):

@@ -42,10 +42,14 @@ from typing import Any, TypeVar
 
 import jax
 
+from spmdtorch import _checks
+from spmdtorch._checks import ArgumentError, ArgumentTypeError
 from spmdtorch._step import mark_step
 from spmdtorch.lazy import _profiling, executor
 
 __all__ = [
+    "ProfilerArgumentError",
+    "ProfilerArgumentTypeError",
     "ProfilerError",
     "StepTrace",
     "Trace",
@@ -68,6 +72,14 @@ class ProfilerError(RuntimeError):
     """A profiling request cannot be served (already tracing, no server, remote capture unavailable)."""
 
 
+class ProfilerArgumentError(ProfilerError, ArgumentError):
+    """A profiler function was given a bad argument (also a ``ValueError``); the message names it."""
+
+
+class ProfilerArgumentTypeError(ProfilerArgumentError, ArgumentTypeError):
+    """A profiler argument of the wrong type (a ``TypeError`` and a ``ValueError`` too)."""
+
+
 class _Capture:
     """The trace being captured by this process (at most one: JAX's limit)."""
 
@@ -83,10 +95,40 @@ class _Capture:
 _CAPTURE = _Capture()
 
 
-def _logdir(logdir: str | os.PathLike[str], name: str = "logdir") -> str:
-    if isinstance(logdir, bool) or not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
-        raise ValueError(f"{name} must be a non-empty directory path (str or os.PathLike), got {logdir!r}")
+def _logdir(logdir: Any, func: str, name: str = "logdir") -> str:
+    expected = "a non-empty directory path (str or os.PathLike)"
+    if isinstance(logdir, bytes) or not isinstance(logdir, (str, os.PathLike)):
+        _checks.fail(ProfilerArgumentTypeError, func, name, expected, logdir)
+    if not os.fspath(logdir):
+        _checks.fail(ProfilerArgumentError, func, name, expected, logdir, "e.g. '/tmp/profile'")
     return os.fspath(logdir)
+
+
+def _level(value: Any, func: str, name: str, maximum: int, optional: bool = True) -> int | None:
+    """A tracer level: an int in ``0..maximum`` (or None when ``optional``)."""
+    if value is None and optional:
+        return None
+    if not _checks.is_int(value):
+        _checks.fail(ProfilerArgumentTypeError, func, name, f"an int in 0..{maximum}", value)
+    return _checks.check_int(value, func, name, ProfilerArgumentError, minimum=0, maximum=maximum)
+
+
+def _capture_options(
+    func: str,
+    logdir: Any,
+    logdir_name: str,
+    create_perfetto_link: Any,
+    create_perfetto_trace: Any,
+    host_tracer_level: Any,
+    python_tracer_level: Any,
+) -> str:
+    """Checks :func:`start_trace`'s (and :func:`profile`'s) arguments; returns the directory."""
+    path = _logdir(logdir, func, logdir_name)
+    _checks.check_bool(create_perfetto_link, func, "create_perfetto_link", ProfilerArgumentTypeError)
+    _checks.check_bool(create_perfetto_trace, func, "create_perfetto_trace", ProfilerArgumentTypeError)
+    _level(host_tracer_level, func, "host_tracer_level", 3)
+    _level(python_tracer_level, func, "python_tracer_level", 1)
+    return path
 
 
 def is_tracing() -> bool:
@@ -119,9 +161,18 @@ def start_trace(
 
     Raises:
         ProfilerError: a trace is already being captured.
-        ValueError: ``log_dir`` is empty or not a path.
+        ProfilerArgumentError: ``log_dir`` is empty or not a path, a flag is
+            not a bool or a level out of range (a ``ValueError``).
     """
-    path = _logdir(log_dir, "log_dir")
+    path = _capture_options(
+        "start_trace",
+        log_dir,
+        "log_dir",
+        create_perfetto_link,
+        create_perfetto_trace,
+        host_tracer_level,
+        python_tracer_level,
+    )
     options = jax.profiler.ProfileOptions()
     if host_tracer_level is not None:
         options.host_tracer_level = int(host_tracer_level)
@@ -179,7 +230,6 @@ def _latest_run(logdir: str) -> Path:
     return max(runs, key=lambda p: p.stat().st_mtime) if runs else root
 
 
-@contextlib.contextmanager
 def profile(
     logdir: str | os.PathLike[str],
     *,
@@ -187,8 +237,11 @@ def profile(
     create_perfetto_trace: bool = False,
     host_tracer_level: int | None = None,
     python_tracer_level: int | None = None,
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """Captures a trace of the block into ``logdir`` (TensorBoard / Perfetto).
+
+    The arguments are checked at the call (before the ``with`` block); the
+    capture starts on entering the block and is written on leaving it.
 
     Args:
         logdir: Directory the trace goes to.
@@ -198,7 +251,8 @@ def profile(
         python_tracer_level: 1 records every Python call (slow); default 0.
 
     Raises:
-        ProfilerError: a trace is already being captured.
+        ProfilerArgumentError: a bad argument (a ``ValueError``).
+        ProfilerError: (on entering) a trace is already being captured.
 
     Example:
         >>> import torch, spmdtorch
@@ -206,6 +260,20 @@ def profile(
         ...     with spmdtorch.step():
         ...         y = torch.ones(4, device="xla") * 2
     """
+    path = _capture_options(
+        "profile", logdir, "logdir", create_perfetto_link, create_perfetto_trace, host_tracer_level, python_tracer_level
+    )
+    return _profile(path, create_perfetto_link, create_perfetto_trace, host_tracer_level, python_tracer_level)
+
+
+@contextlib.contextmanager
+def _profile(
+    logdir: str,
+    create_perfetto_link: bool,
+    create_perfetto_trace: bool,
+    host_tracer_level: int | None,
+    python_tracer_level: int | None,
+) -> Iterator[None]:
     start_trace(
         logdir,
         create_perfetto_link,
@@ -226,7 +294,7 @@ def trace_files(logdir: str | os.PathLike[str]) -> list[Path]:
         >>> trace_files("/nonexistent")
         []
     """
-    root = Path(_logdir(logdir)) / "plugins" / "profile"
+    root = Path(_logdir(logdir, "trace_files")) / "plugins" / "profile"
     if not root.is_dir():
         return []
     runs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
@@ -254,12 +322,13 @@ def start_server(port: int, only_on_master: bool = True) -> Any:
         JAX's ``ProfilerServer`` (keep it; :func:`stop_server` stops it).
 
     Raises:
-        ValueError: ``port`` is not an int in 1..65535.
+        ProfilerArgumentError: ``port`` is not an int in 1..65535, or
+            ``only_on_master`` not a bool (a ``ValueError``).
         ProfilerError: a server already runs in this process (one at a time).
     """
-    del only_on_master  # every SPMD process is its host's master ordinal
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+    _port(port, "start_server", "port")
+    # Every SPMD process is its host's master ordinal: checked, then not needed.
+    _checks.check_bool(only_on_master, "start_server", "only_on_master", ProfilerArgumentTypeError)
     with _CAPTURE.lock:
         if _CAPTURE.server is not None:
             raise ProfilerError(
@@ -273,6 +342,17 @@ def start_server(port: int, only_on_master: bool = True) -> Any:
         _CAPTURE.server_port = port
         _profiling.STATE.acquire()
     return _CAPTURE.server
+
+
+def _port(port: Any, func: str, name: str) -> int:
+    if not _checks.is_int(port):
+        _checks.fail(ProfilerArgumentTypeError, func, name, "an int in 1..65535", port)
+    if not 0 < port < 65536:
+        # "got <value>": the shape tests and users match on (no type name for an int).
+        raise ProfilerArgumentError(
+            f"{func}: {name} must be an int in 1..65535, got {port!r}; pick a free TCP port, e.g. 9012"
+        )
+    return int(port)
 
 
 def stop_server() -> None:
@@ -301,6 +381,43 @@ def _local_hosts() -> set[str]:
 def _is_own_server(address: str) -> bool:
     host, _, port = address.strip().removeprefix("grpc://").rpartition(":")
     return _CAPTURE.server_port is not None and port == str(_CAPTURE.server_port) and host in _local_hosts()
+
+
+def _trace_args(
+    func: str,
+    service_addr: Any,
+    logdir: Any,
+    duration_ms: Any,
+    num_tracing_attempts: Any,
+    host_tracer_level: Any,
+    device_tracer_level: Any,
+    delay_ms: Any,
+    timeout_s: Any,
+    interval_s: Any,
+) -> tuple[str, list[str]]:
+    """Checks :func:`trace`'s arguments; returns the directory and the server addresses."""
+    expected = "'host:port' (comma-separated for several)"
+    if not isinstance(service_addr, str):
+        _checks.fail(ProfilerArgumentTypeError, func, "service_addr", expected, service_addr)
+    addresses = [a.strip() for a in service_addr.split(",") if a.strip()]
+    if not addresses or not all(a.rpartition(":")[2].isdigit() and a.rpartition(":")[0] for a in addresses):
+        _checks.fail(ProfilerArgumentError, func, "service_addr", expected, service_addr, "e.g. 'localhost:9012'")
+    path = _logdir(logdir, func)
+    if not _checks.is_int(duration_ms):
+        _checks.fail(ProfilerArgumentTypeError, func, "duration_ms", "an int > 0 (milliseconds)", duration_ms)
+    if duration_ms <= 0:
+        _checks.fail(ProfilerArgumentError, func, "duration_ms", "an int > 0 (milliseconds)", duration_ms)
+    for name, value, minimum in (
+        ("num_tracing_attempts", num_tracing_attempts, 1),
+        ("delay_ms", delay_ms, 0),
+        ("timeout_s", timeout_s, 0),
+        ("interval_s", interval_s, 0),
+    ):
+        error = ProfilerArgumentError if _checks.is_int(value) else ProfilerArgumentTypeError
+        _checks.check_int(value, func, name, error, minimum=minimum)
+    _level(host_tracer_level, func, "host_tracer_level", 3, optional=False)
+    _level(device_tracer_level, func, "device_tracer_level", 1, optional=False)
+    return path, addresses
 
 
 def trace(
@@ -336,17 +453,24 @@ def trace(
         interval_s: Accepted for PyTorch/XLA compatibility.
 
     Raises:
-        ValueError: ``service_addr``, ``logdir`` or ``duration_ms`` is malformed.
+        ProfilerArgumentError: a malformed argument (``service_addr`` not
+            ``host:port``, an empty ``logdir``, ``duration_ms`` < 1, a level out
+            of range...; a ``ValueError``).
         ProfilerError: the address is not this process's server and ``xprof``
             is not installed, or a trace is already being captured here.
     """
-    del timeout_s, interval_s  # PyTorch/XLA's retry schedule; JAX's client counts attempts
-    path = _logdir(logdir)
-    if not isinstance(service_addr, str) or not service_addr.strip():
-        raise ValueError(f"service_addr must be 'host:port' (comma-separated for several), got {service_addr!r}")
-    if isinstance(duration_ms, bool) or not isinstance(duration_ms, int) or duration_ms <= 0:
-        raise ValueError(f"duration_ms must be an int > 0 (milliseconds), got {duration_ms!r}")
-    addresses = [a.strip() for a in service_addr.split(",") if a.strip()]
+    path, addresses = _trace_args(
+        "trace",
+        service_addr,
+        logdir,
+        duration_ms,
+        num_tracing_attempts,
+        host_tracer_level,
+        device_tracer_level,
+        delay_ms,
+        timeout_s,
+        interval_s,
+    )
     if delay_ms > 0:
         time.sleep(delay_ms / 1000)
     if all(_is_own_server(a) for a in addresses):
@@ -389,8 +513,23 @@ def trace_detached(
 
     Returns:
         The (daemon) thread; ``join()`` it to wait for the capture.
+
+    Raises:
+        ProfilerArgumentError: a malformed argument, as for :func:`trace`
+            (checked here, not silently in the thread).
     """
-    _logdir(logdir)  # fail here, not silently in the thread
+    _trace_args(
+        "trace_detached",
+        service_addr,
+        logdir,
+        duration_ms,
+        num_tracing_attempts,
+        host_tracer_level,
+        device_tracer_level,
+        delay_ms,
+        timeout_s,
+        interval_s,
+    )
     thread = threading.Thread(
         target=trace,
         args=(service_addr, logdir, duration_ms, num_tracing_attempts, host_tracer_level),
@@ -420,7 +559,7 @@ class Trace(jax.profiler.TraceAnnotation):
     """
 
     def __init__(self, name: str, **kwargs: Any) -> None:
-        self.name = name
+        self.name = _checks.check_str(name, "Trace", "name", ProfilerArgumentTypeError)
         super().__init__(name, **kwargs)
 
 
@@ -439,7 +578,7 @@ class StepTrace(Trace):
     """
 
     def __init__(self, name: str, **kwargs: Any) -> None:
-        self.name = name
+        self.name = _checks.check_str(name, "StepTrace", "name", ProfilerArgumentTypeError)
         # What jax.profiler.StepTraceAnnotation passes: "_r=1" makes it a step (root) event.
         jax.profiler.TraceAnnotation.__init__(self, name, _r=1, **kwargs)  # type: ignore[call-arg]
 
@@ -460,8 +599,10 @@ def trace_me(name: str) -> Callable[[F], F]:
         >>> loss(3)
         6
     """
+    _checks.check_str(name, "trace_me", "name", ProfilerArgumentTypeError)
 
     def wrap(func: F) -> F:
+        _checks.check_callable(func, f"trace_me({name!r})", "func", ProfilerArgumentTypeError)
         wrapped: F = jax.profiler.annotate_function(func, name=name)
         return wrapped
 

@@ -272,6 +272,7 @@ def plan_sharding(
     _checks.check_instance(mesh, Mesh, "plan_sharding", "mesh", PlanError, "a spmdtorch.mesh.Mesh")
     _checks.check_str(fsdp_axis, "plan_sharding", "fsdp_axis", PlanError, nonempty=True)
     _checks.check_str(tp_axis, "plan_sharding", "tp_axis", PlanError, nonempty=True)
+    _checks.check_str(ep_axis, "plan_sharding", "ep_axis", PlanError, nonempty=True)
     axes = tuple(getattr(mesh, "axis_names", None) or ())
     needed = {
         "fsdp": [fsdp_axis],
