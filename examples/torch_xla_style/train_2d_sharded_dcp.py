@@ -103,7 +103,8 @@ def main():
         dist.init_process_group("gloo", init_method="xla://")
 
     num_devices = xr.global_runtime_device_count()
-    xm.master_print(f"runtime devices: {num_devices}, processes: {xr.process_count()}")
+    # Every process of the job says which it is (xm.master_print would print process 0's line only).
+    print(f"process {xr.process_index()} of {xr.process_count()}: runtime devices {num_devices}", flush=True)
     mesh_shape = (num_devices // 2, 2)
     mesh = xs.Mesh(np.array(range(num_devices)), mesh_shape, ("data", "model"))
     device = torch_xla.device()
