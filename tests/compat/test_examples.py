@@ -232,3 +232,10 @@ def test_2d_sharded_dcp_script_two_process_job_from_scratch_and_preempted(uninte
     assert "resumed from step 2" in out, out[-4000:]
     _assert_finished(out, 2)
     _assert_same_params(torch.load(params), ref_params, exact=False)
+
+
+def test_launcher_hands_the_compat_module_and_the_script_its_arguments():
+    from spmdtorch.launch.__main__ import _split
+
+    argv = ["--nprocs", "2", "--devices-per-proc=4", "-m", "spmdtorch.compat", "train.py", "--nprocs", "9", "-m", "x"]
+    assert _split(argv) == (["--nprocs", "2", "--devices-per-proc=4"], argv[3:])
