@@ -3,6 +3,8 @@
 Installs the compatibility layer, sets ``sys.argv`` to ``[script.py, args...]``
 and runs the script as ``__main__`` (``runpy.run_path``), so it runs unchanged.
 ``-m module`` runs a module instead (``python -m spmdtorch.compat -m pkg.train``).
+A multi-process job runs it as the launcher's module:
+``python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 -m spmdtorch.compat script.py args...``.
 """
 
 from __future__ import annotations

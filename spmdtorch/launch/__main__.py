@@ -3,6 +3,11 @@
 Usage:
     python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 train.py --steps 5
     python -m spmdtorch.launch --nprocs 2 -m mypkg.train
+    python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 -m spmdtorch.compat torch_xla_script.py
+
+The last runs an unchanged PyTorch/XLA script: ``-m spmdtorch.compat`` is the
+module each process runs, and it runs the script after installing the
+compatibility layer (docs/migrating-from-torch-xla.md).
 
 The exit status is 0 when every process succeeded, else that of the first
 process that failed.
@@ -23,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
         usage="python -m spmdtorch.launch [options] (script.py | -m module) [args...]",
         description="Run a script as N processes of one spmdtorch job on this machine, each with "
         "K simulated CPU devices. Importing spmdtorch joins the job (no init call needed).",
+        epilog="A PyTorch/XLA script (import torch_xla...) runs unchanged through the compatibility layer: "
+        "python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 -m spmdtorch.compat train.py [args...] "
+        "(see docs/migrating-from-torch-xla.md).",
     )
     p.add_argument("--nprocs", type=int, required=True, help="number of processes")
     p.add_argument("--devices-per-proc", type=int, default=1, help="simulated CPU devices per process")
