@@ -57,7 +57,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _dtypes
+from spmdtorch import _checks, _dtypes
+from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
 from spmdtorch.tensor import subgraph
@@ -68,7 +69,20 @@ __all__ = ["ScanError", "scan", "scan_layers"]
 
 
 class ScanError(ValueError):
-    """``scan``/``scan_layers`` cannot run this body or these layers as one loop."""
+    """``scan``/``scan_layers`` cannot run this body or these layers as one loop, or got a bad argument."""
+
+
+class ScanTypeError(ScanError, ArgumentTypeError):
+    """An argument of ``scan``/``scan_layers`` of the wrong type (a ``TypeError`` too)."""
+
+
+def _check_options(partition_fn: Any, pure: Any, pure_name: str, remat: Any, func: str) -> None:
+    """The options ``scan`` and ``scan_layers`` share (``is_*_pure`` is accepted and unused)."""
+    if partition_fn is not None:
+        _checks.check_callable(partition_fn, func, "partition_fn", ScanTypeError)
+    _checks.check_bool(pure, func, pure_name, ScanTypeError)
+    if remat is not None:
+        _checks.check_bool(remat, func, "remat", ScanTypeError)
 
 
 # -- the core: one scan node ---------------------------------------------------------
@@ -501,9 +515,8 @@ def scan(
         ScanError: leaves of ``xs`` of different lengths, a carry that changes
             shape/dtype, or a body that cannot be one loop (see the module docstring).
     """
-    del is_fn_pure
-    if not callable(fn):
-        raise ScanError(f"scan: fn must be callable, got {type(fn).__name__}")
+    _checks.check_callable(fn, "scan", "fn", ScanTypeError)
+    _check_options(partition_fn, is_fn_pure, "is_fn_pure", remat, "scan")
     init_flat, init_spec = pytree.tree_flatten(init)
     xs_flat, xs_spec = pytree.tree_flatten(xs)
     if not xs_flat:
@@ -512,6 +525,8 @@ def scan(
         _check_tensor(t, f"scan: xs leaf {i}")
         if t.dim() == 0:
             raise ScanError(f"scan: xs leaf {i} is 0-dimensional; scanned tensors need a leading dim")
+    for i, t in enumerate(init_flat):
+        _check_tensor(t, f"scan: init leaf {i}")
     length = xs_flat[0].shape[0]
     for i, t in enumerate(xs_flat):
         if t.shape[0] != length:
@@ -633,8 +648,34 @@ def scan_layers(
         >>> tuple(spmdtorch.scan_layers(layers, torch.ones(2, 4, device="xla")).shape)
         (2, 4)
     """
-    del is_layer_pure
+    _check_options(partition_fn, is_layer_pure, "is_layer_pure", remat, "scan_layers")
+    if isinstance(layers, nn.Module) and not isinstance(layers, (nn.ModuleList, nn.Sequential)):
+        _checks.fail(ScanTypeError, "scan_layers", "layers", "an iterable of identical modules (nn.ModuleList)", layers)
+    if not isinstance(layers, Iterable):
+        _checks.fail(ScanTypeError, "scan_layers", "layers", "an iterable of identical modules (nn.ModuleList)", layers)
     layers = list(layers)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, nn.Module):
+            _checks.fail(ScanTypeError, "scan_layers", f"layers[{i}]", "an nn.Module", layer)
+    if not all(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(input_data)) or not pytree.tree_leaves(
+        input_data
+    ):
+        _checks.fail(ScanTypeError, "scan_layers", "input_data", "an xla tensor or a pytree of xla tensors", input_data)
+    if isinstance(layer_args, (str, bytes)) or not isinstance(layer_args, Sequence):
+        _checks.fail(
+            ScanTypeError, "scan_layers", "layer_args", "a sequence (tuple/list) of extra arguments", layer_args
+        )
+    if layer_kwargs is not None and not isinstance(layer_kwargs, dict):
+        _checks.fail(
+            ScanTypeError, "scan_layers", "layer_kwargs", "a dict of extra keyword arguments or None", layer_kwargs
+        )
+    if isinstance(ignore_attributes, (str, bytes)) or not isinstance(ignore_attributes, Iterable):
+        _checks.fail(
+            ScanTypeError, "scan_layers", "ignore_attributes", "an iterable of attribute names", ignore_attributes
+        )
+    ignore_attributes = tuple(ignore_attributes)
+    for name in ignore_attributes:
+        _checks.check_str(name, "scan_layers", "ignore_attributes", ScanTypeError)
     if not layers:
         return input_data
     _check_same_structure(layers, frozenset(ignore_attributes))

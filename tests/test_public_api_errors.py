@@ -178,6 +178,13 @@ VALID: dict[str, Case] = {
         }
     ),
     "step": Case(lambda tmp: {"pause_gc": True}),
+    "scan": Case(lambda tmp: {"fn": lambda c, x: (c + x, c * x), "init": _xt(3), "xs": _xt(4, 3)}),
+    "scan_layers": Case(
+        lambda tmp: {
+            "layers": torch.nn.ModuleList(torch.nn.Linear(3, 3) for _ in range(2)).to("xla"),
+            "input_data": _xt(2, 3),
+        }
+    ),
     "sync": Case(lambda tmp: {"wait": False}),
     "wait_device_ops": Case(lambda tmp: {}),
     # mesh
