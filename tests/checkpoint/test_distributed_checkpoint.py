@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dist_cp
-from conftest import place
+from checkpoint_placement import place
 from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 

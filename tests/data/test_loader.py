@@ -53,7 +53,10 @@ def batches(n=3, rows=16):
 
 
 def _threads_alive():
-    return [t for t in threading.enumerate() if t.name.startswith("spmdtorch-") and t.is_alive()]
+    # The loaders' own threads (other spmdtorch threads, e.g. the step-closure
+    # worker another test started, live for the whole process).
+    prefixes = ("spmdtorch-loader", "spmdtorch-h2d")
+    return [t for t in threading.enumerate() if t.name.startswith(prefixes) and t.is_alive()]
 
 
 def test_tuple_batches_sharded_where_the_spec_applies(mesh):
