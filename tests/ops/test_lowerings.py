@@ -735,6 +735,15 @@ def test_layer_norm():
     torch.testing.assert_close(to_torch(gw, w), wr.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_backward(dim):
+    # wav2vec2's positional conv normalises over dim 2 (the last), most layers over dim 0.
+    v = R(6, 4, 5)
+    g = R(*[v.shape[d] if d == dim else 1 for d in range(3)])
+    _, norms = aten._weight_norm_interface.default(v, g, dim)
+    check(aten._weight_norm_interface_backward.default, R(6, 4, 5), v, g, norms, dim, rtol=1e-4, atol=1e-5)
+
+
 def test_group_norm():
     x, w, b = R(2, 6, 4, 4), R(6), R(6)
     check(aten.native_group_norm.default, x, w, b, 2, 6, 16, 3, 1e-5, rtol=1e-4, atol=1e-4)
