@@ -1,5 +1,5 @@
-"""Normalisation layers: layer norm, RMS norm, group norm, batch norm, and
-their backward ops.
+"""Normalisation layers: layer norm, RMS norm, weight norm, group norm, batch
+norm, and their backward ops.
 
 Statistics are computed in float32. Backward ops receive the saved
 mean/rstd (not ``eps``), so they use the closed-form gradient
@@ -101,6 +101,26 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
     dx = rstd * (g - xhat * jnp.mean(g * xhat, axis=axes, keepdims=True))
     dw = jnp.sum(dy * xhat, axis=tuple(range(x.ndim - k))) if weight is not None else None
     return (dx if output_mask[0] else None), (dw if output_mask[1] else None)
+
+
+# ---------------------------------------------------------------------------
+# Weight norm (``w = g * v / ||v||``, the norm over every dim but ``dim``)
+#
+# The forward ``_weight_norm_interface`` runs torch's decomposition; the
+# backward has none. ``saved_norms`` has ``g``'s shape (ones on the reduced dims).
+
+
+@register("_weight_norm_interface_backward.default")
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    dy, v = upcast(grad_w), upcast(saved_v)
+    d = dim % v.ndim
+    keep = (1,) * d + (v.shape[d],) + (1,) * (v.ndim - d - 1)
+    g, norms = upcast(saved_g).reshape(keep), upcast(saved_norms).reshape(keep)
+    axes = tuple(i for i in range(v.ndim) if i != d)
+    dot = jnp.sum(dy * v, axis=axes, keepdims=True)  # <dL/dw, v> per slice of ``dim``
+    grad_v = (g / norms) * (dy - v * (dot / jnp.square(norms)))
+    grad_g = (dot / norms).reshape(saved_g.shape)
+    return grad_v, grad_g
 
 
 # ---------------------------------------------------------------------------

@@ -373,15 +373,33 @@ def _inv_mT(base, v):
 
 @register_inverse("select.int")
 def _inv_select(base, v, dim, index):
+    # A dynamic_update_slice, not a scatter: ``select_backward`` and every
+    # ``x[:, i] = ...`` come here, and XLA compiles chains of scatters (one per
+    # step of an unrolled recurrence, as in Mamba's reference scan) superlinearly.
     d = canon_dim(dim, base.ndim)
-    return base.at[_index_at(base.ndim, d, index)].set(_cast(v, base))
+    size = base.shape[d]
+    index = index + size if isinstance(index, int) and index < 0 else index
+    if not isinstance(index, int):  # a lifted (traced) index
+        index = jnp.where(index < 0, index + size, index)
+    part = jnp.broadcast_to(_cast(v, base), base.shape[:d] + base.shape[d + 1 :])
+    starts = [0] * base.ndim
+    starts[d] = index
+    return lax.dynamic_update_slice(base, jnp.expand_dims(part, d), starts)
 
 
 @register_inverse("slice.Tensor")
 def _inv_slice(base, v, dim=0, start=None, end=None, step=1):
     d = canon_dim(dim, base.ndim)
     sl = _slice_bounds(base.shape[d], start, end, step)
-    return base.at[_index_at(base.ndim, d, sl)].set(_cast(v, base))
+    if step != 1:
+        return base.at[_index_at(base.ndim, d, sl)].set(_cast(v, base))
+    # Contiguous: a dynamic_update_slice (see ``_inv_select``).
+    shape = base.shape[:d] + (sl.stop - sl.start,) + base.shape[d + 1 :]
+    if shape[d] == 0:
+        return base
+    starts = [0] * base.ndim
+    starts[d] = sl.start
+    return lax.dynamic_update_slice(base, jnp.broadcast_to(_cast(v, base), shape), starts)
 
 
 @register_inverse("narrow.default")

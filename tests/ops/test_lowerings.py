@@ -472,7 +472,30 @@ def test_views():
     check(aten.as_strided_scatter.default, base, R(3, 4), [3, 4], [5, 1], 2)
     check(aten.select_scatter.default, x, R(2, 4), 1, 0)
     check(aten.slice_scatter.default, x, R(2, 3, 2), 2, 1, 4, 2)
+    # Contiguous writes lower to dynamic_update_slice (not scatter): negative
+    # and lifted indices, clamped and empty bounds, a broadcast source.
+    check(aten.select_scatter.default, x, R(2, 4), 1, -1)
+    check(aten.select_scatter.default, x, R(3, 4), 0, -2, lift=(3,))
+    check(aten.slice_scatter.default, x, R(2, 3, 2), 2, 1, 3)
+    check(aten.slice_scatter.default, x, R(2, 3, 3), 2, -3, 100)
+    check(aten.slice_scatter.default, x, R(2, 3, 0), 2, 3, 3)
     check(aten.diagonal_scatter.default, R(4, 5), R(4), 1)
+
+
+def test_contiguous_view_writes_lower_to_dynamic_update_slice():
+    # XLA:CPU compiles chains of scatters superlinearly (Mamba's unrolled scan
+    # backward: 115 s at 12 steps); a select or step-1 slice write needs none.
+    def hlo(op, *args):
+        fn = LOWERINGS[op].fn
+        return jax.jit(lambda b, v: fn(b, v, *args)).lower(jnp.zeros((2, 3, 4)), jnp.ones((2, 2, 4))[:, 0]).as_text()
+
+    def hlo_slice(*args):
+        fn = LOWERINGS[aten.slice_scatter.default].fn
+        return jax.jit(lambda b, v: fn(b, v, *args)).lower(jnp.zeros((2, 3, 4)), jnp.ones((2, 2, 4))).as_text()
+
+    for text in (hlo(aten.select_scatter.default, 1, -1), hlo_slice(1, 1, 3)):
+        assert "stablehlo.dynamic_update_slice" in text and "stablehlo.scatter" not in text, text
+    assert "stablehlo.scatter" in hlo_slice(1, 0, 3, 2)  # strided: still a scatter
 
 
 def _roundtrip(view_op, base, args=(), kwargs=None, out_index=None):
@@ -733,6 +756,15 @@ def test_layer_norm():
     )
     torch.testing.assert_close(to_torch(gx, x), xr.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(to_torch(gw, w), wr.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_backward(dim):
+    # wav2vec2's positional conv normalises over dim 2 (the last), most layers over dim 0.
+    v = R(6, 4, 5)
+    g = R(*[v.shape[d] if d == dim else 1 for d in range(3)])
+    _, norms = aten._weight_norm_interface.default(v, g, dim)
+    check(aten._weight_norm_interface_backward.default, R(6, 4, 5), v, g, norms, dim, rtol=1e-4, atol=1e-5)
 
 
 def test_group_norm():
