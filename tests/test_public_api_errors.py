@@ -516,7 +516,8 @@ def _is_spmdtorch_error(e: BaseException) -> bool:
 @contextlib.contextmanager
 def _cleanup():
     # Some valid calls have process-wide effects: undo them.
-    saved_limit = runtime.max_gather_bytes()
+    # The override itself (None: the environment decides), not the value it yields.
+    saved_limit = runtime._MAX_GATHER[0]
     try:
         yield
     finally:
