@@ -9,33 +9,15 @@ differ or when more than 3 programs were compiled.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "generate.py"
-RUN_TIMEOUT_S = 300
+from example_runner import RUN_TIMEOUT_S, run_example
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(
-            [sys.executable, str(EXAMPLE), *args],
-            cwd=ROOT,
-            env=dict(os.environ),
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"{EXAMPLE.name} {' '.join(args)} did not finish in {RUN_TIMEOUT_S}s\n{out[-4000:]}", pytrace=False)
+    return run_example("generate.py", *args)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)

@@ -8,42 +8,15 @@ environment that ``tests/conftest.py`` sets.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "train_llama.py"
-RUN_TIMEOUT_S = 300
+from example_runner import RUN_TIMEOUT_S, run_example
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["COLUMNS"] = "160"  # rich wraps at 80 columns when stdout is a pipe
-    try:
-        return subprocess.run(
-            [sys.executable, str(EXAMPLE), *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout or b""
-        out = out.decode(errors="replace") if isinstance(out, bytes) else out
-        err = e.stderr or b""
-        err = err.decode(errors="replace") if isinstance(err, bytes) else err
-        pytest.fail(
-            f"{EXAMPLE.name} {' '.join(args)} did not finish in {RUN_TIMEOUT_S}s\n"
-            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}",
-            pytrace=False,
-        )
+    return run_example("train_llama.py", *args)
 
 
 # pytest-timeout (pyproject: 300 s) would kill the whole session first; give the

@@ -10,35 +10,15 @@ test checks its report and the files it wrote.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "finetune_hf.py"
-RUN_TIMEOUT_S = 300
+from example_runner import RUN_TIMEOUT_S, run_example
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["COLUMNS"] = "160"  # rich wraps at 80 columns when stdout is a pipe
-    try:
-        return subprocess.run(
-            [sys.executable, str(EXAMPLE), *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"{EXAMPLE.name} did not finish in {RUN_TIMEOUT_S}s\n{out[-4000:]}", pytrace=False)
+    return run_example("finetune_hf.py", *args)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
