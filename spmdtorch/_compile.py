@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch.lazy import TRACE_HOOK, Storage, _profiling, executor, holders_of, metrics, rng
+from spmdtorch.lazy import TRACE_HOOK, Storage, _precision, _profiling, executor, holders_of, metrics, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._trace_records import (
     AliasResult,
@@ -148,7 +148,8 @@ def _flatten(args, kwargs):
 
 
 def _signature(flat_args, spec):
-    sig: list[Any] = [spec]
+    # torch's float32 matmul precision is built into the program (lazy/_precision.py).
+    sig: list[Any] = [spec, _precision.current()]
     storages: list[Storage] = []
     for a in flat_args:
         if isinstance(a, XlaTensor):

@@ -44,6 +44,7 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.debug.metrics": "spmdtorch.compat._metrics",
     "torch_xla.debug.profiler": "spmdtorch.compat._profiler",
     "torch_xla.amp": "spmdtorch.compat._amp",
+    "torch_xla.backends": "spmdtorch.compat._backends",
     "torch_xla.amp.syncfree": "spmdtorch.compat._amp",
     "torch_xla.utils": None,
     "torch_xla.utils.serialization": "spmdtorch.compat._serialization",

@@ -31,7 +31,7 @@ import numpy as np
 from jax._src.lax.lax import _convert_element_type  # weak-typed scalars (no public spelling)
 
 from spmdtorch import config
-from spmdtorch.lazy import _profiling, _storage, contract, keys, metrics, padding, rng
+from spmdtorch.lazy import _precision, _profiling, _storage, contract, keys, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
@@ -104,12 +104,14 @@ class ProgramKey(NamedTuple):
         leaves: per leaf ``(shape, dtype, sharding)``, or ``("S", type)`` for a Python scalar.
         donate: per leaf, whether its buffer is donated.
         out_shardings: per output, its sharding (None: XLA's choice).
+        matmul_precision: the float32 matmul precision the program is built with (``_precision``).
     """
 
     plan: PlanKey
     leaves: tuple
     donate: tuple
     out_shardings: tuple
+    matmul_precision: str
 
 
 class _Plan:
@@ -497,7 +499,7 @@ class _Program:
 
 def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     leaf_sigs = tuple([_leaf_sig(leaf) for leaf in plan.leaves])
-    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings)
+    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current())
     cache = ENGINE.compile_cache
     prog = cache.get(key)
     if prog is not None:
@@ -509,7 +511,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     ENGINE.last_key = key
     name = f"spmdtorch.program_{next(_PROGRAM_NUMBERS)}"
     with _profiling.annotate("spmdtorch.compile", program=name, nodes=len(plan.nodes)):
-        prog = _compile_program(plan, donate, out_shardings, mesh, name)
+        prog = _compile_program(plan, donate, out_shardings, mesh, name, key.matmul_precision)
     cache.put(key, prog)
     return prog, key
 
@@ -518,7 +520,9 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
 _PROGRAM_NUMBERS = itertools.count()
 
 
-def _compile_program(plan: _Plan, donate: tuple, out_shardings: tuple, mesh, name: str) -> _Program:
+def _compile_program(
+    plan: _Plan, donate: tuple, out_shardings: tuple, mesh, name: str, matmul_precision: str = "highest"
+) -> _Program:
     start = time.perf_counter()
     layout = _Layout(plan)
     # Storages whose values are the same output with the same placement get
@@ -535,7 +539,10 @@ def _compile_program(plan: _Plan, donate: tuple, out_shardings: tuple, mesh, nam
     # Lowering needs only the key's type: drawing here would consume a key
     # that no execution uses (a first run would then differ from a cached one).
     n_leaves = len(plan.leaves)
-    lowered = jitted.lower(*_program_args(layout, n_leaves, mesh, _call_args(plan, mesh, draw_key=False)))
+    # Products whose precision is None (ops.linalg, ops.conv) take the
+    # context's: torch's float32 matmul precision at the time of the build.
+    with jax.default_matmul_precision(matmul_precision):
+        lowered = jitted.lower(*_program_args(layout, n_leaves, mesh, _call_args(plan, mesh, draw_key=False)))
     prog = _Program(
         compiled=lowered.compile(),
         lowered=lowered,
@@ -571,6 +578,8 @@ def _log_recompile(old, new, plan=None):
         if len(old.leaves) != len(new.leaves):
             diffs.append(f"number of inputs: {len(old.leaves)} -> {len(new.leaves)}")
         msg = "; ".join(diffs[:5]) or "inputs changed"
+    elif old.matmul_precision != new.matmul_precision:
+        msg = f"float32 matmul precision changed: {old.matmul_precision} -> {new.matmul_precision}"
     else:
         msg = "donation or output shardings changed"
     line = f"spmdtorch: recompiling ({msg})"
@@ -811,7 +820,8 @@ def lower(refs):
         _rehome(plan, mesh)
     leaf_args = _call_args(plan, mesh)
     n = len(plan.leaves)
-    return jax.jit(fn).lower(*layout.pack(leaf_args[:n], mesh), *leaf_args[n:])
+    with jax.default_matmul_precision(_precision.current()):
+        return jax.jit(fn).lower(*layout.pack(leaf_args[:n], mesh), *leaf_args[n:])
 
 
 def reset_cache() -> None:
