@@ -5,6 +5,7 @@ Importing this package fills ``registry.LOWERINGS`` (and
 """
 
 from spmdtorch.ops import (  # noqa: F401
+    _batched_matmul,
     activations,
     attention,
     conv,

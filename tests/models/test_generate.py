@@ -16,6 +16,8 @@ transformers is a test-only dependency: a missing install fails here.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -301,6 +303,26 @@ def test_tensor_parallel_heads_on_8_devices(devices8):
     )
     assert torch.equal(out.cpu(), ref)
     assert get_sharding_spec(xla.model.layers[0].self_attn.q_proj.weight) == "{devices=[8,1]0,1,2,3,4,5,6,7}"
+
+
+def test_tensor_parallel_eager_attention_keeps_kv_cache_sharded(devices8):
+    """Eager attention's 4-d matmuls keep heads sharded: a decode step gathers no KV cache (batch 2)."""
+    cpu, xla = _pair(lambda: _llama(heads=8, kv_heads=8))
+    for m in (cpu, xla):
+        m.set_attn_implementation("eager")
+    mesh = Mesh(np.arange(8), (8,), ("tp",))
+    mark_sharding(xla, mesh, plan_sharding(xla, mesh, "tp").rules)
+    ids, mask = _prompts(7)
+    assert ids.shape[0] == 2
+    ref = cpu.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    kw = {"attention_mask": mask.to("xla"), "max_new_tokens": 6, "cache_sharding": (mesh, (None, "tp", None, None))}
+    out = generate(xla, ids.to("xla"), **kw)
+    assert torch.equal(out.cpu(), ref)
+    decode_step = debug.last_executable().as_text()
+    # The gathered shapes: only the sampled token's (value, index) per batch
+    # row over the vocab shards, 2-d; no 4-d (KV cache, attention) operand.
+    shapes = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather(?:-start)?\(", decode_step)
+    assert shapes and all(s.count(",") <= 1 for s in shapes), shapes
 
 
 def test_stats_report_tokens_per_second(llama_pair):

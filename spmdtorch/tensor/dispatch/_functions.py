@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
-__all__ = ["FUNCTION_OVERRIDES", "scaled_dot_product_attention"]
+__all__ = ["FUNCTION_OVERRIDES", "matmul", "scaled_dot_product_attention"]
 
 FUNCTION_OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {}
 
@@ -63,3 +63,35 @@ def scaled_dot_product_attention(
 
 
 FUNCTION_OVERRIDES[F.scaled_dot_product_attention] = scaled_dot_product_attention
+
+_BATCHED_MATMUL = torch.ops.spmdtorch.batched_matmul.default
+
+
+def matmul(input, other, *, out=None):
+    """``torch.matmul`` / ``@`` of xla tensors with two or more equal batch dims, as one batched product.
+
+    torch decomposes such a product into ``bmm`` over the merged batch dims,
+    which the partitioner cannot keep sharded when one of them is (heads in
+    tensor-parallel attention: it would gather both operands). The call
+    becomes ``spmdtorch::batched_matmul`` (``spmdtorch.ops._batched_matmul``):
+    one product keeping every batch dim. Everything else (1-3 dims,
+    broadcasting batch dims, mixed dtypes or devices, ``out=``) returns
+    ``NotImplemented`` and takes torch's path.
+    """
+    if (
+        out is None
+        and isinstance(input, XlaTensor)
+        and isinstance(other, XlaTensor)
+        and input.dim() == other.dim() >= 4
+        and input.shape[:-2] == other.shape[:-2]
+        and input.shape[-1] == other.shape[-2]
+        and input.dtype == other.dtype
+        and input.dtype.is_floating_point
+    ):
+        return _BATCHED_MATMUL(input, other)
+    return NotImplemented
+
+
+FUNCTION_OVERRIDES[torch.matmul] = matmul
+FUNCTION_OVERRIDES[torch.Tensor.matmul] = matmul
+FUNCTION_OVERRIDES[torch.Tensor.__matmul__] = matmul
