@@ -27,6 +27,7 @@ Variable                          Settings field     Default     Meaning
 ``SPMDTORCH_AUTO_DISTRIBUTED``    auto_distributed   True        join the job at import when a launcher started us
 ``SPMDTORCH_CONNECT_TIMEOUT``     connect_timeout    None (120)  seconds to wait for the coordinator to answer
 ``SPMDTORCH_JOINED_PID``          joined_pid         None        set by spmdtorch once joined (for subprocesses)
+``SPMDTORCH_PEER_WATCH``          peer_watch         True        a lost peer ends the others at once (exit 75)
 ``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
 ``PT_XLA_DEBUG_LEVEL`` ... ``XLA_*``  pt_xla_debug ...  None/False  PyTorch/XLA's debugging and dtype variables,
                                                                  acted on only by ``spmdtorch.compat.install()``
@@ -448,6 +449,16 @@ KNOBS: tuple[Knob, ...] = (
         DistributedEnvError,
     ),
     Knob(
+        "peer_watch",
+        "SPMDTORCH_PEER_WATCH",
+        _flag,
+        True,
+        "1/true/yes/on or 0/false/no/off",
+        "In a multi-process job, end every process at once with a named PeerLostError (exit status 75) when "
+        "another one dies, instead of waiting for JAX's heartbeat timeout and its SIGABRT "
+        "(docs/reliability.md); 0 leaves it to JAX.",
+    ),
+    Knob(
         "torchelastic_agent_store",
         "TORCHELASTIC_USE_AGENT_STORE",
         _torch_true,
@@ -535,6 +546,7 @@ class Settings:
     auto_distributed: bool = True
     joined_pid: int | None = None
     connect_timeout_s: int | None = None
+    peer_watch: bool = True
     torchelastic_agent_store: bool = False
     pt_xla_debug_level: int | None = None
     xla_use_bf16: bool = False

@@ -35,8 +35,9 @@ from typing import Any
 import jax
 import torch
 
-from spmdtorch import _checks, _cluster, config
+from spmdtorch import _checks, _cluster, _faults, config
 from spmdtorch._checks import ArgumentError, ArgumentTypeError
+from spmdtorch._faults import PEER_LOST_EXIT_STATUS, PeerLostError
 from spmdtorch.config import DistributedInitError, InvalidPjrtDeviceError, RuntimeConfigError
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "GatherTooLargeError",
     "InvalidPjrtDeviceError",
     "MemoryInfo",
+    "PEER_LOST_EXIT_STATUS",
+    "PeerLostError",
     "RuntimeConfigError",
     "SpmdModeError",
     "addressable_device_count",
@@ -774,7 +777,25 @@ def _join(
     _DISTRIBUTED[0] = cfg
     # Subprocesses inherit the launcher's variables; they must not join again as this process.
     os.environ[ENV_JOINED_PID] = str(os.getpid())
+    if config.read_one("peer_watch"):
+        _start_peer_watch(cfg, int(initialization_timeout_s))
     return cfg
+
+
+def _start_peer_watch(cfg: DistributedConfig, init_timeout_s: int) -> None:
+    """A lost peer ends this process at once with a named ``PeerLostError`` (``spmdtorch._faults``)."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    count, index = jax.process_count(), jax.process_index()
+    if client is None or count < 2:
+        return
+    if cfg.coordinator_address is not None:
+        host = cfg.coordinator_address.rsplit(":", 1)[0].strip("[]")
+    else:  # JAX found the coordinator itself (TPU slice, Slurm, MPI)
+        address = distributed.global_state.coordinator_address or ""
+        host = address.rsplit(":", 1)[0].strip("[]")
+    _faults.start_peer_watch(client, index, count, host, cfg.heartbeat_timeout_s, init_timeout_s)
 
 
 def _check_coordinator(cfg: DistributedConfig) -> None:

@@ -59,6 +59,7 @@ GOOD = {
     "SPMDTORCH_AUTO_DISTRIBUTED": [("0", False), ("on", True)],
     "SPMDTORCH_JOINED_PID": [("1234", 1234)],
     "SPMDTORCH_CONNECT_TIMEOUT": [("5", 5)],
+    "SPMDTORCH_PEER_WATCH": [("0", False), ("yes", True)],
 }
 
 # env variable -> [(raw value, the error's class, the reason it gives)]
@@ -95,6 +96,7 @@ BAD = {
     "SPMDTORCH_AUTO_DISTRIBUTED": [("auto", ConfigError, "is not a boolean")],
     "SPMDTORCH_JOINED_PID": [("me", ConfigError, "is not an integer")],
     "SPMDTORCH_CONNECT_TIMEOUT": [("0", DistributedInitError, "must be >= 1")],
+    "SPMDTORCH_PEER_WATCH": [("sometimes", ConfigError, "is not a boolean")],
 }
 
 

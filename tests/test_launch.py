@@ -83,6 +83,15 @@ def test_failure_stops_the_others_with_sigkill_after_the_grace_period():
     assert 1.0 <= r0.elapsed_s - r1.elapsed_s < 5.0
     assert elapsed < 20
     assert "[launch] rank 1 failed with exit status 3; stopping the other processes" in lines
+    # The summary at the end: the first failure named, then every rank with what its status means.
+    assert any(line.startswith("[launch] first failure: rank 1 (failed (exit status 3))") for line in lines), lines
+    assert any(
+        line.startswith("[launch]   rank 0: exit status -9, killed by SIGKILL, stopped by the launcher")
+        for line in lines
+    ), lines
+    assert any(line.startswith("[launch]   rank 1: exit status 3, failed (exit status 3), after") for line in lines), (
+        lines
+    )
 
 
 def test_a_rank_killed_by_a_signal_gives_a_shell_style_status():
@@ -208,3 +217,17 @@ def test_doctests(name):
 
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_exit_statuses_are_described_in_words():
+    from spmdtorch.launch import LaunchError, describe_exit
+    from spmdtorch.runtime import PEER_LOST_EXIT_STATUS
+
+    assert describe_exit(0) == "ok"
+    assert describe_exit(PEER_LOST_EXIT_STATUS) == "peer lost (PeerLostError)"
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(-signal.SIGABRT) == "aborted (SIGABRT)"
+    assert describe_exit(-200) == "killed by signal 200"
+    assert describe_exit(2) == "failed (exit status 2)"
+    with pytest.raises(LaunchError, match="returncode"):
+        describe_exit("1")  # type: ignore[arg-type]

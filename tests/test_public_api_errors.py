@@ -61,6 +61,7 @@ NOT_WALKED: dict[str, str] = {
     "LaunchResult": "result of launch",
     "RankResult": "part of LaunchResult",
     "CPU_REMAT_XLA_FLAG": "a str constant",
+    "PEER_LOST_EXIT_STATUS": "an int constant",
     "MemoryInfo": "result of runtime.memory_info",
     "PretrainedLoad": "NamedTuple result of checkpoint.load_pretrained",
     "HfLayout": "result of checkpoint.save_pretrained (read_layout builds it from a directory)",
@@ -349,6 +350,7 @@ VALID: dict[str, Case] = {
         }
     ),
     "free_port": Case(lambda tmp: {"host": "127.0.0.1"}),
+    "describe_exit": Case(lambda tmp: {"returncode": 75}),
     "launch": Case(lambda tmp: {"command": ["-c", "pass"], "nprocs": 1, "timeout_s": 60.0}),
 }
 

@@ -16,8 +16,9 @@ from spmdtorch.launch.local import (
     LaunchResult,
     RankResult,
     child_env,
+    describe_exit,
     free_port,
     launch,
 )
 
-__all__ = ["LaunchError", "LaunchResult", "RankResult", "child_env", "free_port", "launch"]
+__all__ = ["LaunchError", "LaunchResult", "RankResult", "child_env", "describe_exit", "free_port", "launch"]

@@ -32,7 +32,7 @@ from typing import IO, TextIO
 
 from spmdtorch import _checks, runtime
 
-__all__ = ["LaunchError", "LaunchResult", "RankResult", "child_env", "free_port", "launch"]
+__all__ = ["LaunchError", "LaunchResult", "RankResult", "child_env", "describe_exit", "free_port", "launch"]
 
 #: Seconds between the first failure and SIGKILL for the processes still running.
 DEFAULT_GRACE_PERIOD_S = 10.0
@@ -59,6 +59,16 @@ class RankResult:
     returncode: int
     stopped_by_launcher: bool
     elapsed_s: float
+
+    @property
+    def meaning(self) -> str:
+        """What the exit status means: ``"ok"``, ``"killed by SIGKILL"``, ``"peer lost (PeerLostError)"``...
+
+        Example:
+            >>> RankResult(0, runtime.PEER_LOST_EXIT_STATUS, False, 3.0).meaning
+            'peer lost (PeerLostError)'
+        """
+        return describe_exit(self.returncode) + (", stopped by the launcher" if self.stopped_by_launcher else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,7 +316,7 @@ def launch(
                     with lock:
                         out.write(
                             f"[launch] rank {rank} failed with exit status "
-                            f"{_describe(proc.returncode)}; stopping the other processes\n"
+                            f"{_status(proc.returncode)}; stopping the other processes\n"
                         )
                         out.flush()
                     for other, p in enumerate(procs):
@@ -351,13 +361,53 @@ def launch(
         code = _shell_code(procs[first_failure].returncode)
     else:
         code = 124 if timed_out else 0
-    return LaunchResult(code, ranks, first_failure, timed_out)
+    result = LaunchResult(code, ranks, first_failure, timed_out)
+    if code != 0:
+        with lock:
+            out.write(_summary(result))
+            out.flush()
+    return result
 
 
-def _describe(returncode: int) -> str:
+def describe_exit(returncode: int) -> str:
+    """What a process's exit status means, in words (a negative status: killed by that signal).
+
+    Example:
+        >>> describe_exit(-9), describe_exit(75), describe_exit(1)
+        ('killed by SIGKILL', 'peer lost (PeerLostError)', 'failed (exit status 1)')
+    """
+    _checks.check_int(returncode, "describe_exit", "returncode", LaunchError)
+    if returncode == 0:
+        return "ok"
+    if returncode == runtime.PEER_LOST_EXIT_STATUS:
+        return "peer lost (PeerLostError)"
     if returncode < 0:
         try:
-            return f"{returncode} (killed by {signal.Signals(-returncode).name})"
+            name = signal.Signals(-returncode).name
         except ValueError:
-            return str(returncode)
+            return f"killed by signal {-returncode}"
+        return f"aborted ({name})" if returncode == -signal.SIGABRT else f"killed by {name}"
+    return f"failed (exit status {returncode})"
+
+
+def _summary(result: LaunchResult) -> str:
+    """The lines the launcher prints after a failed or timed-out launch: the first failure, then every rank."""
+    lines = []
+    if result.first_failure is not None:
+        first = result.ranks[result.first_failure]
+        lines.append(
+            f"[launch] first failure: rank {first.rank} ({first.meaning}) after {first.elapsed_s:.1f} s; "
+            f"exit status {result.returncode}"
+        )
+    elif result.timed_out:
+        lines.append(f"[launch] timed out; exit status {result.returncode}")
+    for r in result.ranks:
+        lines.append(f"[launch]   rank {r.rank}: exit status {r.returncode}, {r.meaning}, after {r.elapsed_s:.1f} s")
+    return "".join(line + "\n" for line in lines)
+
+
+def _status(returncode: int) -> str:
+    """``-9 (killed by SIGKILL)``, ``75 (peer lost (PeerLostError))``, or the plain number of an ordinary failure."""
+    if returncode < 0 or returncode == runtime.PEER_LOST_EXIT_STATUS:
+        return f"{returncode} ({describe_exit(returncode)})"
     return str(returncode)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from spmdtorch.launch import launch
+from spmdtorch.runtime import PEER_LOST_EXIT_STATUS
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -94,21 +95,29 @@ def test_multihost_semantics(devices8):
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
-def test_dead_peer_stops_the_survivor_within_the_heartbeat_timeout(devices8):
-    heartbeat = 5
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+def test_dead_peer_ends_the_survivor_with_a_named_error(devices8, victim):
+    heartbeat = 30
     # A grace period far above the heartbeat timeout: the launcher's SIGTERM
     # is trapped by JAX, so the survivor can only stop on its own.
-    result, text, _ = run_job("dead_peer.py", "1", heartbeat_timeout_s=heartbeat, grace_period_s=80.0)
+    result, text, _ = run_job("dead_peer.py", str(victim), heartbeat_timeout_s=heartbeat, grace_period_s=80.0)
     assert not result.timed_out, _tail(text)
     assert "SURVIVED" not in text, _tail(text)
-    dead, survivor = result.ranks[1], result.ranks[0]
-    assert dead.returncode == -signal.SIGKILL and result.first_failure == 1, _tail(text)
+    dead, survivor = result.ranks[victim], result.ranks[1 - victim]
+    assert dead.returncode == -signal.SIGKILL and result.first_failure == victim, _tail(text)
     assert result.returncode == 128 + signal.SIGKILL
-    # The survivor aborted itself (JAX's coordination service) with a clear message ...
-    assert survivor.returncode == -signal.SIGABRT, _tail(text)
-    assert "another task died" in text, _tail(text)
-    # ... within a bounded time after its peer died.
-    assert survivor.elapsed_s - dead.elapsed_s < heartbeat + 15, (survivor, dead)
+    # The survivor ends itself with the named error, one line, and status 75 ...
+    assert survivor.returncode == PEER_LOST_EXIT_STATUS, _tail(text)
+    lines = [line for line in text.splitlines() if "PeerLostError:" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"[rank {1 - victim}] spmdtorch.runtime.PeerLostError: "), _tail(
+        text
+    )
+    assert f"process {victim} of 2 was lost" in lines[0], lines[0]
+    assert "waiting for a program's results (a collective" in lines[0] and "dead_peer.py:" in lines[0], lines[0]
+    assert f"heartbeat timeout is {heartbeat} s" in lines[0] and "latest_step()" in lines[0], lines[0]
+    # ... at once: its closed connection, not JAX's heartbeat timeout (nor the launcher) ended it.
+    assert survivor.elapsed_s - dead.elapsed_s < 10, (survivor, dead)
+    assert f"[launch]   rank {1 - victim}: exit status 75, peer lost (PeerLostError)" in text, _tail(text)
 
 
 @pytest.mark.timeout(4 * LAUNCH_TIMEOUT_S + 30)
