@@ -141,8 +141,7 @@ def _describe_activity() -> str:
             parts.append(text)
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     where = _user_location(frame)
-    waiting = _waiting_on_program(frame)
-    if waiting:
+    if not parts and _waiting_on_program(frame):
         parts.append("waiting for a program's results (a collective that needs the lost process)")
     if not parts:
         parts.append("running Python code")

@@ -824,9 +824,10 @@ def _check_coordinator(cfg: DistributedConfig) -> None:
             f"cannot resolve the host of the {where}: {e}. Set it to process 0's address "
             "(host:port) that every process can reach"
         ) from e
-    if cfg.process_id == 0:
-        return
     timeout_s = config.read_one("connect_timeout_s") or DEFAULT_CONNECT_TIMEOUT_S
+    if cfg.process_id == 0:
+        _check_own_address(cfg, host, port, where, min(timeout_s, _SELF_CHECK_TIMEOUT_S))
+        return
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -841,6 +842,61 @@ def _check_coordinator(cfg: DistributedConfig) -> None:
                     "process 0 starts later"
                 ) from e
             time.sleep(0.2)
+
+
+#: Seconds process 0 tries to reach itself at the coordinator address (it answers in ms when the address is right).
+_SELF_CHECK_TIMEOUT_S = 10
+
+
+def _check_own_address(cfg: DistributedConfig, host: str, port: int, where: str, timeout_s: float) -> None:
+    """Process 0: the coordinator's port is free here, and the address reaches this very process.
+
+    JAX's service listens on ``[::]:port`` whatever the host, and process 0's
+    own client then connects to the address: when the address leads
+    elsewhere (a typo, another host's name), that client retries for the
+    whole initialization timeout and aborts the process (SIGABRT,
+    "DEADLINE_EXCEEDED ... RegisterTask", no address named). So listen on
+    the port for a moment and send a random token to ourselves through the
+    address.
+
+    Raises:
+        DistributedInitError: the port is taken, or the address does not lead back here in ``timeout_s``.
+    """
+    try:
+        if socket.has_dualstack_ipv6():
+            server = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        else:
+            server = socket.create_server(("", port))
+    except OSError as e:
+        raise DistributedInitError(
+            f"process 0 of {cfg.num_processes} cannot listen on port {port} for the {where}: {e}. Another "
+            "program (an earlier job still running?) holds the port: pick a free port for the coordinator"
+        ) from e
+    token = os.urandom(16)
+    deadline = time.monotonic() + timeout_s
+    error: OSError | None = None
+    with server:
+        server.settimeout(1.0)
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(
+                    (host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))
+                ) as c:
+                    c.sendall(token)
+                    conn, _ = server.accept()
+                    with conn:
+                        conn.settimeout(1.0)
+                        if conn.recv(len(token)) == token:
+                            return
+                error = OSError("another host answered at this address, not this process")
+            except OSError as e:
+                error = e
+            time.sleep(0.2)
+    raise DistributedInitError(
+        f"process 0 of {cfg.num_processes} listens for the {where} on port {port} of this host "
+        f"({socket.gethostname()}), but the address does not lead back to it within {timeout_s:g} s ({error}). Set "
+        "the coordinator address to this host's name or IP address as every process sees it"
+    )
 
 
 def auto_initialize_distributed() -> DistributedConfig | None:

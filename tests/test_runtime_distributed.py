@@ -7,6 +7,7 @@ Joining real processes is tested in tests/multiprocess (through the launcher).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -260,5 +261,19 @@ def test_coordinator_check_names_the_address(monkeypatch):
     address = f"127.0.0.1:{free_port()}"
     with pytest.raises(DistributedInitError, match=rf"process 1 of 2 cannot reach the coordinator {address} .* 1 s"):
         xr._check_coordinator(xr.DistributedConfig(address, 2, 1, None, "arguments"))
-    # Process 0 listens itself: it only needs the name to resolve.
+    # Process 0 listens itself: the address must lead back to it (here it does) ...
     xr._check_coordinator(xr.DistributedConfig(address, 2, 0, None, "arguments"))
+    # ... not to another host (TEST-NET-1, RFC 5737: never routed) ...
+    port = free_port()
+    elsewhere = f"192.0.2.1:{port}"
+    with pytest.raises(
+        DistributedInitError,
+        match=rf"process 0 of 2 listens for the coordinator {elsewhere} .* on port {port} .* does not lead back to it",
+    ):
+        xr._check_coordinator(xr.DistributedConfig(elsewhere, 2, 0, None, "arguments"))
+    # ... and its port must be free.
+    with socket.create_server(("", port)):
+        with pytest.raises(
+            DistributedInitError, match=rf"process 0 of 2 cannot listen on port {port} .* pick a free port"
+        ):
+            xr._check_coordinator(xr.DistributedConfig(f"127.0.0.1:{port}", 2, 0, None, "arguments"))

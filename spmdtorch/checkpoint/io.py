@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 import torch
 from etils import epath
 
-from spmdtorch import _checks, _dtypes
+from spmdtorch import _checks, _dtypes, _faults
 from spmdtorch.checkpoint import fingerprint, placement, tree
 from spmdtorch.checkpoint.errors import (
     CheckpointArgumentTypeError,
@@ -304,28 +304,31 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
         >>> w.cpu()
         tensor([0., 1., 2., 3.])
     """
-    path = checkpoint_path(path)
-    overwrite = _checks.check_bool(overwrite, "save", "overwrite", CheckpointArgumentTypeError)
-    if path.exists() and not overwrite:
-        raise CheckpointExistsError(f"checkpoint path {path} already exists; pick a new path or pass overwrite=True")
-    args, pending = save_args(state)
-    # Orbax's async checkpointer, waited for here: the fingerprints run while
-    # Orbax writes (a blocking Checkpointer would wait for the record, hence
-    # for the fingerprints, before they could be dispatched).
-    items = handlers()
-    # By keyword (the names are ARRAYS and META): a ``**`` dict would also
-    # match the handler's other keyword parameters, as far as types go.
-    with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(arrays=items[ARRAYS], meta=items[META])) as ckptr:
-        try:
-            with saving(pending):
-                ckptr.save(path, args=args, force=overwrite)
-        except BaseException:
-            # The background write then fails on the missing fingerprints:
-            # let it end (nothing is finalised) and raise the cause, not that.
-            with contextlib.suppress(Exception):
-                ckptr.wait_until_finished()
-            raise
-        ckptr.wait_until_finished()
+    with _faults.activity(f"saving the checkpoint {path}"):
+        path = checkpoint_path(path)
+        overwrite = _checks.check_bool(overwrite, "save", "overwrite", CheckpointArgumentTypeError)
+        if path.exists() and not overwrite:
+            raise CheckpointExistsError(
+                f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
+            )
+        args, pending = save_args(state)
+        # Orbax's async checkpointer, waited for here: the fingerprints run while
+        # Orbax writes (a blocking Checkpointer would wait for the record, hence
+        # for the fingerprints, before they could be dispatched).
+        items = handlers()
+        # By keyword (the names are ARRAYS and META): a ``**`` dict would also
+        # match the handler's other keyword parameters, as far as types go.
+        with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(arrays=items[ARRAYS], meta=items[META])) as ckptr:
+            try:
+                with saving(pending):
+                    ckptr.save(path, args=args, force=overwrite)
+            except BaseException:
+                # The background write then fails on the missing fingerprints:
+                # let it end (nothing is finalised) and raise the cause, not that.
+                with contextlib.suppress(Exception):
+                    ckptr.wait_until_finished()
+                raise
+            ckptr.wait_until_finished()
 
 
 # -- load ------------------------------------------------------------------------
@@ -563,44 +566,45 @@ def load(path: CheckpointPath, state: Any, *, strict: bool = True, cast: bool = 
         DtypeMismatchError, ValueKindMismatchError: nothing was changed.
         CheckpointCorruptionError: the files are damaged; nothing was changed.
     """
-    path = checkpoint_path(path)
-    strict = _checks.check_bool(strict, "load", "strict", CheckpointArgumentTypeError)
-    cast = _checks.check_bool(cast, "load", "cast", CheckpointArgumentTypeError)
-    record = read_record(path)
-    saved = tree.decode(record["tree"])
-    executor.sync()
-    entries = {e.path: e for e in tree.flatten(state)}
-    _check_keys(entries, saved, strict, path)
-    plans: list[_Plan] = []
-    values: dict[KeyPath, Any] = {}
-    for key, e in entries.items():
-        if key not in saved:
-            continue
-        kind, payload = saved[key]
-        if (kind == "array") != (e.kind != "value"):
-            found = "a tensor" if kind == "array" else f"the value {payload!r}"
-            want = "a tensor" if e.kind != "value" else f"the value {e.value!r}"
-            raise ValueKindMismatchError(
-                f"state{tree.keystr(key)}: checkpoint {path} holds {found} where the state holds {want}; "
-                "the state's structure must match the saved one"
-            )
-        if kind == "value":
-            values[key] = payload
-            continue
-        plan = _Plan(key, record["arrays"][payload], e)
-        _check_array(plan, cast, path)
-        plans.append(plan)
-    if plans:
-        arrays = _read_arrays(path, plans, partial=len(plans) < len(record["arrays"]))
-        _verify(path, plans, arrays)
-        new = {p.path: _new_value(p, arrays[p.path]) for p in plans}
-        _share_equal_scalars(new, plans)
-        # Only now, with every array read and checked, does the state change.
-        for p in plans:
-            target = p.entry.value
-            if p.entry.kind == "xla":
-                placement.install(target, new[p.path])
-            else:
-                with torch.no_grad():
-                    target.copy_(new[p.path])
-    return tree.replace_values(state, values)
+    with _faults.activity(f"restoring the checkpoint {path}"):
+        path = checkpoint_path(path)
+        strict = _checks.check_bool(strict, "load", "strict", CheckpointArgumentTypeError)
+        cast = _checks.check_bool(cast, "load", "cast", CheckpointArgumentTypeError)
+        record = read_record(path)
+        saved = tree.decode(record["tree"])
+        executor.sync()
+        entries = {e.path: e for e in tree.flatten(state)}
+        _check_keys(entries, saved, strict, path)
+        plans: list[_Plan] = []
+        values: dict[KeyPath, Any] = {}
+        for key, e in entries.items():
+            if key not in saved:
+                continue
+            kind, payload = saved[key]
+            if (kind == "array") != (e.kind != "value"):
+                found = "a tensor" if kind == "array" else f"the value {payload!r}"
+                want = "a tensor" if e.kind != "value" else f"the value {e.value!r}"
+                raise ValueKindMismatchError(
+                    f"state{tree.keystr(key)}: checkpoint {path} holds {found} where the state holds {want}; "
+                    "the state's structure must match the saved one"
+                )
+            if kind == "value":
+                values[key] = payload
+                continue
+            plan = _Plan(key, record["arrays"][payload], e)
+            _check_array(plan, cast, path)
+            plans.append(plan)
+        if plans:
+            arrays = _read_arrays(path, plans, partial=len(plans) < len(record["arrays"]))
+            _verify(path, plans, arrays)
+            new = {p.path: _new_value(p, arrays[p.path]) for p in plans}
+            _share_equal_scalars(new, plans)
+            # Only now, with every array read and checked, does the state change.
+            for p in plans:
+                target = p.entry.value
+                if p.entry.kind == "xla":
+                    placement.install(target, new[p.path])
+                else:
+                    with torch.no_grad():
+                        target.copy_(new[p.path])
+        return tree.replace_values(state, values)

@@ -17,6 +17,7 @@ import signal
 import threading
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal, overload
 
@@ -24,7 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from spmdtorch import _checks
+from spmdtorch import _checks, _faults
 from spmdtorch.checkpoint import io
 from spmdtorch.checkpoint.errors import (
     CheckpointArgumentError,
@@ -133,6 +134,9 @@ class CheckpointManager:
         self._closed = False
         if save_on_preemption:
             self._install_handler()
+        # A lost peer names this directory in its resume advice, and a background write in flight.
+        _faults.note_checkpoint_directory(str(self._directory))
+        self._activity = _faults.begin_activity(_background_write(weakref.ref(self)))
 
     # -- preemption ------------------------------------------------------------
 
@@ -230,7 +234,10 @@ class CheckpointManager:
             # the record holding them before it finalises the step.
             # Async: dispatched ahead of the next program, so that save()
             # blocks the loop only for Orbax's device→host copy.
-            with io.saving(pending, defer=asynchronous and not preempted):
+            with (
+                _faults.activity(f"saving checkpoint step {step} to {self._directory}"),
+                io.saving(pending, defer=asynchronous and not preempted),
+            ):
                 saved = bool(self._mgr.save(step, args=args, force=True))
             if saved:
                 self._writing = step
@@ -346,6 +353,7 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
+        _faults.end_activity(self._activity)
         try:
             self._finish_writes()
             self._mgr.close()
@@ -363,3 +371,18 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self._directory)!r}, steps={self.all_steps()})"
+
+
+def _background_write(ref: weakref.ref[CheckpointManager]) -> Callable[[], str | None]:
+    """What a manager's background write is doing, for a ``PeerLostError`` (None: nothing in flight)."""
+
+    def describe() -> str | None:
+        mgr = ref()
+        if mgr is None or mgr._closed or mgr._writing is None or not mgr._mgr.is_saving_in_progress():
+            return None
+        return (
+            f"writing checkpoint step {mgr._writing} to {mgr._directory} in the background (an async save: "
+            "it is never finalised, so never listed)"
+        )
+
+    return describe

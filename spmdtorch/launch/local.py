@@ -68,7 +68,10 @@ class RankResult:
             >>> RankResult(0, runtime.PEER_LOST_EXIT_STATUS, False, 3.0).meaning
             'peer lost (PeerLostError)'
         """
-        return describe_exit(self.returncode) + (", stopped by the launcher" if self.stopped_by_launcher else "")
+        # A process the launcher signalled may still have ended by itself (JAX traps SIGTERM): only
+        # a death by signal is the launcher's doing.
+        stopped = self.stopped_by_launcher and self.returncode < 0
+        return describe_exit(self.returncode) + (", stopped by the launcher" if stopped else "")
 
 
 @dataclasses.dataclass(frozen=True)
