@@ -663,9 +663,13 @@ def initialize_distributed(
     no-op.
 
     On CPU it selects gloo for cross-process collectives. A peer that dies
-    is noticed within ``heartbeat_timeout_s``: every other process then
-    stops (JAX aborts it, printing "Terminating process because the JAX
-    distributed service detected fatal errors ... another task died").
+    ends every other process at once: each writes one line
+    ``spmdtorch.runtime.PeerLostError: ...`` to stderr and exits with
+    :data:`PEER_LOST_EXIT_STATUS` (75; ``SPMDTORCH_PEER_WATCH``,
+    docs/reliability.md). A host that vanishes without closing its
+    connections is noticed within ``heartbeat_timeout_s``, and JAX aborts
+    the others ("Terminating process because the JAX distributed service
+    detected fatal errors ... another task died").
 
     Args:
         coordinator_address: ``host:port`` of process 0 (it listens there).
