@@ -186,17 +186,34 @@ def _resume_advice() -> str:
 
 
 def peer_lost_error(
-    peer: int | None, how: str, process_id: int, num_processes: int, heartbeat_timeout_s: int
+    peer: int | None,
+    how: str,
+    process_id: int,
+    num_processes: int,
+    heartbeat_timeout_s: int,
+    *,
+    failing: str | None = None,
 ) -> PeerLostError:
-    """Builds the :class:`PeerLostError` a survivor reports (one line)."""
+    """Builds the :class:`PeerLostError` a survivor reports (one line).
+
+    ``failing``: the type name of an uncaught exception this process is ending on (its stack is gone by then).
+
+    Example:
+        >>> e = peer_lost_error(1, "killed", 0, 2, 100)
+        >>> e.peer, str(e)[:50]
+        (1, 'process 1 of 2 was lost (killed) while this proces')
+    """
     what = _describe_activity()
+    if failing is not None:
+        what = f"ending on an uncaught {failing}" + ("" if what == "running Python code" else f", {what}")
     who = f"process {peer} of {num_processes}" if peer is not None else "a peer process"
     message = (
         f"{who} was lost ({how}) while this process ({process_id} of {num_processes}) was {what}; it was "
         f"noticed from its closed connection (JAX's heartbeat timeout is {heartbeat_timeout_s} s). "
         f"This process exits with status {PEER_LOST_EXIT_STATUS}: {_resume_advice()}"
     )
-    return PeerLostError(message.replace("\n", " "), peer, what)
+    # One stderr line: paths and descriptions may hold line breaks.
+    return PeerLostError(" ".join(message.split()), peer, " ".join(what.split()))
 
 
 def _report_and_exit(error: PeerLostError) -> NoReturn:
@@ -228,18 +245,38 @@ class _Watch:
         self.failing: str | None = None  # an uncaught exception's type name
 
     def lost(self, peer: int | None, how: str) -> NoReturn:
-        error = peer_lost_error(peer, how, self.process_id, self.num_processes, self.heartbeat_timeout_s)
+        error = peer_lost_error(
+            peer, how, self.process_id, self.num_processes, self.heartbeat_timeout_s, failing=self.failing
+        )
         _report_and_exit(error)
 
     def say_goodbye(self) -> None:
-        """At exit: tell the peers this end is expected (or a failure, after an uncaught exception)."""
+        """At exit: tell the peers this end is expected, or a failure after an uncaught exception.
+
+        After a failure the process ends here with status 1, as Python would:
+        the handlers registered before the join (JAX's shutdown barrier among
+        them) would only wait for peers that are stopping because of it.
+        """
         with self.lock:
+            if self.leaving:
+                return
             self.leaving = True
             word = b"bye\n" if self.failing is None else f"fail {self.process_id} {self.failing}\n".encode()
             for sock in self.peers.values():
                 with contextlib.suppress(OSError):
                     sock.settimeout(1.0)
                     sock.sendall(word)
+        if self.failing is not None and self.peers:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(1)
+
+    def forget_in_child(self) -> None:
+        """In a forked child: the connections are the parent's; never speak or close them for it."""
+        self.leaving = True
+        self.peers = {}
+        self.lock = threading.Lock()
 
 
 def _lines(sock: socket.socket, buffer: bytearray) -> tuple[list[str], bool]:
@@ -419,6 +456,8 @@ def start_peer_watch(
     # Registered after JAX's own atexit shutdown, so it runs before it (LIFO):
     # the goodbye goes out before the shutdown barrier waits for the others.
     atexit.register(watch.say_goodbye)
+    # A forked child (a DataLoader worker) inherits the sockets; its exit must not say goodbye for us.
+    os.register_at_fork(after_in_child=watch.forget_in_child)
     if process_id == 0:
         if socket.has_dualstack_ipv6():
             server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)

@@ -83,7 +83,10 @@ class LaunchResult:
             the first process that failed (a signal ``s`` reads ``128 + s``,
             as in a shell).
         ranks: One :class:`RankResult` per process, by rank.
-        first_failure: Rank of the first process that failed, or None.
+        first_failure: Rank of the first process that failed, or None. A
+            process that stopped because it lost a peer (status 75,
+            ``PeerLostError``) is a consequence: when another process
+            failed by itself (not killed by the launcher), that one is named.
         timed_out: The launch hit ``timeout_s`` and stopped the processes.
     """
 
@@ -360,6 +363,15 @@ def launch(
         for pump in pumps:
             pump.join(timeout=5.0)
     ranks = tuple(RankResult(rank, proc.returncode, rank in stopped, ended[rank]) for rank, proc in enumerate(procs))
+    if first_failure is not None and procs[first_failure].returncode == runtime.PEER_LOST_EXIT_STATUS:
+        # The peers of a failing process may end first (they are told at once): name the cause.
+        causes = [
+            r
+            for r in sorted(ended, key=ended.__getitem__)
+            if procs[r].returncode not in (0, runtime.PEER_LOST_EXIT_STATUS)
+            and not (r in stopped and procs[r].returncode < 0)
+        ]
+        first_failure = causes[0] if causes else first_failure
     if first_failure is not None:
         code = _shell_code(procs[first_failure].returncode)
     else:

@@ -120,6 +120,21 @@ def test_dead_peer_ends_the_survivor_with_a_named_error(devices8, victim):
     assert f"[launch]   rank {1 - victim}: exit status 75, peer lost (PeerLostError)" in text, _tail(text)
 
 
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_a_peer_failing_with_an_exception_ends_the_others_and_is_named_the_cause(devices8):
+    result, text, _ = run_job("dead_peer.py", "1", "raise", heartbeat_timeout_s=30, grace_period_s=80.0)
+    assert not result.timed_out and "SURVIVED" not in text, _tail(text)
+    assert "ValueError: the victim fails" in text, _tail(text)
+    failed, survivor = result.ranks[1], result.ranks[0]
+    # The failing process exits 1 at once (not held by JAX's shutdown barrier); the survivor is told.
+    assert failed.returncode == 1 and survivor.returncode == PEER_LOST_EXIT_STATUS, _tail(text)
+    assert "process 1 of 2 was lost (it ended on an uncaught ValueError)" in text, _tail(text)
+    assert abs(survivor.elapsed_s - failed.elapsed_s) < 10, (survivor, failed)
+    # Whichever ended first, the launcher names the cause, not the process that lost its peer.
+    assert result.first_failure == 1 and result.returncode == 1, result
+    assert "[launch] first failure: rank 1 (failed (exit status 1))" in text, _tail(text)
+
+
 @pytest.mark.timeout(4 * LAUNCH_TIMEOUT_S + 30)
 def test_checkpoint_saved_by_two_processes_restores_in_one_and_back(devices8, tmp_path):
     a, b = str(tmp_path / "A"), str(tmp_path / "B")

@@ -153,3 +153,25 @@ def test_coordinator_address_leading_nowhere_fails_fast_naming_it():
     assert "does not lead back to it within 5 s" in err0, err0[-3000:]
     assert f"process 1 of 2 cannot reach the coordinator {address}" in err1, err1[-3000:]
     assert elapsed < 60, elapsed  # imports (~10 s on a busy CI machine) + 5 s, not 300 s
+
+
+def test_the_peer_lost_message_is_one_line_naming_peer_activity_timeout_and_fix(tmp_path):
+    from spmdtorch import _faults
+    from spmdtorch.runtime import PeerLostError
+
+    with CheckpointManager(tmp_path / "ck", save_on_preemption=False):
+        with _faults.activity("restoring the checkpoint X\nof step 3"):
+            e = _faults.peer_lost_error(1, "killed", 0, 2, 45)
+        assert isinstance(e, PeerLostError) and isinstance(e, RuntimeError)
+        text = str(e)
+        assert "\n" not in text and e.peer == 1 and "restoring the checkpoint X of step 3" in e.activity
+        assert text.startswith("process 1 of 2 was lost (killed) while this process (0 of 2) was restoring"), text
+        assert "test_peer_faults.py:" in text  # where this process's main thread was
+        assert "heartbeat timeout is 45 s" in text and f"exits with status {PEER_LOST_EXIT_STATUS}" in text
+        assert f"CheckpointManager('{tmp_path / 'ck'}').latest_step()" in text
+        # Outside every region: what the main thread runs; a process ending on an exception says so.
+        assert "was running Python code, at test_peer_faults.py:" in str(_faults.peer_lost_error(None, "x", 0, 2, 1))
+        failing = _faults.peer_lost_error(None, "x", 1, 2, 1, failing="ValueError")
+        assert str(failing).startswith(
+            "a peer process was lost (x) while this process (1 of 2) was ending on an uncaught ValueError"
+        )
