@@ -7,6 +7,9 @@ decoder layer), trained with AdamW. Four implementations:
 * ``spmdtorch unrolled``: the model's Python loop over its layers (lazy mode);
 * ``spmdtorch scan``: the same model after ``spmdtorch.models.scan_decoder_layers``
   (one ``jax.lax.scan`` over the per-layer weights stacked inside the program);
+* ``spmdtorch stacked``: ``scan_decoder_layers(..., stack_parameters=True)``:
+  the layers' weights are stacked ``Parameter`` objects (one per weight kind),
+  so AdamW updates 9 stacked arrays instead of 9 per layer, as the twin does;
 * ``jax unrolled``: the decoder in ``jax.numpy`` (``benchmarks/step_time.py``),
   a Python loop over the layers, optax AdamW, one ``jax.jit`` step;
 * ``jax scan``: the same layer under ``jax.lax.scan`` over stacked weights
@@ -14,8 +17,12 @@ decoder layer), trained with AdamW. Four implementations:
   replicated leading dim).
 
 Columns (host wall-clock): ``first step s`` = the first step, trace + compile
-+ run until the loss is on the host (what depth makes slow); ``step ms`` = the
-median steady-state step (after 3 warm-up steps, each step waited for).
++ run until the loss is on the host (what depth makes slow); ``compile s`` =
+the part of it spent lowering and compiling the XLA program (spmdtorch's
+``CompileTime`` timer; the twin's ``lower`` + ``compile``); ``step ms`` = the
+median steady-state step (after 3 warm-up steps, each step waited for);
+``x unrolled`` = the step time over the same framework's unrolled step (issue
+18's target: spmdtorch's ratio no larger than the twin's).
 
 Every (implementation, depth) runs in its own fresh process, so none inherits
 another's compile cache. Processes run one at a time, the four
@@ -49,7 +56,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-IMPLS = ("spmdtorch unrolled", "spmdtorch scan", "jax unrolled", "jax scan")
+IMPLS = ("spmdtorch unrolled", "spmdtorch scan", "spmdtorch stacked", "jax unrolled", "jax scan")
 BATCH, SEQ = 8, 64
 WARMUP, STEPS = 3, 5
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
@@ -71,11 +78,12 @@ def setup(n_layers: int):
     return cfg, model, tokens
 
 
-def run_spmdtorch(n_layers: int, scanned: bool) -> dict:
+def run_spmdtorch(n_layers: int, scanned: bool, stacked: bool = False) -> dict:
     import numpy as np
     import torch
 
     import spmdtorch
+    from spmdtorch import debug
     from spmdtorch.mesh import Mesh
     from spmdtorch.models import scan_decoder_layers
     from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
@@ -86,7 +94,7 @@ def run_spmdtorch(n_layers: int, scanned: bool) -> dict:
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
     model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
     if scanned:
-        scan_decoder_layers(model.module)
+        scan_decoder_layers(model.module, stack_parameters=stacked)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
     spmdtorch.sync(wait=True)
@@ -99,9 +107,11 @@ def run_spmdtorch(n_layers: int, scanned: bool) -> dict:
             opt.step()
         return loss.item()
 
+    debug.clear_timers()
     t0 = now()
     loss0 = step()
     first = now() - t0
+    compile_s = (debug.metric_data("CompileTime") or (0, 0.0, 0.0))[1]
     for _ in range(WARMUP):
         step()
     times = []
@@ -109,7 +119,7 @@ def run_spmdtorch(n_layers: int, scanned: bool) -> dict:
         t0 = now()
         step()
         times.append(now() - t0)
-    return {"first_s": first, "step_ms": 1e3 * statistics.median(times), "loss": loss0}
+    return {"first_s": first, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times), "loss": loss0}
 
 
 def run_jax(n_layers: int, scanned: bool) -> dict:
@@ -157,19 +167,21 @@ def run_jax(n_layers: int, scanned: bool) -> dict:
 
     jitted = jax.jit(step, donate_argnums=(0, 1), out_shardings=(p_sh, None, replicated))
     t0 = now()
-    params, opt_state, loss = jitted(params, opt_state, tok)
+    compiled = jitted.lower(params, opt_state, tok).compile()
+    compile_s = now() - t0
+    params, opt_state, loss = compiled(params, opt_state, tok)
     loss0 = float(loss)
     first = now() - t0
     for _ in range(WARMUP):
-        params, opt_state, loss = jitted(params, opt_state, tok)
+        params, opt_state, loss = compiled(params, opt_state, tok)
         float(loss)
     times = []
     for _ in range(STEPS):
         t0 = now()
-        params, opt_state, loss = jitted(params, opt_state, tok)
+        params, opt_state, loss = compiled(params, opt_state, tok)
         float(loss)
         times.append(now() - t0)
-    return {"first_s": first, "step_ms": 1e3 * statistics.median(times), "loss": loss0}
+    return {"first_s": first, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times), "loss": loss0}
 
 
 def scanned_loss(cfg, act, jax, jnp, math, jax_linear, jax_cross_entropy):
@@ -219,8 +231,11 @@ def scanned_loss(cfg, act, jax, jnp, math, jax_linear, jax_cross_entropy):
 
 
 def worker(impl: str, n_layers: int) -> None:
-    scanned = impl.endswith("scan")
-    result = run_spmdtorch(n_layers, scanned) if impl.startswith("spmdtorch") else run_jax(n_layers, scanned)
+    scanned = impl.endswith(("scan", "stacked"))
+    if impl.startswith("spmdtorch"):
+        result = run_spmdtorch(n_layers, scanned, stacked=impl.endswith("stacked"))
+    else:
+        result = run_jax(n_layers, scanned)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -254,23 +269,27 @@ def main(argv=None) -> int:
             for impl in args.impls[k:] + args.impls[:k]:  # rotated: each impl goes first in turn
                 res = run_one(impl, n, args.timeout)
                 results.setdefault((impl, n), []).append(res)
-                print(f"  round {r + 1} {impl:>18} {n:>3} layers: first step {res['first_s']:.2f} s, "
-                      f"step {res['step_ms']:.1f} ms", file=sys.stderr, flush=True)  # fmt: skip
+                print(f"  round {r + 1} {impl:>18} {n:>3} layers: first step {res['first_s']:.2f} s "
+                      f"(compile {res['compile_s']:.2f} s), step {res['step_ms']:.1f} ms",
+                      file=sys.stderr, flush=True)  # fmt: skip
     print(f"\nFirst step (trace + compile + run) and steady step, FSDPv2 on {_NUM_DEVICES} devices, "
           f"median of {args.rounds} round(s)\n")  # fmt: skip
-    print("| layers | implementation | first step s | x jax scan | step ms | x jax scan |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| layers | implementation | first step s | x jax scan | compile s | step ms | x jax scan | x unrolled |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+
+    def med(impl: str, n: int, field: str) -> float | None:
+        rs = results.get((impl, n))
+        return statistics.median(r[field] for r in rs) if rs else None
+
     for n in args.layers:
-        base = results.get(("jax scan", n))
-        bf = statistics.median(r["first_s"] for r in base) if base else None
-        bs = statistics.median(r["step_ms"] for r in base) if base else None
+        bf, bs = med("jax scan", n, "first_s"), med("jax scan", n, "step_ms")
         for impl in args.impls:
-            rs = results[(impl, n)]
-            f = statistics.median(r["first_s"] for r in rs)
-            s = statistics.median(r["step_ms"] for r in rs)
+            f, c, s = med(impl, n, "first_s"), med(impl, n, "compile_s"), med(impl, n, "step_ms")
+            unrolled = med(impl.split()[0] + " unrolled", n, "step_ms")
             fr = f"{f / bf:.2f}" if bf else "-"
             sr = f"{s / bs:.2f}" if bs else "-"
-            print(f"| {n} | {impl} | {f:.2f} | {fr} | {s:.1f} | {sr} |")
+            ur = f"{s / unrolled:.2f}" if unrolled else "-"
+            print(f"| {n} | {impl} | {f:.2f} | {fr} | {c:.2f} | {s:.1f} | {sr} | {ur} |")
     return 0
 
 

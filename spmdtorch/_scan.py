@@ -60,6 +60,7 @@ from torch.utils import _pytree as pytree
 from spmdtorch import _checks, _dtypes
 from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy.constraint import record_constraint
 from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
 from spmdtorch.tensor import subgraph
 from spmdtorch.tensor.dispatch import read_value, record
@@ -129,13 +130,17 @@ class _ScanFn:
         self.body = body
         self.lay = lay
 
-    def __call__(self, *vals: Any) -> tuple[Any, ...]:
+    def split(self, vals: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...], list[Any], tuple[Any, ...]]:
+        """``(carry, xs, flat per-layer params (layer-major), consts + captured)`` of the flat inputs."""
         lay = self.lay
-        it = iter(vals)
-        carry = tuple(next(it) for _ in range(lay.n_carry))
-        xs = tuple(next(it) for _ in range(lay.n_xs))
-        flat_params = [next(it) for _ in range(lay.n_params * lay.length)]
-        consts = tuple(next(it) for _ in range(lay.n_consts + lay.n_captured))
+        a = lay.n_carry
+        b = a + lay.n_xs
+        c = b + lay.n_params * lay.length
+        return tuple(vals[:a]), tuple(vals[a:b]), list(vals[b:c]), tuple(vals[c:])
+
+    def stack(self, flat_params: Sequence[Any]) -> list[Any]:
+        """One array per parameter kind, the layers along a new leading dim (sharded like one layer)."""
+        lay = self.lay
         stacked = []
         for j in range(lay.n_params):
             s = jnp.stack([flat_params[layer * lay.n_params + j] for layer in range(lay.length)])
@@ -144,8 +149,14 @@ class _ScanFn:
                 mesh, pspec = spec
                 s = jax.lax.with_sharding_constraint(s, jax.sharding.NamedSharding(mesh, pspec))
             stacked.append(s)
+        return stacked
+
+    def run(self, carry: Sequence[Any], xs: Sequence[Any], stacked: Sequence[Any], consts: Sequence[Any]) -> tuple:
+        """The loop over stacked parameters: ``(*final carry, *ys)``."""
+        lay = self.lay
         body = self.body
         n_carry = lay.n_carry
+        consts = tuple(consts)
 
         def step(c: tuple[Any, ...], x: tuple[tuple[Any, ...], tuple[Any, ...]]) -> tuple[Any, Any]:
             out = body(*c, *x[0], *x[1], *consts)
@@ -155,8 +166,12 @@ class _ScanFn:
 
         if lay.remat:
             step = jax.checkpoint(step)
-        c, ys = jax.lax.scan(step, carry, (xs, tuple(stacked)), length=lay.length)
+        c, ys = jax.lax.scan(step, tuple(carry), (tuple(xs), tuple(stacked)), length=lay.length)
         return (*c, *ys)
+
+    def __call__(self, *vals: Any) -> tuple[Any, ...]:
+        carry, xs, flat_params, consts = self.split(vals)
+        return self.run(carry, xs, self.stack(flat_params), consts)
 
 
 def _strong(vals: Sequence[Any], avals: Sequence[jax.ShapeDtypeStruct]) -> list[Any]:
@@ -165,9 +180,19 @@ def _strong(vals: Sequence[Any], avals: Sequence[jax.ShapeDtypeStruct]) -> list[
 
 
 class _VjpForward:
-    """Forward node with grad: ``(*outputs, *residuals)`` of ``jax.vjp`` over the float inputs."""
+    """Forward node with grad: ``(*outputs, *residuals)`` of ``jax.vjp`` over the float inputs.
 
-    __slots__ = ("scan_fn", "diff", "float_out", "avals", "tree", "__weakref__")  # jax.eval_shape holds it weakly
+    The VJP is taken with respect to the *stacked* parameters (one array per
+    parameter kind), not each layer's: the backward then gives one stacked
+    gradient per kind, which :class:`_VjpBackward` cuts into the layers' with
+    a ``dynamic_slice`` at a runtime index. Differentiating through
+    ``jnp.stack`` instead would cut it with one static ``slice`` per layer and
+    parameter, and XLA compiles each of those (fused into the optimizer's
+    update of that parameter) as its own kernel: hundreds of kernels at 32
+    layers, which is what dominated the first step's compile.
+    """
+
+    __slots__ = ("scan_fn", "diff", "float_out", "avals", "tree", "space_diff", "__weakref__")  # eval_shape: weakly
 
     def __init__(self, scan_fn: _ScanFn, diff: tuple[bool, ...], float_out: tuple[bool, ...], avals: tuple) -> None:
         self.scan_fn = scan_fn
@@ -175,22 +200,36 @@ class _VjpForward:
         self.float_out = float_out  # per output: has a cotangent
         self.avals = avals
         self.tree: Any = None  # the VJP's tree structure, set by the shape pass
+        lay = scan_fn.lay
+        lead = lay.n_carry + lay.n_xs
+        first_const = lead + lay.n_params * lay.length
+        # Positions differentiated in the "stacked space" (carry, xs, stacked params, consts).
+        space = [diff[i] for i in range(lead)]
+        space += [
+            any(diff[lead + layer * lay.n_params + j] for layer in range(lay.length)) for j in range(lay.n_params)
+        ]
+        space += list(diff[first_const:])
+        self.space_diff = tuple(i for i, d in enumerate(space) if d)
 
     def __call__(self, *vals: Any) -> tuple[Any, ...]:
         vals = tuple(_strong(vals, self.avals))
-        diff_pos = [i for i, d in enumerate(self.diff) if d]
+        sf = self.scan_fn
+        lay = sf.lay
+        carry, xs, flat_params, consts = sf.split(vals)
+        space = [*carry, *xs, *sf.stack(flat_params), *consts]
+        lead, n_p = lay.n_carry + lay.n_xs, lay.n_params
 
         def f(*dv: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-            full = list(vals)
-            for i, v in zip(diff_pos, dv):
+            full = list(space)
+            for i, v in zip(self.space_diff, dv):
                 full[i] = v
-            out = self.scan_fn(*full)
+            out = sf.run(full[: lay.n_carry], full[lay.n_carry : lead], full[lead : lead + n_p], full[lead + n_p :])
             return (
                 tuple(o for o, fl in zip(out, self.float_out) if fl),
                 tuple(o for o, fl in zip(out, self.float_out) if not fl),
             )
 
-        prim, vjp_fn, aux = jax.vjp(f, *(vals[i] for i in diff_pos), has_aux=True)
+        prim, vjp_fn, aux = jax.vjp(f, *(space[i] for i in self.space_diff), has_aux=True)
         res, tree = jax.tree_util.tree_flatten(vjp_fn)
         if self.tree is None:
             self.tree = tree
@@ -200,9 +239,40 @@ class _VjpForward:
             out.append(next(pi) if fl else next(ai))
         return (*out, *res)
 
+    def gradients(self, space_grads: Sequence[Any], layer_index: Sequence[Any]) -> list[Any]:
+        """The differentiated inputs' gradients (in input order) from the stacked-space ones.
+
+        A layer's parameter gradient is ``dynamic_slice`` of its kind's stacked
+        gradient at ``layer_index[layer]``, a runtime input: the same kernel for
+        every layer (with a constant index XLA would fold it into a static slice).
+        """
+        lay = self.scan_fn.lay
+        lead, n_p = lay.n_carry + lay.n_xs, lay.n_params
+        first_const = lead + n_p * lay.length
+        by_pos = dict(zip(self.space_diff, space_grads))
+        grads: list[Any] = []
+        for i, d in enumerate(self.diff):
+            if not d:
+                continue
+            if i < lead:
+                grads.append(by_pos[i])
+            elif i < first_const:
+                layer, j = divmod(i - lead, n_p)
+                grads.append(jax.lax.dynamic_index_in_dim(by_pos[lead + j], layer_index[layer], keepdims=False))
+            else:
+                grads.append(by_pos[i - first_const + lead + n_p])
+        return grads
+
+    @property
+    def needs_layer_index(self) -> bool:
+        """Some layer parameter is differentiated (the backward then takes the layer indices)."""
+        lay = self.scan_fn.lay
+        lead = lay.n_carry + lay.n_xs
+        return any(lead <= i < lead + lay.n_params for i in self.space_diff)
+
 
 class _VjpBackward:
-    """Backward node: ``vjp(cotangents)`` from the forward's residuals."""
+    """Backward node: ``vjp(cotangents)`` from the forward's residuals (then the layer indices, if any)."""
 
     __slots__ = ("fwd", "n_res", "ct_avals", "present")
 
@@ -213,13 +283,25 @@ class _VjpBackward:
         self.present = present  # per float output: a cotangent was given (else zeros)
 
     def __call__(self, *vals: Any) -> tuple[Any, ...]:
-        res, given = vals[: self.n_res], iter(vals[self.n_res :])
+        n_given = sum(self.present)
+        res = vals[: self.n_res]
+        given = iter(vals[self.n_res : self.n_res + n_given])
+        layer_index = vals[self.n_res + n_given :]
         vjp_fn = jax.tree_util.tree_unflatten(self.fwd.tree, res)
         cts = tuple(
             jax.lax.convert_element_type(next(given), dt) if p else jnp.zeros(shape, dt)
             for (shape, dt), p in zip(self.ct_avals, self.present)
         )
-        return tuple(vjp_fn(cts))
+        return tuple(self.fwd.gradients(vjp_fn(cts), layer_index))
+
+
+def _layer_index(length: int) -> list[Scalar]:
+    """The layer numbers as runtime inputs (numpy ints: each its own 0-d argument, not packed in a vector).
+
+    A packed vector would be read with a static slice inside each consumer's
+    fusion, making every layer's kernel different again.
+    """
+    return [Scalar(np.int32(i)) for i in range(length)]
 
 
 # (scan key, input avals) -> (residual avals, VJP tree): the shape pass traces the whole scan once.
@@ -235,6 +317,8 @@ def _aval(v: Any) -> jax.ShapeDtypeStruct:
             return jax.ShapeDtypeStruct((), np.dtype(np.bool_))
         if t is int:
             return jax.ShapeDtypeStruct((), np.dtype(np.int32), weak_type=True)
+        if isinstance(v.value, np.generic):
+            return jax.ShapeDtypeStruct((), v.value.dtype)
         return jax.ShapeDtypeStruct((), np.dtype(np.float32), weak_type=True)
     return jax.ShapeDtypeStruct(tuple(v.shape), v.dtype)
 
@@ -287,6 +371,8 @@ class _ScanAutograd(torch.autograd.Function):
         out_avals = tuple((ctx.in_shapes[i], _dtypes.to_jax_dtype(ctx.in_dtypes[i])) for i in diff_idx)
         bwd = _VjpBackward(ctx.fwd, len(ctx.res), ct_avals, present)
         inputs = list(ctx.res) + given
+        if ctx.fwd.needs_layer_index:
+            inputs += _layer_index(call.scan_fn.lay.length)
         refs = record(bwd, ("scan_vjp_bwd", call.name, present), _template(len(inputs)), inputs, out_avals)
         refs = [refs] if len(out_avals) == 1 else refs
         result: list[torch.Tensor | None] = [None] * len(ctx.diff)
@@ -322,6 +408,38 @@ def _param_spec(t: torch.Tensor) -> tuple[Any, Any] | None:
         return None
     spec = tuple(sh.spec) + (None,) * (t.dim() - len(sh.spec))
     return (sh.mesh, jax.sharding.PartitionSpec(None, *spec))
+
+
+def _annotate(t: torch.Tensor, sharding: jax.sharding.NamedSharding) -> None:
+    """Give the fresh (pending) tensor ``t`` a sharding it keeps, as ``mark_sharding`` does for a pending value."""
+    st = _check_tensor(t, "a stacked layer tensor")._st
+    st.set(record_constraint(read_value(t), sharding))
+    st.sharding = sharding
+    st.annotated = True
+
+
+def stack_layer_tensors(per_layer: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The layers' tensors stacked along a new leading dim, sharded like one layer's plus a replicated layer dim.
+
+    A new (pending) tensor that does not require grad; the callers make it a ``Parameter``.
+    """
+    spec = _param_spec(per_layer[0])
+    with torch.no_grad():
+        out = torch.stack([t.detach() for t in per_layer])
+    if spec is not None:
+        _annotate(out, jax.sharding.NamedSharding(*spec))
+    return out
+
+
+def unstack_layer_tensor(stacked: torch.Tensor, layer: int) -> torch.Tensor:
+    """Layer ``layer``'s tensor of a stacked one, a new tensor sharded like the stacked one less its layer dim."""
+    spec = _param_spec(stacked)
+    with torch.no_grad():
+        out = stacked.detach()[layer].clone()
+    if spec is not None:
+        mesh, pspec = spec
+        _annotate(out, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*tuple(pspec)[2:])))
+    return out
 
 
 def _sequence_nr_now() -> int:
@@ -578,7 +696,7 @@ def _module_facts(module: nn.Module, ignore: frozenset[str]) -> dict[str, Any]:
     return facts
 
 
-def _check_same_structure(layers: Sequence[nn.Module], ignore: frozenset[str]) -> None:
+def check_same_structure(layers: Sequence[nn.Module], ignore: frozenset[str]) -> None:
     ref = _module_facts(layers[0], ignore)
     for i, layer in enumerate(layers[1:], start=1):
         facts = _module_facts(layer, ignore)
@@ -592,7 +710,7 @@ def _check_same_structure(layers: Sequence[nn.Module], ignore: frozenset[str]) -
                 )
 
 
-def _is_checkpointed(module: nn.Module) -> bool:
+def is_checkpointed(module: nn.Module) -> bool:
     """``checkpoint_module`` wrapped it, or Hugging Face gradient checkpointing is on (in training)."""
     return any(
         getattr(m, "_spmdtorch_checkpointed", False)
@@ -678,7 +796,7 @@ def scan_layers(
         _checks.check_str(name, "scan_layers", "ignore_attributes", ScanTypeError)
     if not layers:
         return input_data
-    _check_same_structure(layers, frozenset(ignore_attributes))
+    check_same_structure(layers, frozenset(ignore_attributes))
     template = layers[0]
     pnames = [n for n, _ in template.named_parameters()]
     bnames = [n for n, _ in template.named_buffers()]
@@ -686,19 +804,52 @@ def scan_layers(
     for layer in layers:
         params, buffers = dict(layer.named_parameters()), dict(layer.named_buffers())
         per_layer.append([params[n] for n in pnames] + [buffers[n] for n in bnames])
+    return run_layers(
+        template,
+        pnames + bnames,
+        input_data,
+        per_layer=per_layer,
+        layer_args=layer_args,
+        layer_kwargs=layer_kwargs,
+        remat=(_wants_remat(partition_fn) or is_checkpointed(template)) if remat is None else remat,
+    )
+
+
+def run_layers(
+    template: nn.Module,
+    names: Sequence[str],
+    input_data: Any,
+    *,
+    per_layer: Sequence[Sequence[torch.Tensor]] | None = None,
+    stacked: Sequence[torch.Tensor] | None = None,
+    layer_args: Sequence[Any] = (),
+    layer_kwargs: dict[str, Any] | None = None,
+    remat: bool = False,
+) -> Any:
+    """Run ``template`` once per layer as one scan, with the layers' tensors ``names`` swapped in.
+
+    The layers' tensors come either per layer (``per_layer[l][k]`` is layer
+    ``l``'s tensor ``names[k]``: stacked inside the program, gradients cut per
+    layer) or already stacked (``stacked[k]`` holds every layer's ``names[k]``
+    along its leading dim: scanned directly, its gradient stays stacked).
+    Arguments are checked by the callers (:func:`scan_layers`,
+    ``spmdtorch.models.scan_decoder_layers``).
+    """
     carry_flat, carry_spec = pytree.tree_flatten(input_data)
     extra_flat, extra_spec = pytree.tree_flatten((tuple(layer_args), dict(layer_kwargs or {})))
     const_pos = [i for i, v in enumerate(extra_flat) if isinstance(v, torch.Tensor)]
     unwrap_tuple: list[bool] = [False]
+    # Stacked: the tensors are no longer the template's own (strict would refuse the names).
+    strict = stacked is None
 
-    def body(carry: list[XlaTensor], _x: list[XlaTensor], params: list[XlaTensor], consts: list[XlaTensor]) -> Any:
+    def body(carry: list[XlaTensor], x: list[XlaTensor], params: list[XlaTensor], consts: list[XlaTensor]) -> Any:
         leaves = list(extra_flat)
         for i, c in zip(const_pos, consts):
             leaves[i] = c
         args, kwargs = pytree.tree_unflatten(leaves, extra_spec)
-        state: dict[str, torch.Tensor] = dict(zip(pnames + bnames, params))
+        state: dict[str, torch.Tensor] = dict(zip(names, params if stacked is None else x))
         out = torch.func.functional_call(
-            template, state, (pytree.tree_unflatten(carry, carry_spec), *args), kwargs, strict=True
+            template, state, (pytree.tree_unflatten(carry, carry_spec), *args), kwargs, strict=strict
         )
         out_flat, out_spec = pytree.tree_flatten(out)
         if out_spec != carry_spec:
@@ -711,16 +862,20 @@ def scan_layers(
             )
         return out_flat, []
 
-    names = [f"input leaf {i}" for i in range(len(carry_flat))] + [f"layer argument {i}" for i in const_pos]
+    arg_names = [f"input leaf {i}" for i in range(len(carry_flat))]
+    if stacked is not None:
+        arg_names += [f"stacked {n}" for n in names]
+    arg_names += [f"layer argument {i}" for i in const_pos]
+    length = len(per_layer) if per_layer is not None else (stacked[0].shape[0] if stacked else 0)
     carry, _ = _scan_core(
         body,
         carry_flat,
-        [],
-        per_layer,
+        list(stacked) if stacked is not None else [],
+        per_layer if per_layer is not None else [],
         [extra_flat[i] for i in const_pos],
-        length=len(layers),
-        remat=(_wants_remat(partition_fn) or _is_checkpointed(template)) if remat is None else remat,
-        names=names,
+        length=length,
+        remat=remat,
+        names=arg_names,
         what=f"scan_layers' layer ({type(template).__name__})",
     )
     return pytree.tree_unflatten(carry, carry_spec)

@@ -110,6 +110,18 @@ def param_spec(shape: Sequence[int]) -> tuple[str | None, ...]:
     return tuple(spec)
 
 
+def _is_stacked_layers(root: nn.Module, name: str) -> bool:
+    """Parameter ``name`` holds every layer's weight, stacked (``scan_decoder_layers(stack_parameters=True)``).
+
+    Such a parameter is sharded like one layer's, its leading (layer) dim
+    replicated. The layer list records its stacked parameters' names in its
+    ``__dict__`` (an attribute on the tensor would not survive ``module.to``).
+    """
+    owner_name, _, leaf = name.rpartition(".")
+    owner = root.get_submodule(owner_name) if owner_name else root
+    return leaf in owner.__dict__.get("_spmdtorch_stacked_names", {})
+
+
 def _output_spec(ndim: int, extra_data_axis: str | None) -> tuple[str | tuple[str, str] | None, ...]:
     """``"fsdp"`` (or ``(extra_data_axis, "fsdp")``) on dim 0, None elsewhere."""
     spec: list[str | tuple[str, str] | None] = [None] * ndim
@@ -331,8 +343,10 @@ class FSDPv2(nn.Module):
         for name, p in self._orig_module.named_parameters():
             if _is_sharded(p):
                 continue
+            stacked = _is_stacked_layers(self._orig_module, name)
+            spec = (None, *param_spec(p.shape[1:])) if stacked else param_spec(p.shape)
             try:
-                mark_sharding(p, mesh, param_spec(p.shape))
+                mark_sharding(p, mesh, spec)
             except ShardingError as e:
                 raise FSDPv2Error(f"FSDPv2 could not shard parameter {name!r}: {e}") from e
         self._user_shard_output = shard_output

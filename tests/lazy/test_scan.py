@@ -336,3 +336,146 @@ def test_readme_scan_snippet_runs(capsys):
     block = re.findall(r"```python\n(.*?)```", text.split("### Deep models: scan over layers", 1)[1], re.S)[0]
     exec(compile(block, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip().splitlines()[-1] == "(64, 64)"
+
+
+def distinct_fusion_kernels(text):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from hlo_compare import distinct_fusion_kernels as count
+
+    return count(text)
+
+
+def train_step_kernels(n_layers, stack_parameters=False):
+    """Distinct fusion kernels of one lazy AdamW training step of the scanned Llama."""
+    model = make_llama(n_layers).to("xla")
+    scan_decoder_layers(model, stack_parameters=stack_parameters)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = llama_batches(1)[0].to("xla")
+    with spmdtorch.step():
+        causal_lm_loss(model(tokens), tokens).backward()
+        opt.step()
+    spmdtorch.sync(wait=True)
+    return distinct_fusion_kernels(debug.last_executable().as_text())
+
+
+@pytest.mark.parametrize("stack_parameters", [False, True])
+def test_compiled_kernels_do_not_grow_with_depth(devices8, stack_parameters):
+    # Each layer's gradient is a dynamic_slice of the stacked gradient at a
+    # runtime index, so every layer's optimizer update is the same kernel;
+    # with static slices each layer's was its own (2 -> 6 layers added ~70).
+    # Stacked parameters: no per-layer arrays at all.
+    small, deep = (train_step_kernels(n, stack_parameters) for n in (2, 6))
+    assert deep == small, (small, deep)
+
+
+def make_fsdp_llama(ref, mesh, stack_parameters):
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
+    model = FSDPv2(copy.deepcopy(ref), mesh=mesh, auto_wrap_policy=policy)
+    scan_decoder_layers(model.module, stack_parameters=stack_parameters)
+    return model
+
+
+def test_stacked_parameters_fsdpv2_train_like_eager(devices8):
+    mesh = Mesh(np.arange(8), (8,), ("fsdp",))
+    ref = make_llama()
+    model = make_fsdp_llama(ref, mesh, stack_parameters=True)
+    layers = model.module.layers
+    names = [n for n, _ in model.named_parameters()]
+    # One Parameter per weight kind, none per layer; sharded like one layer, layer dim replicated.
+    assert sum("layers." in n for n in names) == 9 and not any(".layers.0." in n for n in names)
+    wq = layers.stacked__attention__wq__weight
+    assert tuple(wq.shape) == (3, 64, 64)
+    assert tuple(_param_spec(wq)[1]) == (None, None, "fsdp", None)
+    specs_before = {n: spmdtorch.sharding.get_sharding_spec(p) for n, p in model.named_parameters()}
+    batches = llama_batches(2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for i, tokens in enumerate(batches):
+        ref_opt.zero_grad()
+        want = causal_lm_loss(ref(tokens), tokens)
+        want.backward()
+        tx = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
+        with spmdtorch.step():
+            opt.zero_grad()
+            loss = causal_lm_loss(model(tx), tx)
+            loss.backward()
+        torch.testing.assert_close(loss.item(), want.item(), **TOL)
+        if i == 0:  # the stacked gradient holds each layer's
+            grads = {n: p.grad for n, p in ref.named_parameters()}
+            for layer in range(3):
+                got = wq.grad[layer].cpu()
+                torch.testing.assert_close(got, grads[f"layers.{layer}.attention.wq.weight"], **TOL)
+        ref_opt.step()
+        with spmdtorch.step():
+            opt.step()
+    plain = spmdtorch.fsdp.plain_state_dict(model)
+    assert list(plain) == list(ref.state_dict())
+    assert_params_close(list(plain.items()), ref)
+    specs_after = {n: spmdtorch.sharding.get_sharding_spec(p) for n, p in model.named_parameters()}
+    assert specs_after == specs_before
+
+
+def test_stacked_parameters_state_dict_round_trip(devices8):
+    ref = make_llama()
+    model = copy.deepcopy(ref).to("xla")
+    layers = scan_decoder_layers(model, stack_parameters=True)
+    # Saved from the stacked model, loaded into the unstacked one: the same keys and values.
+    saved = {k: v.cpu() for k, v in model.state_dict().items()}
+    assert list(saved) == list(ref.state_dict())
+    fresh = LlamaForCausalLM(LlamaConfig(n_layers=3))
+    fresh.load_state_dict(saved)
+    for (n, p), q in zip(fresh.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=lambda m, n=n: f"{n}: {m}")
+    # The unstacked model's keys load into the stacked model (strict).
+    other = make_llama()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(2)
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(
+        layers.stacked__feed_forward__w2__weight.cpu(), torch.stack([l.feed_forward.w2.weight for l in other.layers])
+    )
+    tokens = llama_batches(1)[0]
+    torch.testing.assert_close(model(tokens.to("xla")).detach().cpu(), other(tokens).detach(), rtol=1e-4, atol=1e-4)
+    # Unstacking gives every layer its own parameters back, with the loaded values.
+    unscan_decoder_layers(layers)
+    assert not [n for n, _ in layers.named_parameters(recurse=False)]
+    for (n, p), q in zip(model.named_parameters(), other.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=0, atol=0, msg=lambda m, n=n: f"{n}: {m}")
+
+
+class BlockNet(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_stacked_before_fsdpv2_wrap_keeps_layer_dim_replicated(devices8):
+    # Stacked first, wrapped after: FSDPv2 shards the stacked weight like one
+    # layer's (its own rule would split the 10-long layer dim of (10, 8, 8)).
+    torch.manual_seed(0)
+    ref = BlockNet(10)
+    model = copy.deepcopy(ref).to("xla")
+    scan_decoder_layers(model, stack_parameters=True)
+    mesh = Mesh(np.arange(8), (8,), ("fsdp",))
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
+    w = model.module.layers.stacked__lin__weight
+    assert spmdtorch.sharding.get_sharding_spec(w).startswith("{devices=[1,8,1]")
+    x = torch.randn(8, 8)
+    ref(x).square().sum().backward()
+    out = model(x.to("xla"))
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), ref(x).detach(), **TOL)
+    want = torch.stack([layer.lin.weight.grad for layer in ref.layers])
+    torch.testing.assert_close(w.grad.cpu(), want, **TOL)
+    plain = spmdtorch.fsdp.plain_state_dict(model)
+    assert list(plain) == list(ref.state_dict())
