@@ -49,12 +49,26 @@ __all__ = ["ENGINE", "CompileCache", "Engine", "RegisteredCache"]
 EVICTION_COUNTER = "CompileCacheEvictions"
 
 
+class _Entry:
+    """One compile-cache entry: the program and when it was last used (a tick)."""
+
+    __slots__ = ("prog", "tick")
+
+    def __init__(self, prog: Any, tick: int) -> None:
+        self.prog = prog
+        self.tick = tick
+
+
 class CompileCache:
     """Compiled programs by graph key, least recently used evicted beyond ``maxsize``.
 
-    A hit moves the entry to the back (one C call; a lookup happens once per
-    step, not per op). ``maxsize`` is read from ``config.settings()`` at each
-    insertion, so ``config.reload()`` resizes it at the next compilation.
+    Recency is a tick counter stored in the entry: a hit is one dict lookup
+    and two attribute writes. (An ``OrderedDict.move_to_end`` hashed the key
+    a second time; a step's key holds a tuple per program input and output.)
+    Eviction scans for the oldest tick, which happens only when a new
+    program is compiled into a full cache. ``maxsize`` is read from
+    ``config.settings()`` at each insertion, so ``config.reload()`` resizes
+    it at the next compilation.
 
     Example:
         >>> c = CompileCache(maxsize=2)
@@ -64,11 +78,12 @@ class CompileCache:
         (None, 'C', 2, 1)
     """
 
-    __slots__ = ("_data", "_maxsize", "evictions")
+    __slots__ = ("_data", "_maxsize", "_tick", "evictions")
 
     def __init__(self, maxsize: int | None = None):
-        self._data: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._data: dict[Hashable, _Entry] = {}
         self._maxsize = maxsize  # None: config's SPMDTORCH_COMPILE_CACHE_SIZE
+        self._tick = 0
         self.evictions = 0
 
     @property
@@ -77,24 +92,27 @@ class CompileCache:
         return config.settings().compile_cache_size if self._maxsize is None else self._maxsize
 
     def get(self, key: Hashable) -> Any:
-        prog = self._data.get(key)
-        if prog is not None:
-            self._data.move_to_end(key)
-        return prog
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        self._tick += 1
+        entry.tick = self._tick
+        return entry.prog
 
     def peek(self, key: Hashable) -> Any:
         """Like :meth:`get`, without making the entry recent (debug readers)."""
-        return self._data.get(key)
+        entry = self._data.get(key)
+        return None if entry is None else entry.prog
 
     def put(self, key: Hashable, prog: Any) -> None:
         data = self._data
-        data[key] = prog
-        data.move_to_end(key)
+        self._tick += 1
+        data[key] = _Entry(prog, self._tick)
         bound = self.maxsize
         while len(data) > bound:
             # The program stays alive while someone holds it (a compiled
             # function's record, a running execution); the cache just forgets it.
-            data.popitem(last=False)
+            del data[min(data, key=lambda k: data[k].tick)]
             self.evictions += 1
             metrics.inc(EVICTION_COUNTER)
 

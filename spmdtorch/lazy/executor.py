@@ -81,19 +81,37 @@ InputCode = tuple[int, int] | int
 class PlanKey(NamedTuple):
     """A plan's structure: what its program computes, independent of input values.
 
-    All ints, so hashing and comparing the key of a whole training step is
-    done in C.
+    Flat tuples of ints, so hashing and comparing the key of a whole training
+    step is done in C without descending into nested tuples (a deep
+    decoder's step key has ~9,000 entries: nested ``(sig, draw, codes)``
+    tuples cost ~12 ms per step to hash and compare, a flat tuple ~0.1 ms).
 
     Attributes:
-        entries: per node ``(signature, draw rank, input codes)``: the
-            signature is an int standing for its name and static arguments
-            (``lazy.keys``); an input code is ``(node index, output index)``
-            for an earlier node's output or a negative int ``-1 - leaf index``.
+        entries: per node, its entry id: an int that stands for the node's
+            ``(signature, input codes)`` (``_entry_id``). The signature is an
+            int standing for its name and static arguments (``lazy.keys``); an
+            input code is ``(node index, output index)`` for an earlier node's
+            output or a negative int ``-1 - leaf index``.
+        random_order: the indices of the random nodes, in draw order (their
+            draw ranks; see ``graph.Node.draw``).
         outputs: ``(node index, output index)`` per program output.
     """
 
     entries: tuple
+    random_order: tuple
     outputs: tuple
+
+
+# (signature, input codes) -> entry id (PlanKey.entries). The same argument as
+# lazy.keys' signatures: an id is handed out once, from a counter that never
+# goes back, for one exact (signature, codes) found by full equality, so equal
+# ids mean equal entries; emptying the table (when full, and only before a
+# plan's walk, so that one plan never sees two ids for one entry) can only
+# cause a compile-cache miss.
+_ENTRY_IDS: dict = {}
+ENGINE.register_cache("lazy.executor.entry_ids", _ENTRY_IDS)
+_ENTRY_IDS_MAX = 1 << 18
+_NEXT_ENTRY_ID = itertools.count()
 
 
 class ProgramKey(NamedTuple):
@@ -159,29 +177,35 @@ class _Plan:
         # share one buffer (``run_plan``). That is what lets AdamW's
         # per-parameter step counters (created equal, updated alike) stay one
         # array, so the bias corrections are computed once, not per parameter.
+        if len(_ENTRY_IDS) >= _ENTRY_IDS_MAX:
+            _ENTRY_IDS.clear()
+        entry_ids = _ENTRY_IDS
         node_ids: dict = {}  # id(node) -> its index in ``kept`` (a merged node: the one it became)
         leaf_codes: dict = {}
         leaves: list[Any] = []  # jax.Array | Scalar
         codes: list[tuple[InputCode, ...]] = []
-        sigs = []
+        eids: list[int] = []
         kept: list[Node] = []
-        seen: dict = {}
+        seen: dict = {}  # entry id -> index in ``kept`` (common subexpressions)
         has_random = False
         for ref in refs:
             root = ref.node
             if id(root) in node_ids:
                 continue
-            stack = [(root, reversed(root.inputs))]
+            # Two parallel stacks (open nodes, their input iterators): no tuple per node.
+            stack = [root]
+            its = [reversed(root.inputs)]
             while stack:
-                n, it = stack[-1]
-                for i in it:
+                for i in its[-1]:
                     if type(i) is LazyRef:
                         m = i.node
                         if id(m) not in node_ids:
-                            stack.append((m, reversed(m.inputs)))
+                            stack.append(m)
+                            its.append(reversed(m.inputs))
                             break
                 else:
-                    stack.pop()
+                    its.pop()
+                    n = stack.pop()
                     cl: list[InputCode] = []
                     for i in n.inputs:
                         if type(i) is LazyRef:
@@ -196,27 +220,33 @@ class _Plan:
                     sig = n.sig
                     if sig is None:
                         sig = n.sig = keys.node_sig(n.name, n.static_key)
+                    entry = (sig, c)
+                    eid = entry_ids.get(entry)
+                    if eid is None:
+                        eid = entry_ids[entry] = next(_NEXT_ENTRY_ID)
                     if n.random:
                         has_random = True
                     else:
-                        same = seen.get((sig, c))
+                        same = seen.get(eid)
                         if same is not None:
                             node_ids[id(n)] = same
                             continue
-                        seen[(sig, c)] = len(kept)
+                        seen[eid] = len(kept)
                     node_ids[id(n)] = len(kept)
                     kept.append(n)
                     codes.append(c)
-                    sigs.append(sig)
+                    eids.append(eid)
         nodes = kept
         # A random node's key is folded from its rank in recording order (see
         # graph.Node.draw), not from its position in the graph, so that the
         # values do not depend on sharding constraints or output order.
         draws = [-1] * len(nodes)
+        random_order: tuple = ()
         if has_random:
             order = sorted((n.draw, i) for i, n in enumerate(nodes) if n.random)
             for rank, (_, i) in enumerate(order):
                 draws[i] = rank
+            random_order = tuple(i for _, i in order)
         self.draws = draws
         self.nodes = nodes
         self.codes = codes
@@ -224,7 +254,7 @@ class _Plan:
         self.outputs = tuple((node_ids[id(r.node)], r.index) for r in refs)
         self.has_random = has_random
         self.donatable = None  # leaf positions that may be donated (None: every unheld array)
-        self.key = PlanKey(tuple(zip(sigs, draws, codes)), self.outputs)
+        self.key = PlanKey(tuple(eids), random_order, self.outputs)
 
     def pair_outputs(self, storages: list) -> list:
         """Order the outputs so that each donated input's buffer goes to its own storage's new value.
@@ -249,7 +279,7 @@ class _Plan:
         order = [k for _, k in pairs] + [k for k in range(len(storages)) if k not in taken]
         self.outputs = tuple(self.outputs[k] for k in order)
         self.donatable = frozenset(i for i, _ in pairs)
-        self.key = PlanKey(self.key.entries, self.outputs)
+        self.key = self.key._replace(outputs=self.outputs)
         return [storages[k] for k in order]
 
 
@@ -562,6 +592,8 @@ def _log_recompile(old, new, plan=None):
     """Say which input made this graph miss the cache (opt-in)."""
     if old is None:
         msg = "first compilation"
+    elif old.plan.entries == new.plan.entries and old.plan.random_order != new.plan.random_order:
+        msg = "the random ops' draw order changed"
     elif old.plan != new.plan:
         o, n = old.plan.entries, new.plan.entries
         first = next((i for i, (a, b) in enumerate(zip(o, n)) if a != b), min(len(o), len(n)))

@@ -124,3 +124,57 @@ def test_node_sig_tells_equal_numbers_of_other_types_apart():
     assert len(sigs) == 7
     assert node_sig("full", ((2,), -0.0)) == node_sig("full", ((2,), -0.0))
     assert node_sig("full", ((2,), (1.5,))) == node_sig("full", ((2,), (1.5,)))
+
+
+def _plan_key(fn, x):
+    """The PlanKey of the graph ``fn`` records on a fresh xla copy of ``x`` (the graph is then run)."""
+    from spmdtorch.lazy import executor
+
+    out = fn(x.to("xla"))
+    key = executor._Plan([read_value(out)]).key
+    spmdtorch.sync()
+    return key
+
+
+def read_value(t):
+    return dispatch.read_value(t)
+
+
+def test_plan_keys_are_flat_ints_equal_exactly_for_equal_graphs():
+    x = torch.arange(16.0).reshape(4, 4)
+    a = _plan_key(lambda t: (t * 2).sum(0), x)
+    b = _plan_key(lambda t: (t * 2).sum(0), x + 1)  # other values, same graph
+    c = _plan_key(lambda t: (t * 2).sum(1), x)  # another static argument
+    d = _plan_key(lambda t: (t * 2 + t).sum(0), x)  # other wiring
+    assert a == b and hash(a) == hash(b)
+    assert len({a, c, d}) == 3
+    # Hashed and compared in C: every part is a flat tuple of ints (outputs: int pairs).
+    assert all(type(e) is int for e in a.entries) and a.random_order == ()
+    assert all(type(i) is int for o in a.outputs for i in o)
+
+
+def test_a_full_entry_table_never_hands_an_old_id_to_new_content(monkeypatch):
+    from spmdtorch.lazy import executor
+
+    # A table of one entry is emptied before every plan: equal graphs then get
+    # other ids (a compile-cache miss), never another graph's id.
+    monkeypatch.setattr(executor, "_ENTRY_IDS_MAX", 1)
+    x = torch.arange(16.0).reshape(4, 4)
+    keys_seen = {}
+    for _ in range(2):
+        for name, fn in (("sum0", lambda t: (t * 2).sum(0)), ("sum1", lambda t: (t * 2).sum(1))):
+            k = _plan_key(fn, x)
+            assert keys_seen.setdefault(k, name) == name
+            torch.testing.assert_close(_run(fn, x), fn(x))
+
+
+def test_the_random_draw_order_is_part_of_the_plan_key():
+    from spmdtorch.lazy import executor
+
+    spmdtorch.manual_seed(0)
+    a = torch.rand(8, device="xla")
+    b = torch.rand(8, device="xla")
+    forward = executor._Plan([read_value(a), read_value(b)]).key
+    swapped = executor._Plan([read_value(b), read_value(a)]).key
+    spmdtorch.sync()
+    assert forward.random_order and forward.random_order != swapped.random_order
