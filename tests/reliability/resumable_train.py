@@ -9,20 +9,29 @@ On start it checks that every listed checkpoint step restores, restores the
 newest, and trains to ``--steps``; then it writes the final parameters and
 optimizer state to ``--out`` (``torch.save`` of CPU tensors).
 
-It prints one line per event (``restoring N``, ``restored N``, ``step N``,
-``saving N``, ``saved N``, ``done``) so that a test can kill it at a chosen moment.
+It prints one line per event (``pid P``, ``restoring N``, ``restored N``,
+``step N``, ``saving N``, ``saved N``, ``done``) so that a test can kill it
+at a chosen moment.
+
+The same file runs as a multi-process job (``python -m spmdtorch.launch
+--nprocs 2 --devices-per-proc 4 resumable_train.py ...``): the mesh spans the
+job's 8 devices, every process prints its events (the launcher prefixes
+them with ``[rank i]``; ``pid P`` says which process to kill), and only
+process 0 writes ``OUT``.
 
 Usage: python tests/reliability/resumable_train.py DIR OUT [--steps 40] [--save-every 10] [--mode compiled|lazy]
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
+from spmdtorch import runtime
 from spmdtorch._cpu_devices import simulate_cpu_devices
 
-if __name__ == "__main__":
-    simulate_cpu_devices(8)
+if __name__ == "__main__" and runtime.ENV_NUM_PROCESSES not in os.environ:
+    simulate_cpu_devices(8)  # one process; under the launcher, its devices (importing spmdtorch joined the job)
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
@@ -42,7 +51,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--mode", choices=("compiled", "lazy"), default="compiled")
+    p.add_argument("--compile-cache", default=None, help="JAX's persistent compilation cache (restarts skip compiling)")
     args = p.parse_args(argv)
+    _say(f"pid {os.getpid()}")
+    if args.compile_cache:
+        # Process 0 writes, the others only read (runtime.initialize_cache's advice for a shared directory).
+        runtime.initialize_cache(args.compile_cache, readonly=runtime.process_index() != 0)
 
     import numpy as np
     import torch
@@ -135,7 +149,8 @@ def main(argv=None) -> int:
     final = {f"model.{k}": v.cpu() for k, v in model.state_dict().items()}
     for i, s in opt.state_dict()["state"].items():
         final.update({f"optim.{i}.{k}": v.cpu() for k, v in s.items()})
-    torch.save(final, args.out)
+    if runtime.process_index() == 0:  # every process gathered the same values (.cpu() is collective)
+        torch.save(final, args.out)
     _say("done")
     return 0
 
