@@ -324,8 +324,8 @@ def _serve(watch: _Watch, server: socket.socket) -> None:
                 continue
             lines, eof = _lines(sock, buffers[sock])
             for line in lines:
-                if line.startswith("hello "):
-                    ranks[sock] = int(line.split()[1])
+                if line.startswith("hello ") and line[6:].isdigit():  # anything else is not a peer
+                    ranks[sock] = int(line[6:])
                     with watch.lock:
                         watch.peers[ranks[sock]] = sock
                 elif line == "bye" or line.startswith("fail "):
@@ -374,7 +374,11 @@ def _follow(watch: _Watch, client: Any, host: str, init_timeout_s: int) -> None:
         for line in lines:
             if line.startswith("lost "):
                 _, rank, how = (line.split(" ", 2) + [""])[:3]
-                watch.lost(None if rank == "-1" else int(rank), how or _KILLED)
+                with watch.lock:
+                    leaving = watch.leaving  # done with the job: a late loss changes nothing
+                if not leaving:
+                    watch.lost(int(rank) if rank.isdigit() else None, how or _KILLED)
+                return
             if line == "bye" or line.startswith("fail "):
                 with watch.lock:
                     watch.peers.pop(0, None)
