@@ -141,6 +141,15 @@ def _run(directory, out, *, steps, save_every, mode, kill=None, cache=None) -> _
             _hard_kill(pid)
 
 
+def _newest_step(directory: Path) -> int:
+    """The step the next start resumes from: the newest finalised step directory, or 0.
+
+    Orbax names a finalised step by its number; one still being written (or
+    killed while written) has a temporary name, and retired steps are in a trash folder.
+    """
+    return max([int(p.name) for p in Path(directory).iterdir() if p.name.isdigit()], default=0)
+
+
 def _restored_step(lines: list[str]) -> int:
     for line in lines:
         if line.startswith("restored "):
@@ -176,7 +185,7 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
     _check_run(ref, ref_steps)  # (both processes printed the same losses)
     rng = random.Random(seed)
     directory, out = tmp_path / "job", tmp_path / "job.pt"
-    done_at = 0  # the step the job restored from on its last start
+    done_at = 0  # the step the next start resumes from
     log = []
     first_victim = rng.randrange(NPROCS)
     for i in range(kills):
@@ -202,8 +211,7 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
         print("run", log[-1])  # (victim, after, nth, delay, exit code, restored from, killed, seconds)
         if run.code == 0:
             break
-        saved = [int(line.split()[1]) for line in lines if line.startswith("saved ")]
-        done_at = max([_restored_step(lines), *saved])
+        done_at = _newest_step(directory)
     final = job(directory, out)
     assert final.code == 0, final.tail()
     _check_run(final, ref_steps)
