@@ -3,12 +3,13 @@
 The multi-process half of test_kill_resume.py: the same job
 (``resumable_train.py``: FSDPv2 decoder, AdamW, async checkpoints every few
 steps) runs as two processes of four simulated CPU devices each, under
-``python -m spmdtorch.launch``. Each kill SIGKILLs one randomly chosen
-process after one of its event lines (during a step, while an async save is
-being written, while restoring) and a random delay; the other process is
-then stopped by JAX's coordination service (a short heartbeat timeout), or
-by the launcher after its grace period. The whole job is restarted until it
-finishes. On every start each process checks that every listed checkpoint
+``python -m spmdtorch.launch``. Each kill SIGKILLs one process (the first
+chosen at random, then alternately the other) after one of its event lines
+(during a step, while an async save is being written, while restoring) and
+a random delay; the other process is then stopped by JAX's coordination
+service (a short heartbeat timeout), or by the launcher after its grace
+period. The whole job is restarted until it finishes; every start reads the
+persistent compilation cache that the uninterrupted run filled. On every start each process checks that every listed checkpoint
 step restores (exit code 3 if one does not), and both processes must list
 the same steps. The final parameters and optimizer state must equal, bit
 for bit, those of an uninterrupted 2 x 4 run (a 1 x 8 run may differ from it
