@@ -76,6 +76,15 @@ def _run(directory, out, *, steps, save_every, mode, kill=None) -> tuple[int, li
             proc.wait()
 
 
+def _newest_step(directory: Path) -> int:
+    """The step the next start resumes from: the newest finalised step directory, or 0.
+
+    Orbax names a finalised step by its number; one still being written (or
+    killed while written) has a temporary name, and retired steps are in a trash folder.
+    """
+    return max([int(p.name) for p in Path(directory).iterdir() if p.name.isdigit()], default=0)
+
+
 def _restored_step(lines: list[str]) -> int:
     for line in lines:
         if line.startswith("restored "):
@@ -88,7 +97,7 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
     assert ref_code == 0, ref_lines[-20:]
     rng = random.Random(seed)
     directory, out = tmp_path / "job", tmp_path / "job.pt"
-    done_at = 0  # the step the job restored from on its last start
+    done_at = 0  # the step the next start resumes from
     log = []
     for _ in range(kills):
         prefix = rng.choice(["step ", "saving ", "saved ", "restoring "] if done_at else ["step ", "saving ", "saved "])
@@ -104,8 +113,7 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
         log.append((prefix.strip(), nth, round(delay, 3), code, _restored_step(lines)))
         assert code != 3, f"a listed checkpoint step did not restore: {lines[-5:]}"
         assert code in (0, -signal.SIGKILL), (code, lines[-20:])
-        saved = [int(line.split()[1]) for line in lines if line.startswith("saved ")]
-        done_at = max([_restored_step(lines), *saved]) if code == -signal.SIGKILL else steps
+        done_at = _newest_step(directory)
         if code == 0:
             break
     code, lines = _run(directory, out, steps=steps, save_every=save_every, mode=mode)

@@ -3,12 +3,13 @@
 The multi-process half of test_kill_resume.py: the same job
 (``resumable_train.py``: FSDPv2 decoder, AdamW, async checkpoints every few
 steps) runs as two processes of four simulated CPU devices each, under
-``python -m spmdtorch.launch``. Each kill SIGKILLs one randomly chosen
-process after one of its event lines (during a step, while an async save is
-being written, while restoring) and a random delay; the other process is
-then stopped by JAX's coordination service (a short heartbeat timeout), or
-by the launcher after its grace period. The whole job is restarted until it
-finishes. On every start each process checks that every listed checkpoint
+``python -m spmdtorch.launch``. Each kill SIGKILLs one process (the first
+chosen at random, then alternately the other) after one of its event lines
+(during a step, while an async save is being written, while restoring) and
+a random delay; the other process is then stopped by JAX's coordination
+service (a short heartbeat timeout), or by the launcher after its grace
+period. The whole job is restarted until it finishes; every start reads the
+persistent compilation cache that the uninterrupted run filled. On every start each process checks that every listed checkpoint
 step restores (exit code 3 if one does not), and both processes must list
 the same steps. The final parameters and optimizer state must equal, bit
 for bit, those of an uninterrupted 2 x 4 run (a 1 x 8 run may differ from it
@@ -141,6 +142,15 @@ def _run(directory, out, *, steps, save_every, mode, kill=None, cache=None) -> _
             _hard_kill(pid)
 
 
+def _newest_step(directory: Path) -> int:
+    """The step the next start resumes from: the newest finalised step directory, or 0.
+
+    Orbax names a finalised step by its number; one still being written (or
+    killed while written) has a temporary name, and retired steps are in a trash folder.
+    """
+    return max([int(p.name) for p in Path(directory).iterdir() if p.name.isdigit()], default=0)
+
+
 def _restored_step(lines: list[str]) -> int:
     for line in lines:
         if line.startswith("restored "):
@@ -176,7 +186,7 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
     _check_run(ref, ref_steps)  # (both processes printed the same losses)
     rng = random.Random(seed)
     directory, out = tmp_path / "job", tmp_path / "job.pt"
-    done_at = 0  # the step the job restored from on its last start
+    done_at = 0  # the step the next start resumes from
     log = []
     first_victim = rng.randrange(NPROCS)
     for i in range(kills):
@@ -202,8 +212,7 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
         print("run", log[-1])  # (victim, after, nth, delay, exit code, restored from, killed, seconds)
         if run.code == 0:
             break
-        saved = [int(line.split()[1]) for line in lines if line.startswith("saved ")]
-        done_at = max([_restored_step(lines), *saved])
+        done_at = _newest_step(directory)
     final = job(directory, out)
     assert final.code == 0, final.tail()
     _check_run(final, ref_steps)
