@@ -39,6 +39,7 @@ from spmdtorch.tensor.dispatch import (
     MetaFactoryLeak,
     capture_meta_factories,
     factory_kernel,
+    under_saved_tensor_hooks,
 )
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -255,6 +256,12 @@ def torch_function(func, args, kwargs):
         # thread's dispatch modes) build tensors from the gradient's options
         # (device meta); unlike a forward op, a backward pass cannot be
         # retried once it fails.
+        with capture_meta_factories():
+            return func(*args, **kwargs)
+    if under_saved_tensor_hooks():
+        # A checkpointed region (torch.utils.checkpoint): the retry below
+        # would leave the failed attempt's saved tensors behind, and the
+        # recomputation saves fewer. Capture from the start instead.
         with capture_meta_factories():
             return func(*args, **kwargs)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import spmdtorch
 from spmdtorch import debug
@@ -98,3 +99,24 @@ def test_cpu_tensors_untouched():
     a, b = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 4, 6)
     torch.testing.assert_close(torch.ops.spmdtorch.batched_matmul(a, b), torch.matmul(a, b))
     assert torch.matmul(a, b).grad_fn is None
+
+
+@pytest.mark.parametrize("op", ["matmul", "sdpa"])
+def test_overrides_step_aside_under_non_reentrant_checkpoint(op):
+    """torch.utils.checkpoint recomputes inside backward, on torch's path: the forward must save the same tensors."""
+    from torch.utils.checkpoint import checkpoint
+
+    def block(q, k, v):
+        if op == "matmul":
+            return ((q @ k.transpose(-1, -2)).softmax(-1) @ v).sum()
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+    gen = torch.Generator().manual_seed(0)
+    cpu = [torch.randn(2, 4, 16, 8, generator=gen, requires_grad=True) for _ in range(3)]
+    xla = [t.detach().to("xla").requires_grad_() for t in cpu]
+    block(*cpu).backward()
+    loss = checkpoint(block, *xla, use_reentrant=False)
+    loss.backward()
+    torch.testing.assert_close(loss.cpu(), block(*[t.detach() for t in cpu]), rtol=1e-5, atol=1e-5)
+    for a, b in zip(xla, cpu):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-5, atol=1e-5)

@@ -32,7 +32,7 @@ from spmdtorch.tensor.dispatch._errors import DeviceMismatchError, ForeachError,
 from spmdtorch.tensor.dispatch._factories import CAPTURE_FUNCS, capture_meta_factories, factory_kernel
 from spmdtorch.tensor.dispatch._fallback import cpu_fallback
 from spmdtorch.tensor.dispatch._foreach import foreach
-from spmdtorch.tensor.dispatch._functions import FUNCTION_OVERRIDES
+from spmdtorch.tensor.dispatch._functions import FUNCTION_OVERRIDES, under_saved_tensor_hooks
 from spmdtorch.tensor.dispatch._meta import META_CACHE, MetaSpec, TensorSpec, meta_outputs
 from spmdtorch.tensor.dispatch._paths import write
 from spmdtorch.tensor.dispatch._special import copy_, local_scalar_dense
@@ -41,6 +41,7 @@ from spmdtorch.tensor.xla_tensor import wrap_jax_array
 __all__ = [
     "CAPTURE_FUNCS",
     "FUNCTION_OVERRIDES",
+    "under_saved_tensor_hooks",
     "META_CACHE",
     "DeviceMismatchError",
     "ForeachError",

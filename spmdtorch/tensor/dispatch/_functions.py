@@ -21,11 +21,24 @@ import torch.nn.functional as F
 
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
-__all__ = ["FUNCTION_OVERRIDES", "matmul", "scaled_dot_product_attention"]
+__all__ = ["FUNCTION_OVERRIDES", "matmul", "scaled_dot_product_attention", "under_saved_tensor_hooks"]
 
 FUNCTION_OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {}
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def under_saved_tensor_hooks() -> bool:
+    """Whether saved-tensor hooks are active (``torch.utils.checkpoint``'s non-reentrant forward).
+
+    The overrides below must not change what a checkpointed region saves:
+    its recomputation runs inside a backward pass, which this package enters
+    with subclass torch functions disabled (``device_mode.torch_function``),
+    so it takes torch's own path, and torch refuses recomputed tensors whose
+    shapes differ from the saved ones. Under such hooks the overrides step
+    aside and both passes take torch's path.
+    """
+    return torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
 
 
 def scaled_dot_product_attention(
@@ -38,7 +51,8 @@ def scaled_dot_product_attention(
     whose autograd formula torch supplies (its backward op lowers to the
     ``jax.vjp`` of the same function). torch's own function (the math
     decomposition) runs instead for what that op does not take: dropout,
-    inputs that are not 4-d xla tensors of one dtype, a mask that needs a
+    calls under saved-tensor hooks (``under_saved_tensor_hooks``), inputs
+    that are not 4-d xla tensors of one dtype, a mask that needs a
     gradient or is not an xla tensor, and the argument errors torch reports
     (a mask with ``is_causal``, head counts that do not match): for those it
     returns ``NotImplemented``.
@@ -57,7 +71,7 @@ def scaled_dot_product_attention(
         and not (is_causal and attn_mask is not None)
         and (attn_mask is None or (isinstance(attn_mask, XlaTensor) and not attn_mask.requires_grad))
     )
-    if not fused:
+    if not fused or under_saved_tensor_hooks():
         return NotImplemented
     return _FLASH(query, key, value, 0.0, bool(is_causal), attn_mask=attn_mask, scale=scale)[0]
 
@@ -75,8 +89,8 @@ def matmul(input, other, *, out=None):
     tensor-parallel attention: it would gather both operands). The call
     becomes ``spmdtorch::batched_matmul`` (``spmdtorch.ops._batched_matmul``):
     one product keeping every batch dim. Everything else (1-3 dims,
-    broadcasting batch dims, mixed dtypes or devices, ``out=``) returns
-    ``NotImplemented`` and takes torch's path.
+    broadcasting batch dims, mixed dtypes or devices, ``out=``, saved-tensor
+    hooks) returns ``NotImplemented`` and takes torch's path.
     """
     if (
         out is None
@@ -87,6 +101,7 @@ def matmul(input, other, *, out=None):
         and input.shape[-1] == other.shape[-2]
         and input.dtype == other.dtype
         and input.dtype.is_floating_point
+        and not under_saved_tensor_hooks()
     ):
         return _BATCHED_MATMUL(input, other)
     return NotImplemented
