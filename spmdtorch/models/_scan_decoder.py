@@ -65,7 +65,8 @@ class _ScanAllLayers:
                     out = layer(hidden, *args, **kwargs)
                 else:
                     state = {n: p[i] for n, p in self.stacked.items()}
-                    out = torch.func.functional_call(self.layers[0], state, (hidden, *args), kwargs, strict=False)
+                    # The layer itself, not the template: its attributes (HF's layer_idx: which cache slot) count.
+                    out = torch.func.functional_call(layer, state, (hidden, *args), kwargs, strict=False)
                 hidden = out[0] if isinstance(out, (tuple, list)) else out
             return out
         if self.stacked is None:
@@ -85,6 +86,20 @@ class _ScannedList:
         layers = list(self._modules.values())  # type: ignore[attr-defined]
         stacked = _stacked_parameters(self)  # type: ignore[arg-type]
         return iter([_ScanAllLayers(layers, self._scan_remat, stacked)] if layers else [])
+
+    def __getitem__(self, idx: Any) -> Any:
+        # HF loops over ``self.layers[: config.num_hidden_layers]``: a new list, which would
+        # not hold the stacked parameters; slicing every layer gives the list itself.
+        if isinstance(idx, slice) and self.__dict__.get(_STACKED):
+            n = len(self._modules)  # type: ignore[attr-defined]
+            if range(n)[idx] == range(n):
+                return self
+            raise ScanError(
+                f"layers[{idx.start}:{idx.stop}:{idx.step}] of {n} layers with stacked parameters: only all of "
+                "them can be sliced (they share one Parameter per weight). Run every layer, or call "
+                "unscan_decoder_layers first"
+            )
+        return super().__getitem__(idx)  # type: ignore[misc]
 
 
 # The list's attribute mapping a stacked Parameter's attribute name to the per-layer name it stacks

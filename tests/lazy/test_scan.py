@@ -479,3 +479,35 @@ def test_stacked_before_fsdpv2_wrap_keeps_layer_dim_replicated(devices8):
     torch.testing.assert_close(w.grad.cpu(), want, **TOL)
     plain = spmdtorch.fsdp.plain_state_dict(model)
     assert list(plain) == list(ref.state_dict())
+
+
+def test_hf_llama_stacked_with_kv_cache_matches_eager(devices8):
+    # A key-value cache runs the layers one by one (each writes its own cache
+    # slot), each with its slice of the stacked weights.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM(cfg).eval()
+    model = copy.deepcopy(ref).to("xla")
+    scan_decoder_layers(model, stack_parameters=True)
+    tokens = torch.randint(0, 128, (2, 8))
+    want_cache, got_cache = transformers.DynamicCache(), transformers.DynamicCache()
+    with torch.no_grad():
+        want = ref(tokens, past_key_values=want_cache, use_cache=True).logits
+        got = model(tokens.to("xla"), past_key_values=got_cache, use_cache=True).logits
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+        nxt = want[:, -1:].argmax(-1)
+        want = ref(nxt, past_key_values=want_cache, use_cache=True).logits
+        got = model(nxt.to("xla"), past_key_values=got_cache, use_cache=True).logits
+    torch.testing.assert_close(got.cpu(), want, **TOL)
+    # Without a cache the same model runs as one scan over the stacked weights.
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens.to("xla")).logits.cpu(), ref(tokens).logits, **TOL)
