@@ -16,6 +16,7 @@ from ``spmdtorch.config``.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import logging
@@ -83,15 +84,17 @@ class PlanKey(NamedTuple):
 
     Flat tuples of ints, so hashing and comparing the key of a whole training
     step is done in C without descending into nested tuples (a deep
-    decoder's step key has ~9,000 entries: nested ``(sig, draw, codes)``
-    tuples cost ~12 ms per step to hash and compare, a flat tuple ~0.1 ms).
+    decoder's step has ~9,000 nodes: a tuple of nested ``(sig, draw, codes)``
+    entries cost ~12 ms per step to hash and compare, the flat tuple well
+    under a millisecond).
 
     Attributes:
-        entries: per node, its entry id: an int that stands for the node's
-            ``(signature, input codes)`` (``_entry_id``). The signature is an
-            int standing for its name and static arguments (``lazy.keys``); an
-            input code is ``(node index, output index)`` for an earlier node's
-            output or a negative int ``-1 - leaf index``.
+        entries: per node, in plan order, ``sig, n, code_1 ... code_n``
+            flattened into one tuple: the signature is an int standing for
+            its name and static arguments (``lazy.keys``); an input code is a
+            negative int ``-1 - leaf index`` for a program input, or two
+            non-negative ints ``node index, output index`` for an earlier
+            node's output (so the flat form reads back unambiguously).
         random_order: the indices of the random nodes, in draw order (their
             draw ranks; see ``graph.Node.draw``).
         outputs: ``(node index, output index)`` per program output.
@@ -102,16 +105,17 @@ class PlanKey(NamedTuple):
     outputs: tuple
 
 
-# (signature, input codes) -> entry id (PlanKey.entries). The same argument as
-# lazy.keys' signatures: an id is handed out once, from a counter that never
-# goes back, for one exact (signature, codes) found by full equality, so equal
-# ids mean equal entries; emptying the table (when full, and only before a
-# plan's walk, so that one plan never sees two ids for one entry) can only
-# cause a compile-cache miss.
-_ENTRY_IDS: dict = {}
-ENGINE.register_cache("lazy.executor.entry_ids", _ENTRY_IDS)
-_ENTRY_IDS_MAX = 1 << 18
-_NEXT_ENTRY_ID = itertools.count()
+def _node_starts(entries: tuple) -> list[int]:
+    """Where each node's record starts in ``PlanKey.entries`` (for messages)."""
+    starts = []
+    pos = 0
+    while pos < len(entries):
+        starts.append(pos)
+        n = entries[pos + 1]
+        pos += 2
+        for _ in range(n):
+            pos += 1 if entries[pos] < 0 else 2
+    return starts
 
 
 class ProgramKey(NamedTuple):
@@ -177,16 +181,13 @@ class _Plan:
         # share one buffer (``run_plan``). That is what lets AdamW's
         # per-parameter step counters (created equal, updated alike) stay one
         # array, so the bias corrections are computed once, not per parameter.
-        if len(_ENTRY_IDS) >= _ENTRY_IDS_MAX:
-            _ENTRY_IDS.clear()
-        entry_ids = _ENTRY_IDS
         node_ids: dict = {}  # id(node) -> its index in ``kept`` (a merged node: the one it became)
         leaf_codes: dict = {}
         leaves: list[Any] = []  # jax.Array | Scalar
         codes: list[tuple[InputCode, ...]] = []
-        eids: list[int] = []
+        flat: list[int] = []  # PlanKey.entries
         kept: list[Node] = []
-        seen: dict = {}  # entry id -> index in ``kept`` (common subexpressions)
+        seen: dict = {}  # (sig, codes) -> index in ``kept`` (common subexpressions)
         has_random = False
         for ref in refs:
             root = ref.node
@@ -206,36 +207,42 @@ class _Plan:
                 else:
                     its.pop()
                     n = stack.pop()
+                    sig = n.sig
+                    if sig is None:
+                        sig = n.sig = keys.node_sig(n.name, n.static_key)
+                    # The node's flat record is written as its codes are made,
+                    # and taken back if the node merges into an earlier one.
+                    mark = len(flat)
+                    flat.append(sig)
+                    flat.append(len(n.inputs))
                     cl: list[InputCode] = []
                     for i in n.inputs:
                         if type(i) is LazyRef:
-                            cl.append((node_ids[id(i.node)], i.index))
+                            j = node_ids[id(i.node)]
+                            k = i.index
+                            cl.append((j, k))
+                            flat.append(j)
+                            flat.append(k)
                         else:
                             code = leaf_codes.get(id(i))
                             if code is None:
                                 code = leaf_codes[id(i)] = -1 - len(leaves)
                                 leaves.append(i)
                             cl.append(code)
+                            flat.append(code)
                     c = tuple(cl)
-                    sig = n.sig
-                    if sig is None:
-                        sig = n.sig = keys.node_sig(n.name, n.static_key)
-                    entry = (sig, c)
-                    eid = entry_ids.get(entry)
-                    if eid is None:
-                        eid = entry_ids[entry] = next(_NEXT_ENTRY_ID)
                     if n.random:
                         has_random = True
                     else:
-                        same = seen.get(eid)
+                        same = seen.get((sig, c))
                         if same is not None:
                             node_ids[id(n)] = same
+                            del flat[mark:]
                             continue
-                        seen[eid] = len(kept)
+                        seen[(sig, c)] = len(kept)
                     node_ids[id(n)] = len(kept)
                     kept.append(n)
                     codes.append(c)
-                    eids.append(eid)
         nodes = kept
         # A random node's key is folded from its rank in recording order (see
         # graph.Node.draw), not from its position in the graph, so that the
@@ -254,7 +261,7 @@ class _Plan:
         self.outputs = tuple((node_ids[id(r.node)], r.index) for r in refs)
         self.has_random = has_random
         self.donatable = None  # leaf positions that may be donated (None: every unheld array)
-        self.key = PlanKey(tuple(eids), random_order, self.outputs)
+        self.key = PlanKey(tuple(flat), random_order, self.outputs)
 
     def pair_outputs(self, storages: list) -> list:
         """Order the outputs so that each donated input's buffer goes to its own storage's new value.
@@ -596,9 +603,14 @@ def _log_recompile(old, new, plan=None):
         msg = "the random ops' draw order changed"
     elif old.plan != new.plan:
         o, n = old.plan.entries, new.plan.entries
-        first = next((i for i, (a, b) in enumerate(zip(o, n)) if a != b), min(len(o), len(n)))
+        at = next((i for i, (a, b) in enumerate(zip(o, n)) if a != b), min(len(o), len(n)))
+        starts = _node_starts(n)
+        first = bisect.bisect_right(starts, at) - 1 if at < len(n) else len(starts)
         what = plan.nodes[first].name if plan is not None and first < len(plan.nodes) else "(end)"
-        msg = f"graph structure changed: {len(o)} -> {len(n)} ops, first difference at op {first} ({what})"
+        msg = (
+            f"graph structure changed: {len(_node_starts(o))} -> {len(starts)} ops, "
+            f"first difference at op {first} ({what})"
+        )
     elif old.leaves != new.leaves:
         diffs = []
         for i, (a, b) in enumerate(zip(old.leaves, new.leaves)):

@@ -41,7 +41,6 @@ EXPECTED = {
     "lazy.executor.scalar_arrays",
     "lazy.executor.packed_arrays",
     "lazy.executor.scalar_signatures",
-    "lazy.executor.entry_ids",
     "lazy.keys.signatures",
     "lazy.graph.interned_scalars",
     "lazy.padding.padded_shapes",

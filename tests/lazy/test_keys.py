@@ -141,6 +141,8 @@ def read_value(t):
 
 
 def test_plan_keys_are_flat_ints_equal_exactly_for_equal_graphs():
+    from spmdtorch.lazy import executor
+
     x = torch.arange(16.0).reshape(4, 4)
     a = _plan_key(lambda t: (t * 2).sum(0), x)
     b = _plan_key(lambda t: (t * 2).sum(0), x + 1)  # other values, same graph
@@ -151,21 +153,10 @@ def test_plan_keys_are_flat_ints_equal_exactly_for_equal_graphs():
     # Hashed and compared in C: every part is a flat tuple of ints (outputs: int pairs).
     assert all(type(e) is int for e in a.entries) and a.random_order == ()
     assert all(type(i) is int for o in a.outputs for i in o)
-
-
-def test_a_full_entry_table_never_hands_an_old_id_to_new_content(monkeypatch):
-    from spmdtorch.lazy import executor
-
-    # A table of one entry is emptied before every plan: equal graphs then get
-    # other ids (a compile-cache miss), never another graph's id.
-    monkeypatch.setattr(executor, "_ENTRY_IDS_MAX", 1)
-    x = torch.arange(16.0).reshape(4, 4)
-    keys_seen = {}
-    for _ in range(2):
-        for name, fn in (("sum0", lambda t: (t * 2).sum(0)), ("sum1", lambda t: (t * 2).sum(1))):
-            k = _plan_key(fn, x)
-            assert keys_seen.setdefault(k, name) == name
-            torch.testing.assert_close(_run(fn, x), fn(x))
+    # One record per node (sig, n, codes): mul reads the input leaf and the
+    # scalar leaf, sum reads the mul node's output 0.
+    starts = executor._node_starts(a.entries)
+    assert len(starts) == 2 and a.entries[1:4] == (2, -1, -2) and a.entries[5:] == (1, 0, 0)
 
 
 def test_the_random_draw_order_is_part_of_the_plan_key():
@@ -178,3 +169,21 @@ def test_the_random_draw_order_is_part_of_the_plan_key():
     swapped = executor._Plan([read_value(b), read_value(a)]).key
     spmdtorch.sync()
     assert forward.random_order and forward.random_order != swapped.random_order
+
+
+def test_a_structure_change_is_logged_at_its_first_differing_op(caplog):
+    from spmdtorch.lazy import executor
+
+    x = torch.arange(20.0).reshape(4, 5)
+    plans = []
+    for fn in (lambda t: (t * 2).sum(0), lambda t: (t * 2).sum(1), lambda t: (t * 2).sum(1).neg()):
+        out = fn(x.to("xla"))
+        plans.append(executor._Plan([read_value(out)]))
+        spmdtorch.sync()
+    keys_ = [executor.ProgramKey(p.key, (), (), (), "highest") for p in plans]
+    with caplog.at_level("WARNING", logger="spmdtorch.compile"):
+        executor._log_recompile(keys_[0], keys_[1], plans[1])
+        executor._log_recompile(keys_[1], keys_[2], plans[2])
+    msgs = [r.getMessage() for r in caplog.records]
+    assert "graph structure changed: 2 -> 2 ops, first difference at op 1 (aten.sum.dim_IntList)" in msgs[0]
+    assert "graph structure changed: 2 -> 3 ops, first difference at op 2 (aten.neg.default)" in msgs[1]
