@@ -41,7 +41,9 @@ Sharding:
     ``--layers N`` sets the depth; ``--scan`` runs the decoder-layer loop as
     one ``jax.lax.scan`` over the stacked per-layer weights
     (``spmdtorch.models.scan_decoder_layers``): the layer is traced and
-    compiled once, so the first step's time stays flat in depth.
+    compiled once, so the first step's time stays flat in depth; its weights
+    are stacked parameters (one per weight kind, ``stack_parameters=True``;
+    ``--no-stack`` keeps one per layer), and the checkpoint keeps per-layer keys.
 
 Checkpoint:
     At the end the model, the optimizer state, the step and the RNG states are
@@ -118,6 +120,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--scan",
         action="store_true",
         help="run the decoder layers as one jax.lax.scan (compile time flat in depth)",
+    )
+    p.add_argument(
+        "--no-stack",
+        action="store_true",
+        help="with --scan, keep one parameter per layer instead of one stacked parameter per weight "
+        "(the optimizer then updates every layer's weights separately: a slower first step)",
     )
     p.add_argument("--no-save", action="store_true", help="do not save a checkpoint at the end")
     p.add_argument(
@@ -335,8 +343,12 @@ def main(args: argparse.Namespace) -> int:
         if args.mixed_precision == "bf16"
         else None,
     )
-    if args.scan:  # the model's loop over its layers becomes one scan; parameters stay per layer
-        scan_decoder_layers(model.module)
+    if args.scan:
+        # The model's loop over its layers becomes one scan; stacked, each
+        # weight kind is one parameter with a leading layer dim (sharded like
+        # one layer's), so AdamW updates 9 arrays, not 9 per layer. Before the
+        # optimizer is created: it must see the stacked parameters.
+        scan_decoder_layers(model.module, stack_parameters=not args.no_stack)
     batch_spec = ((data_axis, "fsdp") if data_axis else "fsdp", None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     table, n_params = parameter_table(model)
