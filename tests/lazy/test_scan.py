@@ -269,9 +269,9 @@ def test_mixed_precision_autocast_matches_eager(devices8):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=5e-2, atol=5e-2)
 
 
-def test_hf_llama_scanned_matches_eager(devices8):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
+def _tiny_hf_llama_config(transformers):
+    """A 3-layer Hugging Face Llama config small enough for the scan tests."""
+    return transformers.LlamaConfig(
         vocab_size=128,
         hidden_size=32,
         intermediate_size=64,
@@ -280,6 +280,11 @@ def test_hf_llama_scanned_matches_eager(devices8):
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
+
+
+def test_hf_llama_scanned_matches_eager(devices8):
+    transformers = pytest.importorskip("transformers")
+    cfg = _tiny_hf_llama_config(transformers)
     torch.manual_seed(0)
     ref = transformers.LlamaForCausalLM(cfg)
     model = copy.deepcopy(ref).to("xla")
@@ -485,15 +490,7 @@ def test_hf_llama_stacked_with_kv_cache_matches_eager(devices8):
     # A key-value cache runs the layers one by one (each writes its own cache
     # slot), each with its slice of the stacked weights.
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    cfg = _tiny_hf_llama_config(transformers)
     torch.manual_seed(0)
     ref = transformers.LlamaForCausalLM(cfg).eval()
     model = copy.deepcopy(ref).to("xla")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kill_resume_helpers import newest_step, restored_step
 
 SCRIPT = Path(__file__).with_name("resumable_train.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,22 +77,6 @@ def _run(directory, out, *, steps, save_every, mode, kill=None) -> tuple[int, li
             proc.wait()
 
 
-def _newest_step(directory: Path) -> int:
-    """The step the next start resumes from: the newest finalised step directory, or 0.
-
-    Orbax names a finalised step by its number; one still being written (or
-    killed while written) has a temporary name, and retired steps are in a trash folder.
-    """
-    return max([int(p.name) for p in Path(directory).iterdir() if p.name.isdigit()], default=0)
-
-
-def _restored_step(lines: list[str]) -> int:
-    for line in lines:
-        if line.startswith("restored "):
-            return int(line.split()[1])
-    return 0
-
-
 def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
     ref_code, ref_lines = _run(tmp_path / "ref", tmp_path / "ref.pt", steps=steps, save_every=save_every, mode=mode)
     assert ref_code == 0, ref_lines[-20:]
@@ -110,10 +95,10 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
         else:
             nth = 1
         code, lines = _run(directory, out, steps=steps, save_every=save_every, mode=mode, kill=(prefix, nth, delay))
-        log.append((prefix.strip(), nth, round(delay, 3), code, _restored_step(lines)))
+        log.append((prefix.strip(), nth, round(delay, 3), code, restored_step(lines)))
         assert code != 3, f"a listed checkpoint step did not restore: {lines[-5:]}"
         assert code in (0, -signal.SIGKILL), (code, lines[-20:])
-        done_at = _newest_step(directory)
+        done_at = newest_step(directory)
         if code == 0:
             break
     code, lines = _run(directory, out, steps=steps, save_every=save_every, mode=mode)

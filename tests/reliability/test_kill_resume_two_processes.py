@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kill_resume_helpers import newest_step, restored_step
 
 SCRIPT = Path(__file__).with_name("resumable_train.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,22 +143,6 @@ def _run(directory, out, *, steps, save_every, mode, kill=None, cache=None) -> _
             _hard_kill(pid)
 
 
-def _newest_step(directory: Path) -> int:
-    """The step the next start resumes from: the newest finalised step directory, or 0.
-
-    Orbax names a finalised step by its number; one still being written (or
-    killed while written) has a temporary name, and retired steps are in a trash folder.
-    """
-    return max([int(p.name) for p in Path(directory).iterdir() if p.name.isdigit()], default=0)
-
-
-def _restored_step(lines: list[str]) -> int:
-    for line in lines:
-        if line.startswith("restored "):
-            return int(line.split()[1])
-    return 0
-
-
 def _check_run(run: _Run, ref_steps: dict[str, str]) -> None:
     """Every listed step restored, both processes listed the same steps, every step's loss is the reference's."""
     unrestorable = [line for line in run.lines if "] unrestorable " in line]
@@ -206,13 +191,13 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
         _check_run(run, ref_steps)
         lines = run.of(victim)
         seconds = round(time.monotonic() - start, 1)
-        log.append((victim, prefix.strip(), nth, round(delay, 3), run.code, _restored_step(lines), run.killed, seconds))
+        log.append((victim, prefix.strip(), nth, round(delay, 3), run.code, restored_step(lines), run.killed, seconds))
         # The launcher's exit status is the first failure's: the victim's SIGKILL (128 + 9).
         assert run.code == (128 + signal.SIGKILL if run.killed else 0), (log[-1], run.tail())
         print("run", log[-1])  # (victim, after, nth, delay, exit code, restored from, killed, seconds)
         if run.code == 0:
             break
-        done_at = _newest_step(directory)
+        done_at = newest_step(directory)
     final = job(directory, out)
     assert final.code == 0, final.tail()
     _check_run(final, ref_steps)
