@@ -39,9 +39,14 @@ def _env() -> dict[str, str]:
 
 def _run(directory, out, *, steps, save_every, mode, kill=None) -> tuple[int, list[str]]:
     """Run the job once; ``kill=(prefix, nth, delay_s)`` SIGKILLs it ``delay_s`` after its ``nth`` line
-    starting with ``prefix``. Returns (exit code, output lines); a run past RUN_TIMEOUT_S fails the test."""
+    starting with ``prefix``. Returns (exit code, output lines); a run past RUN_TIMEOUT_S fails the test.
+
+    Every run of one test shares JAX's persistent compilation cache (beside
+    ``directory``), as a restarted job on a real cluster would: restarts skip
+    compiling, and a kill may land while an entry is written."""
     cmd = [sys.executable, str(SCRIPT), str(directory), str(out), "--steps", str(steps)]
     cmd += ["--save-every", str(save_every), "--mode", mode]
+    cmd += ["--compile-cache", str(Path(directory).parent / "xla-cache")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     lines: queue.Queue[str | None] = queue.Queue()
 
