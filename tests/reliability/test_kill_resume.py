@@ -12,29 +12,20 @@ for bit, those of an uninterrupted run.
 
 from __future__ import annotations
 
-import os
 import queue
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from kill_resume_helpers import newest_step, restored_step
+from kill_resume_helpers import job_env, newest_step, pump_lines, restored_step
 
 SCRIPT = Path(__file__).with_name("resumable_train.py")
-ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 300
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
 
 
 def _run(directory, out, *, steps, save_every, mode, kill=None) -> tuple[int, list[str]]:
@@ -47,16 +38,8 @@ def _run(directory, out, *, steps, save_every, mode, kill=None) -> tuple[int, li
     cmd = [sys.executable, str(SCRIPT), str(directory), str(out), "--steps", str(steps)]
     cmd += ["--save-every", str(save_every), "--mode", mode]
     cmd += ["--compile-cache", str(Path(directory).parent / "xla-cache")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump():
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env())
+    lines = pump_lines(proc)
     seen: list[str] = []
     count = 0
     deadline = time.monotonic() + RUN_TIMEOUT_S

@@ -26,16 +26,14 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from kill_resume_helpers import newest_step, restored_step
+from kill_resume_helpers import job_env, newest_step, pump_lines, restored_step
 
 SCRIPT = Path(__file__).with_name("resumable_train.py")
-ROOT = Path(__file__).resolve().parents[2]
 NPROCS = 2
 DEVICES_PER_PROC = 4
 #: Seconds without a heartbeat before JAX declares the killed peer dead and aborts the survivor.
@@ -47,12 +45,6 @@ GRACE_S = 20
 RUN_TIMEOUT_S = 400
 
 _LINE = re.compile(r"\[rank (\d+)\] (.*)")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
 
 
 def _hard_kill(pid: int) -> bool:
@@ -97,17 +89,9 @@ def _run(directory, out, *, steps, save_every, mode, kill=None, cache=None) -> _
         cmd += ["--compile-cache", str(cache)]
     # Its own session: the launcher is killed with its group; its children lead their own groups (pids below).
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env(), start_new_session=True
     )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump():
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
+    lines = pump_lines(proc)
     seen: list[str] = []
     pids: dict[int, int] = {}
     count = 0
