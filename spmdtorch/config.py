@@ -28,6 +28,8 @@ Variable                          Settings field     Default     Meaning
 ``SPMDTORCH_CONNECT_TIMEOUT``     connect_timeout    None (120)  seconds to wait for the coordinator to answer
 ``SPMDTORCH_JOINED_PID``          joined_pid         None        set by spmdtorch once joined (for subprocesses)
 ``SPMDTORCH_PEER_WATCH``          peer_watch         True        a lost peer ends the others at once (exit 75)
+``SPMDTORCH_ATTENTION_KERNEL``    attention_kernel   auto        SDPA's kernel: auto (Pallas flash attention on
+                                                                 TPU where it applies, else XLA's), xla, pallas
 ``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
 ``PT_XLA_DEBUG_LEVEL`` ... ``XLA_*``  pt_xla_debug ...  None/False  PyTorch/XLA's debugging and dtype variables,
                                                                  acted on only by ``spmdtorch.compat.install()``
@@ -176,6 +178,16 @@ def _pjrt_device(raw: str) -> str:
 def _tensors_fmt(raw: str) -> str:
     if raw.lower() not in ("text", "hlo", "dot"):
         raise ValueError("is not a graph format")
+    return raw.lower()
+
+
+#: ``SPMDTORCH_ATTENTION_KERNEL`` values (docs/models.md, "Attention").
+ATTENTION_KERNELS = ("auto", "xla", "pallas")
+
+
+def _attention_kernel(raw: str) -> str:
+    if raw.lower() not in ATTENTION_KERNELS:
+        raise ValueError("is not an attention kernel")
     return raw.lower()
 
 
@@ -459,6 +471,17 @@ KNOBS: tuple[Knob, ...] = (
         "(docs/reliability.md); 0 leaves it to JAX.",
     ),
     Knob(
+        "attention_kernel",
+        "SPMDTORCH_ATTENTION_KERNEL",
+        _attention_kernel,
+        "auto",
+        "auto, xla or pallas",
+        "The kernel F.scaled_dot_product_attention lowers to (docs/models.md, 'Attention'): auto uses jax's "
+        "Pallas flash-attention kernel on TPU for the inputs it takes and XLA's attention otherwise; xla never "
+        "uses Pallas; pallas uses it wherever it applies, on other platforms in Pallas's interpret mode (slow: "
+        "for testing the path off TPU). Read when a program is traced.",
+    ),
+    Knob(
         "torchelastic_agent_store",
         "TORCHELASTIC_USE_AGENT_STORE",
         _torch_true,
@@ -547,6 +570,7 @@ class Settings:
     joined_pid: int | None = None
     connect_timeout_s: int | None = None
     peer_watch: bool = True
+    attention_kernel: str = "auto"
     torchelastic_agent_store: bool = False
     pt_xla_debug_level: int | None = None
     xla_use_bf16: bool = False

@@ -60,6 +60,7 @@ GOOD = {
     "SPMDTORCH_JOINED_PID": [("1234", 1234)],
     "SPMDTORCH_CONNECT_TIMEOUT": [("5", 5)],
     "SPMDTORCH_PEER_WATCH": [("0", False), ("yes", True)],
+    "SPMDTORCH_ATTENTION_KERNEL": [("auto", "auto"), ("XLA", "xla"), ("pallas", "pallas")],
 }
 
 # env variable -> [(raw value, the error's class, the reason it gives)]
@@ -97,6 +98,7 @@ BAD = {
     "SPMDTORCH_JOINED_PID": [("me", ConfigError, "is not an integer")],
     "SPMDTORCH_CONNECT_TIMEOUT": [("0", DistributedInitError, "must be >= 1")],
     "SPMDTORCH_PEER_WATCH": [("sometimes", ConfigError, "is not a boolean")],
+    "SPMDTORCH_ATTENTION_KERNEL": [("flash", ConfigError, "is not an attention kernel")],
 }
 
 

@@ -8,7 +8,9 @@ on CPU and TPU, cuDNN's fused kernel on GPU where it applies. Its backward
 (torch's derivative calls the ``_backward`` op) is the ``jax.vjp`` of the same
 function. ``_attention`` (math formulation, f32 softmax) stays the lowering
 of the math op ``_scaled_dot_product_attention_math`` and the fallback for
-inputs the jax function does not take. Dropout inside attention has no
+inputs the jax function does not take. On TPU (``SPMDTORCH_ATTENTION_KERNEL``)
+both ops lower to jax's Pallas flash-attention kernel instead, for the inputs
+it takes (``_pallas_attention``: no mask, whole 128-blocks of sequence). Dropout inside attention has no
 lowering here: the override leaves ``dropout_p > 0`` to torch's math
 decomposition, whose dropout lowers like any other.
 """
@@ -20,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from spmdtorch.ops import _pallas_attention as pallas
 from spmdtorch.ops import linalg
 from spmdtorch.ops.registry import register
 
@@ -96,6 +99,8 @@ def _jax_attention(query, key, value, attn_mask, is_causal, scale):
 @register("_scaled_dot_product_flash_attention_for_cpu.default", lift_scalars=False)
 def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     _check_no_dropout(dropout_p)
+    if pallas.use_pallas(query, key, value, attn_mask):
+        return pallas.attention(query, key, value, is_causal, scale)
     if _jax_supports(query, key, value, attn_mask):
         return _jax_attention(query, key, value, attn_mask, is_causal, scale)
     out, lse, _ = _attention(query, key, value, attn_mask, is_causal, scale)
@@ -107,6 +112,8 @@ def _sdpa_flash_cpu_backward(
     grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
 ):
     _check_no_dropout(dropout_p)
+    if pallas.use_pallas(query, key, value, attn_mask):
+        return pallas.attention_vjp(grad_out, query, key, value, is_causal, scale)
     if _jax_supports(query, key, value, attn_mask):
         f = lambda q, k, v: _jax_attention(q, k, v, attn_mask, is_causal, scale)[0]  # noqa: E731
         _, vjp = jax.vjp(f, query, key, value)

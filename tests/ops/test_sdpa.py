@@ -165,3 +165,105 @@ def test_argument_errors_are_torchs():
     with pytest.raises(RuntimeError):
         q8, k2, v2 = (t.to("xla") for t in _qkv(h=8, hk=2))
         F.scaled_dot_product_attention(q8, k2, v2)  # heads differ without enable_gqa
+
+
+# -- the Pallas flash-attention kernel (TPU; here in Pallas's interpret mode) ---------------
+
+
+@pytest.fixture
+def pallas_calls(monkeypatch):
+    """SPMDTORCH_ATTENTION_KERNEL=pallas; counts the traces of the Pallas forward and backward.
+
+    Interpreted, the kernel is HLO loops, and XLA:CPU's while-loop simplifier
+    takes minutes merging their call-site stack frames when each op carries
+    jax's full traceback (deep here: torch's dispatch); locations without
+    tracebacks keep the compile to seconds. (On TPU the kernel is one opaque
+    custom call.)
+    """
+    import jax
+
+    from spmdtorch import config
+
+    full_tracebacks = jax.config.jax_include_full_tracebacks_in_locations
+    jax.config.update("jax_include_full_tracebacks_in_locations", False)
+    from spmdtorch.ops import _pallas_attention as pallas
+
+    monkeypatch.setenv("SPMDTORCH_ATTENTION_KERNEL", "pallas")
+    config.reload()
+    debug.clear_caches()
+    calls = {"forward": 0, "backward": 0}
+    for name, fn in (("forward", pallas.attention), ("backward", pallas.attention_vjp)):
+
+        def spy(*args, _fn=fn, _name=name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(pallas, fn.__name__, spy)
+    yield calls
+    jax.config.update("jax_include_full_tracebacks_in_locations", full_tracebacks)
+    monkeypatch.delenv("SPMDTORCH_ATTENTION_KERNEL")
+    config.reload()
+    debug.clear_caches()
+
+
+@pytest.mark.parametrize(
+    "spec", [("data", "model", None, None), (None, None, "data", None)], ids=["batch-heads", "sequence-gathered"]
+)
+def test_pallas_kernel_sharded_causal_gqa_matches_eager(spec, devices8, pallas_calls):
+    mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
+    q, k, v = _qkv(b=4, h=4, hk=2, lq=128, lk=256, d=16)
+    _compare(q, k, v, is_causal=True, enable_gqa=True, prepare=lambda t: mark_sharding(t, mesh, spec), tol=2e-5)
+    assert pallas_calls == {"forward": 1, "backward": 1}
+
+
+@pytest.mark.parametrize(
+    "kw,dtype",
+    [({}, torch.float32), ({"scale": 0.3}, torch.float32), ({"is_causal": True}, torch.bfloat16)],
+    ids=["plain", "scale", "causal-bf16"],
+)
+def test_pallas_kernel_matches_eager(kw, dtype, pallas_calls):
+    _compare(*_qkv(b=2, h=2, lq=256, lk=128, d=32, dtype=dtype), tol=2e-2 if dtype == torch.bfloat16 else 2e-5, **kw)
+    assert pallas_calls == {"forward": 1, "backward": 1}
+
+
+def test_pallas_kernel_leaves_what_it_cannot_take_to_xla(pallas_calls, jax_calls):
+    # A mask, a sequence that is not whole 128-blocks: XLA's attention, still equal to eager.
+    _compare(*_qkv(lq=128, lk=128), attn_mask=torch.rand(128, 128) > 0.3)
+    _compare(*_qkv(lq=64, lk=128), is_causal=True)
+    assert pallas_calls == {"forward": 0, "backward": 0} and len(jax_calls) >= 2
+
+
+def test_auto_uses_pallas_only_on_tpu(monkeypatch):
+    import jax
+
+    from spmdtorch import config
+    from spmdtorch.ops import _pallas_attention as pallas
+
+    q = k = v = jax.ShapeDtypeStruct((1, 2, 128, 16), np.float32)
+    for mode, backend, want in [("auto", "cpu", False), ("auto", "tpu", True), ("xla", "tpu", False)]:
+        monkeypatch.setenv("SPMDTORCH_ATTENTION_KERNEL", mode)
+        config.reload()
+        monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+        assert pallas.use_pallas(q, k, v, None) is want, (mode, backend)
+    monkeypatch.delenv("SPMDTORCH_ATTENTION_KERNEL")
+    config.reload()
+
+
+def test_pallas_kernel_is_partitioned_per_shard_not_gathered(devices8, monkeypatch):
+    """Pure jax: batch/head-sharded inputs run the kernel on their shard, with no collective."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from spmdtorch.ops import _pallas_attention as pallas
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    sh = NamedSharding(mesh, PartitionSpec("data", "model", None, None))
+    q, k, v, g = (jax.device_put(jnp.ones((4, 2, 128, 16)) * (i + 1) / 7, sh) for i in range(4))
+    fwd = jax.jit(lambda q, k, v: pallas.attention(q, k, v, True, None)[0])
+    bwd = jax.jit(lambda g, q, k, v: pallas.attention_vjp(g, q, k, v, True, None))
+    for f, args in ((fwd, (q, k, v)), (bwd, (g, q, k, v))):
+        hlo = f.lower(*args).compile().as_text()
+        for collective in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
+            assert collective not in hlo, f"{collective} in the partitioned Pallas program"
+    assert fwd(q, k, v).sharding.spec[:2] == ("data", "model")

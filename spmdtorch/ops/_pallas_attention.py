@@ -1,0 +1,184 @@
+"""jax's Pallas flash-attention kernel for TPU, partitioned over batch and heads.
+
+GSPMD cannot partition a Pallas kernel: it is an opaque custom call. So the
+kernel runs under :func:`jax.experimental.custom_partitioning`, which asks
+the partitioner for the operands' shardings and runs the kernel once per
+shard. Batch and head dimensions keep their sharding (attention is
+independent per batch row and head); the sequence and head dimensions are
+replicated first (``need_replication``: a sequence-sharded input is gathered,
+never computed on a slice). Forward and backward are two such calls: the
+backward one differentiates the kernel per shard (its own custom VJP, i.e.
+its backward kernels), so no gradient crosses a partition boundary.
+
+Which calls take this path is :func:`use_pallas`'s decision
+(``SPMDTORCH_ATTENTION_KERNEL``, docs/models.md "Attention"); everything else
+stays on ``jax.nn.dot_product_attention``.
+
+Invariant: for the inputs :func:`supports` accepts, :func:`attention` and
+:func:`attention_vjp` equal XLA's attention (``spmdtorch.ops.attention``) up
+to float rounding, whatever the shardings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
+
+from spmdtorch import config
+
+#: The kernel's default tile (jax's ``BlockSizes.get_default``): sequence
+#: lengths must be multiples of it.
+BLOCK = 128
+_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def supports(query, key, value, attn_mask) -> bool:
+    """Whether the Pallas kernel takes these (B, H, L, D) inputs.
+
+    No mask (``is_causal`` is the kernel's own), equal dtypes (float32 or
+    bfloat16), equal head dims, whole 128-blocks of queries and keys, and
+    grouped-query heads that divide evenly (key/value heads are repeated).
+    """
+    if attn_mask is not None or not (query.ndim == key.ndim == value.ndim == 4):
+        return False
+    if not (query.dtype == key.dtype == value.dtype) or query.dtype not in _DTYPES:
+        return False
+    (b, h, q_len, d), (bk, hk, k_len, dk) = query.shape, key.shape
+    if value.shape != key.shape or bk != b or dk != d or h % hk:
+        return False
+    return q_len % BLOCK == 0 and k_len % BLOCK == 0
+
+
+def use_pallas(query, key, value, attn_mask) -> bool:
+    """Whether this SDPA call lowers to the Pallas kernel (read at trace time)."""
+    mode = config.settings().attention_kernel
+    if mode == "xla" or (mode == "auto" and jax.default_backend() != "tpu"):
+        return False
+    return supports(query, key, value, attn_mask)
+
+
+class _Static(NamedTuple):
+    """The kernel's compile-time arguments (the custom call's static part)."""
+
+    causal: bool
+    scale: float
+    interpret: bool  # Pallas's TPU interpret mode: the kernel off TPU (tests)
+
+
+def _static(query, is_causal, scale) -> _Static:
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    return _Static(bool(is_causal), scale, jax.default_backend() != "tpu")
+
+
+def _repeat_kv(query, key, value):
+    rep = query.shape[1] // key.shape[1]
+    if rep == 1:
+        return key, value
+    return jnp.repeat(key, rep, axis=1), jnp.repeat(value, rep, axis=1)
+
+
+def attention(query, key, value, is_causal, scale):
+    """(output, logsumexp) of the Pallas kernel in torch's (B, H, L, D) layout.
+
+    The logsumexp (float32, (B, H, L)) is computed by XLA beside the kernel:
+    torch's op returns it, but only the backward op receives it, and that one
+    recomputes through the kernel, so in a training step it is dead code that
+    XLA removes.
+    """
+    static = _static(query, is_causal, scale)
+    key, value = _repeat_kv(query, key, value)
+    out = _kernels(static).forward(query, key, value)
+    s = jnp.einsum("bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32) * static.scale
+    if static.causal:
+        s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], jnp.bool_)), s, -jnp.inf)
+    return out, jax.nn.logsumexp(s, axis=-1)
+
+
+def attention_vjp(grad_out, query, key, value, is_causal, scale):
+    """(dq, dk, dv) of :func:`attention`'s output, through the kernel's backward."""
+    static = _static(query, is_causal, scale)
+    k_heads = key.shape[1]
+    key_r, value_r = _repeat_kv(query, key, value)
+    dq, dk, dv = _kernels(static).backward(query, key_r, value_r, grad_out.astype(query.dtype))
+    if k_heads != query.shape[1]:  # gradients of the repeated heads sum back
+        b, _, s, d = dk.shape
+        dk = dk.reshape(b, k_heads, -1, s, d).sum(axis=2)
+        dv = dv.reshape(b, k_heads, -1, s, d).sum(axis=2)
+    return dq, dk, dv
+
+
+@contextlib.contextmanager
+def _swap(state, value):
+    prev = state.swap_local(value)
+    try:
+        yield
+    finally:
+        state.set_local(prev)
+
+
+class _Kernels(NamedTuple):
+    forward: Any  # custom_partitioning: (q, k, v) -> out
+    backward: Any  # custom_partitioning: (q, k, v, grad_out) -> (dq, dk, dv)
+
+
+@functools.cache
+def _kernels(static: _Static) -> _Kernels:
+    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+
+    def interpret():
+        if not static.interpret:
+            return contextlib.nullcontext()
+        from jax._src import config as jax_config
+
+        return _swap(jax_config.pallas_tpu_interpret_mode_context_manager, True)
+
+    def kernel(q, k, v):
+        return flash_attention(q, k, v, causal=static.causal, sm_scale=static.scale)
+
+    def forward(q, k, v):
+        with interpret():
+            return kernel(q, k, v)
+
+    def backward(q, k, v, g):
+        with interpret():
+            _, vjp = jax.vjp(kernel, q, k, v)
+            return vjp(g)
+
+    fwd, bwd = custom_partitioning(forward), custom_partitioning(backward)
+    fwd.def_partition(
+        partition=functools.partial(_partition, forward, 1),
+        infer_sharding_from_operands=functools.partial(_infer, 1),
+        sharding_rule="b h q d, b h k d, b h k d -> b h q d",
+        need_replication_factors=("q", "d", "k"),
+    )
+    bwd.def_partition(
+        partition=functools.partial(_partition, backward, 3),
+        infer_sharding_from_operands=functools.partial(_infer, 3),
+        sharding_rule="b h q d, b h k d, b h k d, b h q d -> b h q d, b h k d, b h k d",
+        need_replication_factors=("q", "d", "k"),
+    )
+    return _Kernels(fwd, bwd)
+
+
+def _batch_heads(mesh, sharding) -> NamedSharding:
+    """``sharding`` kept on batch and heads, replicated on sequence and head dim."""
+    spec = tuple(getattr(sharding, "spec", ())) + (None, None)
+    return NamedSharding(mesh, PartitionSpec(spec[0], spec[1], None, None))
+
+
+def _infer(n_out, mesh, arg_shapes, result_shape):
+    # GSPMD (non-Shardy) propagation: the results follow the query's batch/heads.
+    s = _batch_heads(mesh, arg_shapes[0].sharding)
+    return s if n_out == 1 else (s,) * n_out
+
+
+def _partition(fn, n_out, mesh, arg_shapes, result_shape):
+    s = _batch_heads(mesh, arg_shapes[0].sharding)
+    return mesh, fn, (s if n_out == 1 else (s,) * n_out), (s,) * len(arg_shapes)
