@@ -144,33 +144,68 @@ def _run_fresh(code: str, env_updates: dict[str, str | None]) -> str:
     return proc.stdout.strip()
 
 
+# One fresh interpreter (no JAX backend yet) runs every case below in turn,
+# resetting the environment and jax_platforms between cases; a process per
+# case cost ~3 s each.
 _APPLY = """
-import os
-try:
-    import spmdtorch.runtime as xr
-    xr._apply_pjrt_device_env()
-except Exception as e:
-    print("ERR", type(e).__name__)
-    raise SystemExit(0)
+import json, os, sys
 import jax
 from jax._src import xla_bridge
-print(os.environ.get("JAX_PLATFORMS"), jax.config.jax_platforms,
-      xla_bridge.backends_are_initialized(), xr.device_type())
+import spmdtorch.runtime as xr
+from spmdtorch import config
+out = {}
+for name, env in json.loads(sys.argv[1]).items():
+    for key, val in env.items():
+        if val is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = val
+    jax.config.update("jax_platforms", None)
+    try:
+        config.reload()
+        xr._apply_pjrt_device_env()
+    except Exception as e:
+        out[name] = "ERR " + type(e).__name__
+        continue
+    out[name] = " ".join(map(str, (os.environ.get("JAX_PLATFORMS"), jax.config.jax_platforms,
+                                   xla_bridge.backends_are_initialized(), xr.device_type())))
+os.environ.pop("PJRT_DEVICE", None)  # the last case's value must not reach exit hooks
+config.reload()
+print(json.dumps(out))
 """
 
+# case -> (environment, the line it must print)
+_APPLY_CASES = {
+    "GPU": ({"PJRT_DEVICE": "GPU", "JAX_PLATFORMS": None}, "cuda cuda False CUDA"),
+    "CUDA": ({"PJRT_DEVICE": "CUDA", "JAX_PLATFORMS": None}, "cuda cuda False CUDA"),
+    "TPU": ({"PJRT_DEVICE": "TPU", "JAX_PLATFORMS": None}, "tpu tpu False TPU"),
+    "cpu": ({"PJRT_DEVICE": "cpu", "JAX_PLATFORMS": None}, "cpu cpu False CPU"),
+    "conflicts with JAX_PLATFORMS": ({"PJRT_DEVICE": "TPU", "JAX_PLATFORMS": "cpu"}, "ERR RuntimeConfigError"),
+    "keeps a consistent JAX_PLATFORMS": (
+        {"PJRT_DEVICE": "GPU", "JAX_PLATFORMS": "cuda,cpu"},
+        "cuda,cpu cuda,cpu False CUDA",
+    ),
+    "invalid": ({"PJRT_DEVICE": "nonsense", "JAX_PLATFORMS": None}, "ERR InvalidPjrtDeviceError"),
+}
 
-@pytest.mark.parametrize(
-    "pjrt, expected",
-    [
-        ("GPU", "cuda cuda False CUDA"),
-        ("CUDA", "cuda cuda False CUDA"),
-        ("TPU", "tpu tpu False TPU"),
-        ("cpu", "cpu cpu False CPU"),
-    ],
-)
-def test_apply_env_sets_jax_platforms(pjrt, expected):
-    out = _run_fresh(_APPLY, {"PJRT_DEVICE": pjrt, "JAX_PLATFORMS": None})
-    assert out.splitlines()[-1] == expected
+
+@pytest.fixture(scope="module")
+def apply_env_results():
+    import json
+
+    env = {name: case[0] for name, case in _APPLY_CASES.items()}
+    code = textwrap.dedent(_APPLY) + "\n"
+    out = _run_fresh(
+        f"import sys; sys.argv[1:] = [{json.dumps(json.dumps(env))}]\n" + code,
+        {"PJRT_DEVICE": None, "JAX_PLATFORMS": None},
+    )
+    return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", list(_APPLY_CASES))
+def test_apply_env_in_a_fresh_process(case, apply_env_results):
+    """PJRT_DEVICE sets JAX_PLATFORMS / jax_platforms before any backend starts, or raises by name."""
+    assert apply_env_results[case] == _APPLY_CASES[case][1]
 
 
 def test_apply_env_cpu_runs_on_cpu():
@@ -182,21 +217,6 @@ def test_apply_env_cpu_runs_on_cpu():
     """
     out = _run_fresh(code, {"PJRT_DEVICE": "CPU", "JAX_PLATFORMS": None})
     assert out.splitlines()[-1] == "cpu CPU 8"
-
-
-def test_apply_env_conflicts_with_jax_platforms():
-    out = _run_fresh(_APPLY, {"PJRT_DEVICE": "TPU", "JAX_PLATFORMS": "cpu"})
-    assert out.splitlines()[-1] == "ERR RuntimeConfigError"
-
-
-def test_apply_env_keeps_consistent_jax_platforms():
-    out = _run_fresh(_APPLY, {"PJRT_DEVICE": "GPU", "JAX_PLATFORMS": "cuda,cpu"})
-    assert out.splitlines()[-1] == "cuda,cpu cuda,cpu False CUDA"
-
-
-def test_apply_env_invalid_in_fresh_process():
-    out = _run_fresh(_APPLY, {"PJRT_DEVICE": "nonsense", "JAX_PLATFORMS": None})
-    assert out.splitlines()[-1] == "ERR InvalidPjrtDeviceError"
 
 
 # --------------------------------------------------------------------------

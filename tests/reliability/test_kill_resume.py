@@ -103,8 +103,8 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
             assert line == ref_steps[line.split()[1]]
 
 
-def test_killed_three_times_resumes_bit_exact(tmp_path):
-    _kill_and_resume(tmp_path, steps=30, save_every=10, kills=3, mode="compiled", seed=0)
+def test_killed_twice_resumes_bit_exact(tmp_path):
+    _kill_and_resume(tmp_path, steps=30, save_every=10, kills=2, mode="compiled", seed=0)
 
 
 @pytest.mark.slow
