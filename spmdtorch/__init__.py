@@ -27,7 +27,6 @@ from spmdtorch.tensor import optim_hooks as _optim_hooks  # noqa: E402
 _optim_hooks.install()  # torch.optim takes its foreach path on xla tensors
 
 from spmdtorch import (  # noqa: E402
-    checkpoint,
     data,
     debug,
     fsdp,
@@ -47,6 +46,23 @@ from spmdtorch.runtime import device, device_count, devices  # noqa: E402
 from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # spmdtorch.checkpoint is imported on first use: it brings
+    # torch.distributed.checkpoint (torch.distributed.tensor, sympy) and
+    # Orbax, a third of `import spmdtorch`'s time, which a process that never
+    # saves (every worker of a data pipeline, every inference job) need not pay.
+    if name == "checkpoint":
+        import importlib
+
+        return importlib.import_module("spmdtorch.checkpoint")
+    raise AttributeError(f"module 'spmdtorch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"checkpoint"})
+
 
 __all__ = [
     "ArgumentError",

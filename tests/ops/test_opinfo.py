@@ -12,9 +12,11 @@ forward, ``float32-grad``: forward plus gradients), driven by the harness of
   ones, so the failure is re-checked, not assumed.
 
 To stay inside the CI budget each entry runs only its first
-``MAX_SAMPLES[mode]`` samples here, and the ``bfloat16`` sweep (a third of
-the file's time) is in the slow tier (``pytest -m slow``, which ``.ci/run``
-also runs); ``python tools/opinfo_report.py`` runs every sample and writes
+``MAX_SAMPLES[mode]`` samples here, and the default suite runs one mode per
+entry (``_in_default_tier``: float32 forward + gradients where the op has
+them, else the float32 forward); the other modes are in the slow tier
+(``pytest -m slow``, which ``.ci/run`` also runs). ``python
+tools/opinfo_report.py`` runs every sample and writes
 docs/opinfo_coverage.md (the full report).
 """
 
@@ -90,12 +92,23 @@ def _bounded_caches():
 _RUNS = [0]
 
 
-# bfloat16 runs in the slow tier (CI runs that too); float32 and float32-grad here.
-_MODE_PARAMS = [pytest.param(m, marks=pytest.mark.slow) if m == "bfloat16" else m for m in MODES]
+def _in_default_tier(op, mode) -> bool:
+    """The default suite runs one check per entry: forward and gradients in
+    float32 where the op is differentiable in float32 (that mode checks the
+    forward too), else the float32 forward; ``pytest -m slow`` (which CI also
+    runs) runs the other modes."""
+    grad_covers = op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu")
+    return mode == ("float32-grad" if grad_covers else "float32")
 
 
-@pytest.mark.parametrize("mode", _MODE_PARAMS)
-@pytest.mark.parametrize("name", list(OPS))
+_PARAMS = [
+    pytest.param(name, mode, marks=() if _in_default_tier(op, mode) else pytest.mark.slow)
+    for name, op in OPS.items()
+    for mode in MODES
+]
+
+
+@pytest.mark.parametrize("name,mode", _PARAMS)
 def test_opinfo(name, mode):
     import spmdtorch  # noqa: F401
     from spmdtorch.lazy import executor
