@@ -124,6 +124,11 @@ class CheckpointManager:
             cleanup_tmp_directories=True,
         )
         self._mgr = ocp.CheckpointManager(self._directory, options=options, item_handlers=io.handlers())
+        # Orbax removes those leftovers in the background and waits for that
+        # only in its first save(): a restore-only manager would race it. Wait
+        # here, so that a constructed manager's directory holds finalised
+        # steps only (orbax 0.12 has no public call for it; absent, skip).
+        getattr(self._mgr, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._empty_trash()
         self._preempted = False
         self._preemption_step: int | None = None
