@@ -25,7 +25,11 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     "flags,verdict",
     [
         (("--new-tokens", "16"), "OK: tokens equal eager CPU"),
-        (("--new-tokens", "6", "--mode", "lazy", "--sample", "--top-k", "4"), "OK: sampled tokens in eager CPU top-4"),
+        pytest.param(  # sampling and lazy decoding: tests/models/test_generate.py in-process
+            ("--new-tokens", "6", "--mode", "lazy", "--sample", "--top-k", "4"),
+            "OK: sampled tokens in eager CPU top-4",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["greedy-compiled", "sampled-lazy"],
 )

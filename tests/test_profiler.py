@@ -113,6 +113,7 @@ def test_errors(devices8, tmp_path):
         xp.trace("localhost:1", tmp_path / "c", duration_ms=0)
 
 
+@pytest.mark.slow  # 9 s of capture; the in-process trace tests above run by default
 def test_server_and_detached_capture_of_this_process(devices8, tmp_path):
     from spmdtorch.launch import free_port
 

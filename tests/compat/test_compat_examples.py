@@ -154,6 +154,9 @@ def test_2d_sharded_dcp_script_trains_like_eager_torch(uninterrupted):
     _assert_same_params(params, _eager_reference(6), exact=False)
 
 
+# Slow tier: two processes saving and resuming through DCP are also covered by
+# tests/multiprocess/test_auto_join.py (DCP) and test_multiprocess_compat.py (the names).
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + LAUNCH_LIMIT_S + 90)
 def test_2d_sharded_dcp_script_two_process_job_without_init_call_resumes_to_the_uninterrupted_run(
     uninterrupted, tmp_path

@@ -366,7 +366,7 @@ def train_step_kernels(n_layers, stack_parameters=False):
     return distinct_fusion_kernels(debug.last_executable().as_text())
 
 
-@pytest.mark.parametrize("stack_parameters", [False, True])
+@pytest.mark.parametrize("stack_parameters", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_compiled_kernels_do_not_grow_with_depth(devices8, stack_parameters):
     # Each layer's gradient is a dynamic_slice of the stacked gradient at a
     # runtime index, so every layer's optimizer update is the same kernel;

@@ -191,6 +191,7 @@ def test_greedy_processors_match_eager(llama_pair):
         assert torch.equal(out.cpu(), ref), kw
 
 
+@pytest.mark.slow  # top_p/typical_p/min_p: the greedy and top-k tests stand for generation by default
 def test_sampling_warpers_keep_eager_support(llama_pair):
     """min_p=0.5 (with top_p and typical_p run alike): every sampled token has eager p >= 0.5 * p_max."""
     cpu, xla = llama_pair
