@@ -113,7 +113,11 @@ def test_dead_peer_ends_the_survivor_with_a_named_error(devices8, victim):
         text
     )
     assert f"process {victim} of 2 was lost" in lines[0], lines[0]
-    assert "waiting for a program's results (a collective" in lines[0] and "dead_peer.py:" in lines[0], lines[0]
+    # What the survivor was doing when its watch saw the closed connection:
+    # nearly always blocked in the step's collective, but the kill can also
+    # land while it records the step's `x + 1` (seen once in ~20 runs).
+    doing = ("waiting for a program's results (a collective", "running Python code")
+    assert any(d in lines[0] for d in doing) and "dead_peer.py:" in lines[0], lines[0]
     assert f"heartbeat timeout is {heartbeat} s" in lines[0] and "latest_step()" in lines[0], lines[0]
     # ... at once: its closed connection, not JAX's heartbeat timeout (nor the launcher) ended it.
     assert survivor.elapsed_s - dead.elapsed_s < 10, (survivor, dead)
