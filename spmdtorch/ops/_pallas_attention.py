@@ -85,20 +85,9 @@ def _repeat_kv(query, key, value):
 
 
 def attention(query, key, value, is_causal, scale):
-    """(output, logsumexp) of the Pallas kernel in torch's (B, H, L, D) layout.
-
-    The logsumexp (float32, (B, H, L)) is computed by XLA beside the kernel:
-    torch's op returns it, but only the backward op receives it, and that one
-    recomputes through the kernel, so in a training step it is dead code that
-    XLA removes.
-    """
-    static = _static(query, is_causal, scale)
+    """The Pallas kernel's output in torch's (B, H, L, D) layout."""
     key, value = _repeat_kv(query, key, value)
-    out = _kernels(static).forward(query, key, value)
-    s = jnp.einsum("bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32) * static.scale
-    if static.causal:
-        s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], jnp.bool_)), s, -jnp.inf)
-    return out, jax.nn.logsumexp(s, axis=-1)
+    return _kernels(_static(query, is_causal, scale)).forward(query, key, value)
 
 
 def attention_vjp(grad_out, query, key, value, is_causal, scale):

@@ -100,7 +100,11 @@ def _jax_attention(query, key, value, attn_mask, is_causal, scale):
 def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     _check_no_dropout(dropout_p)
     if pallas.use_pallas(query, key, value, attn_mask):
-        return pallas.attention(query, key, value, is_causal, scale)
+        # torch's op also returns the logsumexp: the math formulation's, beside
+        # the kernel. Only the backward op receives it, and it recomputes
+        # through the kernel, so in a training step XLA removes it as dead code.
+        lse = _attention(query, key, value, None, is_causal, scale)[1]
+        return pallas.attention(query, key, value, is_causal, scale), lse
     if _jax_supports(query, key, value, attn_mask):
         return _jax_attention(query, key, value, attn_mask, is_causal, scale)
     out, lse, _ = _attention(query, key, value, attn_mask, is_causal, scale)

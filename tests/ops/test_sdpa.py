@@ -260,7 +260,7 @@ def test_pallas_kernel_is_partitioned_per_shard_not_gathered(devices8, monkeypat
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
     sh = NamedSharding(mesh, PartitionSpec("data", "model", None, None))
     q, k, v, g = (jax.device_put(jnp.ones((4, 2, 128, 16)) * (i + 1) / 7, sh) for i in range(4))
-    fwd = jax.jit(lambda q, k, v: pallas.attention(q, k, v, True, None)[0])
+    fwd = jax.jit(lambda q, k, v: pallas.attention(q, k, v, True, None))
     bwd = jax.jit(lambda g, q, k, v: pallas.attention_vjp(g, q, k, v, True, None))
     for f, args in ((fwd, (q, k, v)), (bwd, (g, q, k, v))):
         hlo = f.lower(*args).compile().as_text()
