@@ -84,8 +84,11 @@ CONFIGS = {"tiny": (8, 64), "small": (8, 128), "deep": (8, 64)}  # batch, sequen
 # at 32 layers (depth without width: the per-layer costs of tracing,
 # compiling, recording and the optimizer dominate).
 PRESETS = {"tiny": ("tiny", None), "small": ("small", None), "deep": ("tiny", 32)}
-MODES = ("jax", "lazy", "compiled")
-TARGETS = {"compiled": 1.00, "lazy": 1.25, "first": 1.1}  # issue 19
+# lazy_pure: lazy mode with every decoder layer marked `spmdtorch.assume_pure`
+# (recorded once, one node per layer call and one per its backward after that).
+ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled")
+MODES = ALL_MODES  # the driver narrows it with --modes ("jax" always runs)
+TARGETS = {"compiled": 1.00, "lazy": 1.25, "lazy_pure": 1.25, "first": 1.1}  # issue 19
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
 HOST_STEPS = 5
 # The steady state is timed as blocks of N steps, the three modes' blocks
@@ -300,6 +303,9 @@ def session_spmdtorch(cfg_name: str, mode: str, warmup: int, zero_grad_after: bo
     _, model, tokens = _setup(cfg_name)
     model, opt, tok, train_step = spmdtorch_step(model, tokens, zero_grad_after=zero_grad_after)
 
+    if mode == "lazy_pure":
+        for layer in model.layers:  # the FSDPv2 wrappers of the decoder layers
+            spmdtorch.assume_pure(layer)
     if mode == "compiled":
         run = spmdtorch.compile(train_step)
     else:
@@ -513,7 +519,12 @@ def main(argv=None) -> int:
         help="spmdtorch's step ends with opt.zero_grad() instead of starting with it (the gradients "
         "then never leave the program; the twin is unchanged)",
     )
-    p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--modes",
+        default=",".join(ALL_MODES[1:]),
+        help=f"comma-separated spmdtorch modes beside the twin: {', '.join(ALL_MODES[1:])}",
+    )
+    p.add_argument("--worker", choices=ALL_MODES, help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps is None:
@@ -521,6 +532,12 @@ def main(argv=None) -> int:
     if args.worker:
         worker_main(args)
         return 0
+    global MODES
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in ALL_MODES[1:]:
+            p.error(f"--modes: unknown mode {m!r}; choose from {', '.join(ALL_MODES[1:])}")
+    MODES = ("jax", *(m for m in ALL_MODES[1:] if m in modes))
 
     from rich.console import Console
     from rich.table import Table
@@ -608,18 +625,17 @@ def main(argv=None) -> int:
         summary.append((cfg, res, ratios, first_ratios))
     if len(summary) > 1:
         table = Table(title="Summary: ratio to the JAX twin, median over rounds (every round's in brackets)")
-        for col in ("config", "twin ms/step", "compiled", "lazy", "first step: compiled, lazy", "lazy host ms"):
+        shown = MODES[1:]
+        cols = ("config", "twin ms/step", *shown, f"first step: {', '.join(shown)}", "host ms: " + ", ".join(shown))
+        for col in cols:
             table.add_column(col, justify="left" if col == "config" else "right")
         for cfg, res, ratios, first_ratios in summary:
             table.add_row(
                 cfg,
                 f"{res['jax']['step_ms']:.1f}",
-                *(
-                    f"{ratio_cell(ratios[m], TARGETS[m])} [{' '.join(f'{x:.2f}' for x in ratios[m])}]"
-                    for m in ("compiled", "lazy")
-                ),
-                ", ".join(ratio_cell(first_ratios[m], TARGETS["first"]) for m in ("compiled", "lazy")),
-                f"{res['lazy']['host_ms']:.1f}",
+                *(f"{ratio_cell(ratios[m], TARGETS[m])} [{' '.join(f'{x:.2f}' for x in ratios[m])}]" for m in shown),
+                ", ".join(ratio_cell(first_ratios[m], TARGETS["first"]) for m in shown),
+                ", ".join(f"{res[m]['host_ms']:.1f}" for m in shown),
             )
         console.print(table)
     if args.json:

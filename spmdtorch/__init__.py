@@ -37,6 +37,7 @@ from spmdtorch import (  # noqa: E402
 )
 from spmdtorch._checks import ArgumentError, ArgumentTypeError  # noqa: E402
 from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
+from spmdtorch._pure import AssumePureError, assume_pure  # noqa: E402
 from spmdtorch._scan import ScanError, scan, scan_layers  # noqa: E402
 from spmdtorch._step import add_step_closure, mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
@@ -67,12 +68,14 @@ def __dir__() -> list[str]:
 __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
+    "AssumePureError",
     "CompileContractError",
     "CompiledFunction",
     "RandomGeneratorError",
     "ScanError",
     "XlaTensor",
     "add_step_closure",
+    "assume_pure",
     "checkpoint",
     "compile",
     "data",

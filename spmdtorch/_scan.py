@@ -59,9 +59,10 @@ from torch.utils import _pytree as pytree
 
 from spmdtorch import _checks, _dtypes
 from spmdtorch._checks import ArgumentTypeError
+from spmdtorch._vjp_nodes import aval_of, captured_grad_origin, sequence_nr_now, slot_template, strong
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.constraint import record_constraint
-from spmdtorch.lazy.graph import LazyRef, Scalar, Slot
+from spmdtorch.lazy.graph import LazyRef, Scalar
 from spmdtorch.tensor import subgraph
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
@@ -174,11 +175,6 @@ class _ScanFn:
         return self.run(carry, xs, self.stack(flat_params), consts)
 
 
-def _strong(vals: Sequence[Any], avals: Sequence[jax.ShapeDtypeStruct]) -> list[Any]:
-    """Inputs with the weak-typedness the residuals were shaped for (so both traces agree)."""
-    return [v if a.weak_type else jax.lax.convert_element_type(v, a.dtype) for v, a in zip(vals, avals)]
-
-
 class _VjpForward:
     """Forward node with grad: ``(*outputs, *residuals)`` of ``jax.vjp`` over the float inputs.
 
@@ -212,7 +208,7 @@ class _VjpForward:
         self.space_diff = tuple(i for i, d in enumerate(space) if d)
 
     def __call__(self, *vals: Any) -> tuple[Any, ...]:
-        vals = tuple(_strong(vals, self.avals))
+        vals = tuple(strong(vals, self.avals))
         sf = self.scan_fn
         lay = sf.lay
         carry, xs, flat_params, consts = sf.split(vals)
@@ -310,26 +306,13 @@ ENGINE.register_cache("_scan.residual_shapes", _RESIDUALS)
 _RESIDUALS_MAX = 256
 
 
-def _aval(v: Any) -> jax.ShapeDtypeStruct:
-    if type(v) is Scalar:
-        t = type(v.value)
-        if t is bool:
-            return jax.ShapeDtypeStruct((), np.dtype(np.bool_))
-        if t is int:
-            return jax.ShapeDtypeStruct((), np.dtype(np.int32), weak_type=True)
-        if isinstance(v.value, np.generic):
-            return jax.ShapeDtypeStruct((), v.value.dtype)
-        return jax.ShapeDtypeStruct((), np.dtype(np.float32), weak_type=True)
-    return jax.ShapeDtypeStruct(tuple(v.shape), v.dtype)
-
-
 class _ScanAutograd(torch.autograd.Function):
     """The scan node with a backward node that applies its VJP."""
 
     @staticmethod
     def forward(ctx: Any, call: _Call, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = [read_value(t) for t in tensors] + list(call.captured)
-        avals = tuple(_aval(v) for v in inputs)
+        avals = tuple(aval_of(v) for v in inputs)
         diff = tuple(
             i < len(tensors) and tensors[i].is_floating_point() and tensors[i].requires_grad for i in range(len(inputs))
         )
@@ -344,7 +327,7 @@ class _ScanAutograd(torch.autograd.Function):
             hit = _RESIDUALS[key] = (tuple((s.shape, s.dtype) for s in shapes[len(float_out) :]), fwd.tree)
         res_avals, fwd.tree = hit
         out_avals = call.out_avals + res_avals
-        refs = record(fwd, ("scan_vjp_fwd", call.name), _template(len(inputs)), inputs, out_avals)
+        refs = record(fwd, ("scan_vjp_fwd", call.name), slot_template(len(inputs)), inputs, out_avals)
         refs = [refs] if len(out_avals) == 1 else refs
         n_out = len(call.out_avals)
         outs = [new_base(r, dt) for r, dt in zip(refs[:n_out], call.out_dtypes)]
@@ -373,16 +356,12 @@ class _ScanAutograd(torch.autograd.Function):
         inputs = list(ctx.res) + given
         if ctx.fwd.needs_layer_index:
             inputs += _layer_index(call.scan_fn.lay.length)
-        refs = record(bwd, ("scan_vjp_bwd", call.name, present), _template(len(inputs)), inputs, out_avals)
+        refs = record(bwd, ("scan_vjp_bwd", call.name, present), slot_template(len(inputs)), inputs, out_avals)
         refs = [refs] if len(out_avals) == 1 else refs
         result: list[torch.Tensor | None] = [None] * len(ctx.diff)
         for i, r in zip(diff_idx, refs):
             result[i] = new_base(r, ctx.in_dtypes[i])
         return (None, *result)
-
-
-def _template(n: int) -> tuple[tuple[Slot, ...], tuple[()]]:
-    return (tuple(Slot(i) for i in range(n)), ())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -442,42 +421,15 @@ def unstack_layer_tensor(stacked: torch.Tensor, layer: int) -> torch.Tensor:
     return out
 
 
-def _sequence_nr_now() -> int:
-    """The autograd sequence number the next recorded node gets (nodes made later have larger ones)."""
-    probe = torch.zeros((), requires_grad=True)
-    nr: int = (probe * 1).grad_fn._sequence_nr()  # type: ignore[union-attr]
-    return nr + 1
-
-
 def _check_no_captured_grad(outs: Sequence[torch.Tensor], placeholders: Sequence[torch.Tensor], start: int) -> None:
-    """Refuse a body whose outputs depend, through autograd, on a tensor from outside that requires grad.
-
-    Such a tensor would be captured as a constant and get no gradient: silently wrong.
-    """
-    own = {id(p) for p in placeholders}
-    seen: set[int] = set()
-    stack: list[Any] = [o.grad_fn for o in outs if o.grad_fn is not None]
-    while stack:
-        fn = stack.pop()
-        if fn is None or id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        var = getattr(fn, "variable", None)
-        if var is not None:
-            if id(var) not in own:
-                raise ScanError(
-                    f"the scan body reads a tensor from outside that requires grad (shape {tuple(var.shape)}, "
-                    f"dtype {var.dtype}); it would get no gradient. Pass it through `init`/`xs` (scan), as a "
-                    "parameter of each layer or in `layer_args`/`layer_kwargs` (scan_layers)"
-                )
-            continue
-        if fn._sequence_nr() < start:
-            raise ScanError(
-                "the scan body reads a tensor from outside that requires grad (computed before the scan by "
-                f"{fn.name()}); it would get no gradient. Pass it through `init`/`xs` (scan), or in "
-                "`layer_args`/`layer_kwargs` (scan_layers)"
-            )
-        stack.extend(nf for nf, _ in fn.next_functions)
+    """Refuse a body whose outputs depend, through autograd, on a tensor from outside that requires grad."""
+    origin = captured_grad_origin(outs, placeholders, start)
+    if origin is not None:
+        raise ScanError(
+            f"the scan body reads {origin} from outside that requires grad; it would get no gradient. "
+            "Pass it through `init`/`xs` (scan), as a parameter of each layer or in "
+            "`layer_args`/`layer_kwargs` (scan_layers)"
+        )
 
 
 def _check_tensor(t: Any, what: str) -> XlaTensor:
@@ -529,7 +481,7 @@ def _scan_core(
         for p, src in zip(ph, sources):
             if src.requires_grad:
                 p.requires_grad_(True)
-    start_nr = _sequence_nr_now() if record_grad else 0
+    start_nr = sequence_nr_now() if record_grad else 0
     try:
         with torch.set_grad_enabled(record_grad):
             new_carry, ys = body(ph[:nc], ph[nc : nc + nx], ph[nc + nx : nc + nx + n_params], ph[nc + nx + n_params :])
@@ -577,7 +529,7 @@ def _scan_core(
         outs = list(_ScanAutograd.apply(call, *tensors))
     else:
         inputs = [read_value(t) for t in tensors] + list(sub.captured)
-        refs = record(scan_fn, call.name, _template(len(inputs)), inputs, out_avals)
+        refs = record(scan_fn, call.name, slot_template(len(inputs)), inputs, out_avals)
         refs = [refs] if len(out_avals) == 1 else refs
         outs = [new_base(r, dt) for r, dt in zip(refs, sub.out_dtypes)]
     return outs[:nc], outs[nc:]

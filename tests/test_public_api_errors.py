@@ -163,6 +163,7 @@ def _tracing(tmp: str) -> dict[str, Any]:
 #: A valid call of every walked callable (tmp: a fresh temporary directory).
 VALID: dict[str, Case] = {
     "CompiledFunction": Case(lambda tmp: {"fn": lambda x: x}),
+    "assume_pure": Case(lambda tmp: {"fn": lambda x: x}),
     "compile": Case(lambda tmp: {"fn": lambda x: x}),
     "device": Case(lambda tmp: {"index": 0}),
     "device_count": Case(lambda tmp: {}),

@@ -40,6 +40,7 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.experimental.xla_sharding": "spmdtorch.compat._spmd",
     "torch_xla.experimental.spmd_fully_sharded_data_parallel": "spmdtorch.compat._fsdpv2",
     "torch_xla.experimental.distributed_checkpoint": "spmdtorch.compat._dcp",
+    "torch_xla.experimental.assume_pure": "spmdtorch.compat._assume_pure",
     "torch_xla.debug": None,
     "torch_xla.debug.metrics": "spmdtorch.compat._metrics",
     "torch_xla.debug.profiler": "spmdtorch.compat._profiler",

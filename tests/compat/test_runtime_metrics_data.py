@@ -161,3 +161,16 @@ def test_distributed_checkpoint_names_map_to_spmdtorch_checkpoint():
         assert getattr(xc, name) is getattr(native, name)
     # PyTorch/XLA's manager signature, not spmdtorch's native one.
     assert xc.CheckpointManager is spmdtorch.checkpoint.XlaCheckpointManager
+
+
+def test_assume_pure_name_maps_to_spmdtorch():
+    import torch
+    from torch_xla.experimental.assume_pure import assume_pure
+
+    import spmdtorch
+
+    assert assume_pure is spmdtorch.assume_pure
+    pure = assume_pure(lambda a, b: a @ b + 1)
+    a = torch.ones(2, 2, device="xla")
+    assert [pure(a, a).cpu().tolist() for _ in range(2)][1] == [[3.0, 3.0], [3.0, 3.0]]
+    assert pure.cache_size() == 1

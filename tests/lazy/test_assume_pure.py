@@ -1,0 +1,241 @@
+"""spmdtorch.assume_pure against eager CPU torch: values, gradients, training, reuse, and what it refuses."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import spmdtorch
+from spmdtorch import debug
+from spmdtorch._pure import AssumePureTypeError
+from spmdtorch.fsdp import FSDPv2, checkpoint_module, transformer_auto_wrap_policy
+from spmdtorch.mesh import Mesh
+from spmdtorch.models import LlamaConfig, LlamaForCausalLM
+from spmdtorch.models.llama import DecoderLayer, causal_lm_loss, rope_tables
+from spmdtorch.sharding import get_sharding_spec
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def _ops(fn):
+    """ATen ops dispatched while ``fn()`` runs, and its result."""
+    before = debug.counter_value("DispatchedOps")
+    out = fn()
+    return debug.counter_value("DispatchedOps") - before, out
+
+
+def mlp(x, w1, w2, scale: float):
+    h = torch.nn.functional.silu(x @ w1)
+    return (h @ w2) * scale, h.argmax(-1)
+
+
+def test_function_values_gradients_and_one_recording(devices8):
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(4, 8), torch.randn(8, 16) * 0.3, torch.randn(16, 8) * 0.3
+    ref = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    y_ref, idx_ref = mlp(*ref, 0.5)
+    y_ref.pow(2).sum().backward()
+
+    pure = spmdtorch.assume_pure(mlp)
+    counts = []
+    for _ in range(3):
+        xla = [t.to("xla").requires_grad_() for t in (x, w1, w2)]
+        n, (y, idx) = _ops(functools.partial(pure, *xla, 0.5))
+        counts.append(n)
+        y.pow(2).sum().backward()
+        torch.testing.assert_close(y.cpu(), y_ref.detach(), **TOL)
+        assert torch.equal(idx.cpu(), idx_ref) and not idx.requires_grad
+        for got, want in zip(xla, ref):
+            torch.testing.assert_close(got.grad.cpu(), want.grad, **TOL)
+    assert pure.cache_size() == 1
+    # The first call records the body (and dispatches its ops); later calls dispatch none of them.
+    assert counts[0] >= 4 and counts[1] == counts[2] == 0
+
+
+def test_signature_decides_the_recording(devices8):
+    pure = spmdtorch.assume_pure(mlp)
+    w1, w2 = torch.ones(8, 16, device="xla") * 0.1, torch.ones(16, 8, device="xla") * 0.1
+    x = torch.ones(4, 8, device="xla")
+    a = pure(x, w1, w2, 0.5)[0]
+    b = pure(x, w1, w2, 2.0)[0]  # another constant: another recording, not the first one's 0.5
+    c = pure(torch.ones(2, 8, device="xla"), w1, w2, 0.5)[0]  # another shape
+    with torch.no_grad():
+        pure(x, w1, w2, 0.5)  # grad mode is part of the signature
+    assert pure.cache_size() == 4
+    torch.testing.assert_close(b.cpu(), a.cpu() * 4)
+    assert tuple(c.shape) == (2, 8)
+    pure.cache_clear()
+    assert pure.cache_size() == 0
+
+
+def test_module_reads_each_steps_parameters_and_buffers(devices8):
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("shift", torch.zeros(4))
+
+        def forward(self, x):
+            return self.lin(x) + self.shift
+
+    torch.manual_seed(0)
+    cpu = Scaled()
+    mod = spmdtorch.assume_pure(copy.deepcopy(cpu).to("xla"))
+    assert spmdtorch.assume_pure(mod) is mod  # marking twice is harmless
+    x = torch.randn(3, 4)
+    for step in range(3):
+        with torch.no_grad():  # both change between calls: the recording must not keep the old values
+            cpu.lin.weight.mul_(0.5)
+            mod.lin.weight.mul_(0.5)
+            cpu.shift.fill_(step)
+            mod.shift.fill_(step)
+        torch.testing.assert_close(mod(x.to("xla")).cpu(), cpu(x), **TOL)
+    assert mod.forward.cache_size() == 1
+    assert set(mod.state_dict()) == set(cpu.state_dict())
+
+
+def _llama(n_layers=2):
+    cfg = LlamaConfig(vocab_size=64, dim=32, n_layers=n_layers, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg), torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "checkpoint_module"])
+def test_fsdpv2_llama_trains_like_eager_with_fewer_ops(devices8, remat):
+    model, tokens = _llama()
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    mesh = Mesh(np.arange(8), (8,), ("fsdp",))
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
+    wrap = (lambda m, *a, **k: FSDPv2(checkpoint_module(m), *a, **k)) if remat else None
+    sharded = FSDPv2(copy.deepcopy(model).to("xla"), mesh=mesh, auto_wrap_policy=policy, auto_wrapper_callable=wrap)
+    for layer in sharded.layers:
+        spmdtorch.assume_pure(layer)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2)
+    tok = tokens.to("xla")
+    for _ in range(3):
+        ref_opt.zero_grad()
+        want = causal_lm_loss(ref(tokens), tokens)
+        want.backward()
+        ref_opt.step()
+        with spmdtorch.step():
+            opt.zero_grad()
+            loss = causal_lm_loss(sharded(tok), tok)
+            loss.backward()
+            opt.step()
+        torch.testing.assert_close(loss.cpu(), want.detach(), rtol=1e-4, atol=1e-4)
+    for (name, p), q in zip(ref.named_parameters(), sharded.parameters()):
+        torch.testing.assert_close(q.cpu(), p.detach(), rtol=1e-3, atol=2e-4, msg=name)
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-5, msg=name)  # the last step's
+    assert [layer.forward.cache_size() for layer in sharded.layers] == [1, 1]
+    assert all(entry.remat == remat for layer in sharded.layers for entry in layer.forward._cache.values())
+    # FSDPv2's output annotation, made inside the recorded layer, is on the layer's output.
+    with torch.no_grad():
+        h = sharded.layers[0](sharded.tok_embeddings(tok), *rope_tables(sharded.cfg, 16, device=tok.device))
+    assert get_sharding_spec(h) == "{devices=[8,1,1]0,1,2,3,4,5,6,7}"
+
+
+def test_one_node_per_layer_call_after_the_first_step(devices8):
+    model, tokens = _llama(n_layers=4)
+    model = model.to("xla")
+    tok = tokens.to("xla")
+
+    def step():
+        with spmdtorch.step():
+            causal_lm_loss(model(tok), tok).backward()
+
+    plain = [_ops(step)[0] for _ in range(2)]
+    for layer in model.layers:
+        spmdtorch.assume_pure(layer)
+    pure = [_ops(step)[0] for _ in range(3)]
+    assert plain[0] == plain[1]
+    # Four layers' forward and backward ops (~100 each) are no longer dispatched after the first call.
+    assert pure[1] == pure[2] and plain[1] - pure[1] > 4 * 100, (plain, pure)
+
+
+def test_works_under_compile_and_nested(devices8):
+    inner = spmdtorch.assume_pure(lambda a, b: a * b + 1)
+
+    @spmdtorch.assume_pure
+    def outer(a, b):
+        return inner(a, b).sin() + inner(b, a)
+
+    def step(a, b):
+        return outer(a, b).sum()
+
+    compiled = spmdtorch.compile(step)
+    a, b = torch.randn(5), torch.randn(5)
+    want = ((a * b + 1).sin() + (b * a + 1)).sum()
+    for _ in range(4):
+        torch.testing.assert_close(compiled(a.to("xla"), b.to("xla")).cpu(), want, **TOL)
+
+
+def test_unused_output_gets_zero_cotangent(devices8):
+    pure = spmdtorch.assume_pure(lambda x: (x * 2, x.exp()))
+    x_ref = torch.randn(3, requires_grad=True)
+    (x_ref * 2).sum().backward()
+    x = x_ref.detach().to("xla").requires_grad_()
+    y, _ = pure(x)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), x_ref.grad)
+
+
+# -- what it refuses, by name -----------------------------------------------------------
+
+
+def test_refuses_random_numbers(devices8):
+    layer = spmdtorch.assume_pure(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).to("xla"))
+    with pytest.raises(spmdtorch.AssumePureError, match="draws random numbers"):
+        layer(torch.ones(2, 4, device="xla"))
+    layer.eval()  # no dropout in eval mode: the training flag is part of the signature
+    torch.testing.assert_close(layer(torch.ones(2, 4, device="xla")).cpu(), layer[0].cpu()(torch.ones(2, 4)))
+
+
+def test_refuses_buffer_updates_in_place(devices8):
+    bn = spmdtorch.assume_pure(nn.BatchNorm1d(4).to("xla"))
+    with pytest.raises(spmdtorch.AssumePureError, match="in place"):
+        bn(torch.randn(8, 4).to("xla"))
+    assert torch.equal(bn.running_mean.cpu(), torch.zeros(4))  # nothing half-applied
+
+
+def test_refuses_a_pending_tensor_from_a_closure(devices8):
+    outside = torch.ones(3, device="xla") * 2  # pending: computed in this step
+    pure = spmdtorch.assume_pure(lambda x: x + outside)
+    with pytest.raises(spmdtorch.AssumePureError, match="computed outside it"):
+        pure(torch.ones(3, device="xla"))
+
+
+def test_refuses_a_closed_over_tensor_that_requires_grad(devices8):
+    w = torch.ones(3, device="xla").requires_grad_()
+    spmdtorch.sync()
+    pure = spmdtorch.assume_pure(lambda x: x * w)
+    with pytest.raises(spmdtorch.AssumePureError, match="requires grad"):
+        pure(torch.ones(3, device="xla"))
+
+
+def test_refuses_host_reads(devices8):
+    pure = spmdtorch.assume_pure(lambda x: x * 2 if x.sum().item() > 0 else x)
+    with pytest.raises(spmdtorch.AssumePureError, match="on the host"):
+        pure(torch.ones(3, device="xla"))
+
+
+def test_bad_arguments_are_named(devices8):
+    pure = spmdtorch.assume_pure(lambda x, opts: x)
+    with pytest.raises(AssumePureTypeError, match="tensor on cpu as argument leaf 0"):
+        pure(torch.ones(2), None)
+    with pytest.raises(AssumePureTypeError, match="unhashable set"):
+        pure(torch.ones(2, device="xla"), {1, 2})  # a set is one pytree leaf, and unhashable
+    with pytest.raises(TypeError, match="fn"):
+        spmdtorch.assume_pure(3)
+
+
+def test_closure_over_concrete_tensor_is_a_constant_like_jax_jit(devices8):
+    table = torch.arange(3.0).to("xla")
+    spmdtorch.sync()
+    pure = spmdtorch.assume_pure(lambda x: x + table)
+    torch.testing.assert_close(pure(torch.zeros(3, device="xla")).cpu(), torch.arange(3.0))
