@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, cast
 
@@ -62,6 +63,7 @@ from spmdtorch import _checks, _dtypes, lazy
 from spmdtorch._checks import ArgumentTypeError
 from spmdtorch._scan import is_checkpointed
 from spmdtorch._vjp_nodes import aval_of, captured_grad_origin, sequence_nr_now, slot_template, strong
+from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import subgraph
 from spmdtorch.tensor.dispatch import read_value, record
@@ -73,6 +75,16 @@ __all__ = ["AssumePureError", "PureFunction", "assume_pure"]
 # Signatures kept per function: a function called with ever-new shapes or
 # constants would otherwise grow without bound (a new one beyond this drops the oldest).
 _MAX_ENTRIES = 64
+# Every marked function alive, so that spmdtorch.debug.clear_caches() drops their recordings too.
+_LIVE: weakref.WeakSet[PureFunction] = weakref.WeakSet()
+
+
+def _clear_all() -> None:
+    for f in list(_LIVE):
+        f.cache_clear()
+
+
+ENGINE.register_cache("_pure.recordings", _clear_all, size=lambda: sum(f.cache_size() for f in list(_LIVE)))
 
 
 class AssumePureError(ValueError):
@@ -286,6 +298,7 @@ class PureFunction:
         self._what = what
         self._cache: dict[Hashable, _Entry] = {}
         functools.update_wrapper(self, fn)
+        _LIVE.add(self)
 
     def cache_size(self) -> int:
         """How many signatures have a recording."""

@@ -43,3 +43,11 @@ def test_readme_planning_snippet_runs(capsys):
     assert "('fsdp', 'tp')" in out
     assert "layers.0.attention.wo.weight" in out and "optimizer state (adamw)" in out
     assert "memory plan per device (8 devices)" in out  # the mesh the parameters were placed on
+
+
+def test_readme_assume_pure_snippet_runs(capsys):
+    exec(compile(_block_after("### Lazy mode without re-recording: `assume_pure`"), "README.md", "exec"), {})
+    lines = capsys.readouterr().out.strip().splitlines()[-3:]
+    ops = [int(line.split()[1]) for line in lines]
+    # The first step records the layers once; later steps record one node per layer call instead.
+    assert ops[1] == ops[2] and ops[0] > 2 * ops[1], lines

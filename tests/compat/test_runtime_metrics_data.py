@@ -163,7 +163,7 @@ def test_distributed_checkpoint_names_map_to_spmdtorch_checkpoint():
     assert xc.CheckpointManager is spmdtorch.checkpoint.XlaCheckpointManager
 
 
-def test_assume_pure_name_maps_to_spmdtorch():
+def test_experimental_assume_pure_and_scan_map_to_spmdtorch():
     import torch
     from torch_xla.experimental.assume_pure import assume_pure
 
@@ -174,3 +174,7 @@ def test_assume_pure_name_maps_to_spmdtorch():
     a = torch.ones(2, 2, device="xla")
     assert [pure(a, a).cpu().tolist() for _ in range(2)][1] == [[3.0, 3.0], [3.0, 3.0]]
     assert pure.cache_size() == 1
+    from torch_xla.experimental.scan import scan
+    from torch_xla.experimental.scan_layers import scan_layers
+
+    assert scan is spmdtorch.scan and scan_layers is spmdtorch.scan_layers

@@ -71,6 +71,9 @@ def test_signature_decides_the_recording(devices8):
     assert tuple(c.shape) == (2, 8)
     pure.cache_clear()
     assert pure.cache_size() == 0
+    pure(x, w1, w2, 0.5)
+    debug.clear_caches()  # the recordings are among the engine's caches
+    assert pure.cache_size() == 0
 
 
 def test_module_reads_each_steps_parameters_and_buffers(devices8):
