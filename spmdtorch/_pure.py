@@ -47,7 +47,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
+import types
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, cast
@@ -264,24 +266,66 @@ def _global_state() -> tuple[Any, ...]:
     )
 
 
-def _tensor_sig(t: torch.Tensor, where: str, what: str) -> tuple[Any, ...]:
+def _tensor_sig(t: torch.Tensor, where: Callable[[], str], what: str) -> tuple[Any, ...]:
     if not isinstance(t, XlaTensor):
         raise AssumePureTypeError(
-            f"{what} got a tensor on {t.device} as {where}; every tensor it reads must be an xla tensor: "
+            f"{what} got a tensor on {t.device} as {where()}; every tensor it reads must be an xla tensor: "
             "move it with .to('xla')"
         )
     return (tuple(t.shape), t.dtype, t.requires_grad)
 
 
-def _leaf_key(v: Any, where: str, what: str) -> Hashable:
+# Non-tensor arguments are keyed by value: only immutable constants may be one.
+_CONSTANTS = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    enum.Enum,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    slice,
+    type(Ellipsis),
+)
+
+
+def _constant_key(v: Any, where: Callable[[], str], what: str) -> Hashable:
+    if isinstance(v, float):
+        return (float, v.hex())  # 0.0 and -0.0 stay apart, a NaN equals itself
+    if isinstance(v, _CONSTANTS) or (isinstance(v, tuple) and _hashable(v)):
+        return (type(v), v)
+    raise AssumePureTypeError(
+        f"{what} got a {type(v).__name__} as {where()}. A non-tensor argument of a function marked pure is "
+        "part of its recording's signature, so it must be an immutable constant (None, a number, a string, "
+        "a dtype, an enum); an object such as a cache or a mutable container would be read at the first call "
+        "only. Pass tensors and constants; for Hugging Face models, train with use_cache=False"
+    )
+
+
+def _hashable(v: Any) -> bool:
     try:
         hash(v)
     except TypeError:
-        raise AssumePureTypeError(
-            f"{what} got an unhashable {type(v).__name__} as {where}; non-tensor arguments are part of the "
-            "recording's signature and must be hashable (numbers, strings, tuples, None)"
-        ) from None
-    return (type(v), v)
+        return False
+    return True
+
+
+def _leaf_name(args: tuple[Any, ...], kwargs: dict[str, Any], i: int) -> str:
+    """How an error names leaf ``i`` of ``(args, kwargs)``: ``argument 0``, ``keyword 'mask'[1]``."""
+    path = pytree.tree_flatten_with_path((args, kwargs))[0][i][0]
+    head, rest = path[0], pytree.keystr(path[2:])
+    first = path[1]
+    if getattr(head, "idx", 0) == 0:
+        return f"argument {getattr(first, 'idx', first)}{rest}"
+    return f"keyword {getattr(first, 'key', first)!r}{rest}"
 
 
 class PureFunction:
@@ -315,17 +359,18 @@ class PureFunction:
         key: list[Hashable] = [spec, _global_state()]
         what = self._what
         for i, v in enumerate(leaves):
+            where = functools.partial(_leaf_name, args, kwargs, i)
             if isinstance(v, torch.Tensor):
-                key.append(_tensor_sig(v, f"argument leaf {i}", what))
+                key.append(_tensor_sig(v, where, what))
                 tensors.append(v)
                 tensor_pos.append(i)
             else:
-                key.append(_leaf_key(v, f"argument leaf {i}", what))
+                key.append(_constant_key(v, where, what))
         names: list[str] = []
         module = self._module
         if module is not None:
             for n, t in _named_state(module):
-                key.append((n, _tensor_sig(t, f"its {n!r}", what)))
+                key.append((n, _tensor_sig(t, functools.partial(str, f"its {n!r}"), what)))
                 names.append(n)
                 tensors.append(t)
             key.append(tuple(m.training for m in module.modules()))
@@ -368,7 +413,8 @@ class PureFunction:
                     p.requires_grad_(True)
         start_nr = sequence_nr_now() if record_grad else 0
         n_args = len(tensor_pos)
-        arg_names = [f"argument leaf {i}" for i in tensor_pos] + [f"{n!r}" for n in names]
+        orig_args, orig_kwargs = pytree.tree_unflatten(leaves, spec)
+        arg_names = [_leaf_name(orig_args, orig_kwargs, i) for i in tensor_pos] + [f"its {n!r}" for n in names]
         try:
             body_leaves = list(leaves)
             for i, p in zip(tensor_pos, ph):

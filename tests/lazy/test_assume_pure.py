@@ -8,6 +8,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+import transformers
 from torch import nn
 
 import spmdtorch
@@ -228,11 +229,13 @@ def test_refuses_host_reads(devices8):
 
 
 def test_bad_arguments_are_named(devices8):
-    pure = spmdtorch.assume_pure(lambda x, opts: x)
-    with pytest.raises(AssumePureTypeError, match="tensor on cpu as argument leaf 0"):
+    pure = spmdtorch.assume_pure(lambda x, opts, past_key_values=None: x)
+    with pytest.raises(AssumePureTypeError, match="tensor on cpu as argument 0"):
         pure(torch.ones(2), None)
-    with pytest.raises(AssumePureTypeError, match="unhashable set"):
-        pure(torch.ones(2, device="xla"), {1, 2})  # a set is one pytree leaf, and unhashable
+    with pytest.raises(AssumePureTypeError, match=r"got a set as keyword 'opts'\['a'\]"):
+        pure(torch.ones(2, device="xla"), opts={"a": {1, 2}})  # a set is one pytree leaf, and mutable
+    with pytest.raises(AssumePureTypeError, match="got a DynamicCache as keyword 'past_key_values'.*use_cache=False"):
+        pure(torch.ones(2, device="xla"), opts=None, past_key_values=transformers.DynamicCache())
     with pytest.raises(TypeError, match="fn"):
         spmdtorch.assume_pure(3)
 
@@ -242,3 +245,41 @@ def test_closure_over_concrete_tensor_is_a_constant_like_jax_jit(devices8):
     spmdtorch.sync()
     pure = spmdtorch.assume_pure(lambda x: x + table)
     torch.testing.assert_close(pure(torch.zeros(3, device="xla")).cpu(), torch.arange(3.0))
+
+
+def test_hugging_face_llama_layers_train_like_eager(devices8):
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_cache=False,  # a KV cache is an object the layers update: not a pure argument
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    ref = copy.deepcopy(model)
+    xla = copy.deepcopy(model).to("xla")
+    for layer in xla.model.layers:
+        spmdtorch.assume_pure(layer)
+    tok = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(1))
+    ref_opt, opt = torch.optim.AdamW(ref.parameters(), lr=1e-3), torch.optim.AdamW(xla.parameters(), lr=1e-3)
+    for _ in range(2):
+        ref_opt.zero_grad()
+        want = ref(tok, labels=tok).loss
+        want.backward()
+        ref_opt.step()
+        with spmdtorch.step():
+            opt.zero_grad()
+            loss = xla(tok.to("xla"), labels=tok.to("xla")).loss
+            loss.backward()
+            opt.step()
+        torch.testing.assert_close(loss.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(ref.named_parameters(), xla.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-5, msg=name)
+    assert [layer.forward.cache_size() for layer in xla.model.layers] == [1, 1]
+    xla.config.use_cache = True
+    with pytest.raises(AssumePureTypeError, match="DynamicCache as keyword 'cache'"):  # transformers 5's name
+        xla(tok.to("xla"))
