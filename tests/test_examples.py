@@ -28,9 +28,9 @@ def _run(*args: str) -> subprocess.CompletedProcess:
         # FSDP over all 8 devices: (256, 64) embedding split on dim 0.
         (("--mode", "compiled"), "fsdp=8", "{devices=[8,1]0,1,2,3,4,5,6,7}"),
         # Hybrid: fsdp=4 shards, replicated over data=2; bf16 compute and
-        # checkpointed layers, lazily.
+        # checkpointed layers, lazily, each layer recorded once (assume_pure).
         (
-            ("--mode", "lazy", "--mesh", "2,4", "--mixed-precision", "bf16", "--checkpoint-layers"),
+            ("--mode", "lazy", "--mesh", "2,4", "--mixed-precision", "bf16", "--checkpoint-layers", "--assume-pure"),
             "data=2 x fsdp=4",
             "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}",
         ),
