@@ -283,3 +283,18 @@ def test_hugging_face_llama_layers_train_like_eager(devices8):
     xla.config.use_cache = True
     with pytest.raises(AssumePureTypeError, match="DynamicCache as keyword 'cache'"):  # transformers 5's name
         xla(tok.to("xla"))
+
+
+def test_autocast_is_part_of_the_signature(devices8):
+    lin = nn.Linear(8, 8)
+    pure = spmdtorch.assume_pure(copy.deepcopy(lin).to("xla"))
+    x = torch.randn(4, 8)
+    full = pure(x.to("xla"))
+    with torch.autocast("xla", dtype=torch.bfloat16):
+        half = pure(x.to("xla"))
+    assert full.dtype == torch.float32 and half.dtype == torch.bfloat16
+    assert pure.forward.cache_size() == 2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = lin(x)
+    torch.testing.assert_close(half.cpu(), want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(full.cpu(), lin(x), **TOL)
