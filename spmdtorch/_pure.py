@@ -344,6 +344,25 @@ class PureFunction:
         functools.update_wrapper(self, fn)
         _LIVE.add(self)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Copies and pickles (copy.deepcopy(model), torch.save(model)) take
+        # no recordings; a module's own bound forward travels as its function,
+        # re-bound to the (copied) module, never as a reference back to it.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_cache", "__wrapped__")}
+        fn = state["_fn"]
+        if self._module is not None and getattr(fn, "__self__", None) is self._module:
+            state["_fn"], state["_func"] = None, fn.__func__
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        func = state.pop("_func", None)
+        self.__dict__.update(state)
+        if func is not None:
+            self._fn = types.MethodType(func, self._module)
+        self.__wrapped__ = self._fn
+        self._cache = {}
+        _LIVE.add(self)
+
     def cache_size(self) -> int:
         """How many signatures have a recording."""
         return len(self._cache)

@@ -298,3 +298,20 @@ def test_autocast_is_part_of_the_signature(devices8):
         want = lin(x)
     torch.testing.assert_close(half.cpu(), want, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(full.cpu(), lin(x), **TOL)
+
+
+def test_copies_and_pickles_of_a_marked_module_use_their_own_parameters(devices8, tmp_path):
+    torch.manual_seed(0)
+    mod = spmdtorch.assume_pure(nn.Linear(4, 4).to("xla"))
+    x = torch.ones(2, 4, device="xla")
+    y = mod(x).cpu()
+    twin = copy.deepcopy(mod)
+    with torch.no_grad():
+        twin.weight.mul_(2)
+    assert twin.forward.cache_size() == 0 and isinstance(twin.__dict__["forward"], type(mod.forward))
+    torch.testing.assert_close(twin(x).cpu(), y * 2 - mod.bias.cpu(), **TOL)  # 2Wx + b
+    torch.testing.assert_close(mod(x).cpu(), y, **TOL)
+    torch.save(mod, tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    torch.testing.assert_close(loaded(x).cpu(), y, **TOL)
+    assert loaded.forward.cache_size() == 1 and loaded.forward._module is loaded
