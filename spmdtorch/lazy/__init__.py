@@ -9,13 +9,14 @@ The names below are the package's internal API for the layers above.
 """
 
 from spmdtorch.lazy._placement import replicated_sharding
-from spmdtorch.lazy._record import record
+from spmdtorch.lazy._record import Part, record, record_batch
 from spmdtorch.lazy._storage import PENDING, SEQ, TRACE_HOOK, Storage, ViewStep, holder_of, holders_of
 from spmdtorch.lazy.constraint import ConstraintStep
 
 __all__ = [
     "ConstraintStep",
     "PENDING",
+    "Part",
     "SEQ",
     "TRACE_HOOK",
     "Storage",
@@ -23,5 +24,6 @@ __all__ = [
     "holder_of",
     "holders_of",
     "record",
+    "record_batch",
     "replicated_sharding",
 ]

@@ -9,14 +9,15 @@ of ``spmdtorch.lazy.rewrite`` fold known patterns.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from spmdtorch.lazy import rng
-from spmdtorch.lazy.graph import LazyRef, Node
+from spmdtorch.lazy import keys, rng
+from spmdtorch.lazy.graph import LazyRef, Node, Slot
 from spmdtorch.lazy.rewrite import RULES as _REWRITES
 
-__all__ = ["Select", "record"]
+__all__ = ["Batched", "Part", "Select", "record", "record_batch"]
 
 
 def record(
@@ -74,3 +75,72 @@ class Select:
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)[self.index]
+
+
+class Part(NamedTuple):
+    """One single-output op of a :func:`record_batch` (what :func:`record` would take for it)."""
+
+    fn: Callable[..., Any]
+    name: Any
+    template: Any
+    inputs: Sequence[Any]
+    out_aval: Any
+    sig: int | None = None
+
+
+def _fill(x: Any, vals: Sequence[Any]) -> Any:
+    t = type(x)
+    if t is Slot:
+        return vals[x.i]
+    if t is tuple:
+        return tuple([_fill(y, vals) for y in x])
+    return x
+
+
+class Batched:
+    """Several single-output ops as one node's function: ``fn(*their inputs, in order)`` -> their outputs.
+
+    ``parts`` holds, per op, ``(fn, (args, kwargs) template, first input, number of inputs)``.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[tuple[Callable[..., Any], Any, int, int], ...]) -> None:
+        self.parts = parts
+
+    def __call__(self, *vals: Any) -> list[Any]:
+        outs = []
+        for fn, (a_t, kw_t), start, n in self.parts:
+            v = vals[start : start + n]
+            outs.append(fn(*_fill(a_t, v), **{k: _fill(x, v) for k, x in kw_t}))
+        return outs
+
+
+@functools.lru_cache(maxsize=64)
+def _all_slots(n: int) -> tuple[tuple[Slot, ...], tuple[()]]:
+    return (tuple(Slot(i) for i in range(n)), ())
+
+
+def record_batch(parts: Sequence[Part]) -> list[LazyRef]:
+    """Record several independent single-output ops as ONE node; their LazyRefs, in order.
+
+    For a ``_foreach_*`` op of an optimizer: one node per op instead of one
+    per parameter keeps the graph (and the per-step walk and key over it)
+    small; the program computes the same ops. The node's name is the parts'
+    signatures, so equal batches share one compiled program. No rewrite
+    rule applies to a batch (none matches the elementwise ops batched).
+    """
+    inputs: list[Any] = []
+    fparts = []
+    sigs = []
+    avals = []
+    for p in parts:
+        sig = p.sig if p.sig is not None else keys.node_sig(p.name, p.template)
+        fparts.append((p.fn, p.template, len(inputs), len(p.inputs)))
+        inputs.extend(p.inputs)
+        sigs.append(sig)
+        avals.append(p.out_aval)
+    template = _all_slots(len(inputs))
+    # The static key is empty: the signatures fix each part's template, hence the slots.
+    node = Node(Batched(tuple(fparts)), ("batch", tuple(sigs)), template, inputs, (), tuple(avals))
+    return [LazyRef(node, j) for j in range(len(avals))]

@@ -176,3 +176,38 @@ def test_foreach_length_mismatch_raises():
     _, xa = _pair((2,), (3,))
     with pytest.raises(dispatch.ForeachError, match="same length"):
         dispatch.dispatch(torch.ops.aten._foreach_mul_.ScalarList, (xa, [1.0, 2.0, 3.0]), {})
+
+
+def _node(t):
+    from spmdtorch.tensor.dispatch import read_value
+
+    return read_value(t).node
+
+
+def test_inplace_foreach_over_independent_tensors_is_one_node():
+    a, xa = _pair(*SHAPES, seed=5)
+    b, xb = _pair(*SHAPES, seed=6)
+    torch._foreach_addcmul_(a, b, b, 0.5)
+    torch._foreach_addcmul_(xa, xb, xb, 0.5)
+    assert len({id(_node(t)) for t in xa}) == 1  # one node for the three updates
+    for t_cpu, t_xla in zip(a, xa):
+        torch.testing.assert_close(t_xla.cpu(), t_cpu)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ts: ([ts[0], ts[0]], [ts[1], ts[2][0]]),  # one tensor twice: written twice, in order
+        lambda ts: ([ts[0], ts[1]], [ts[1], ts[0]]),  # each reads the other's self: order matters
+        lambda ts: ([ts[2][0], ts[2][1]], [ts[0][:1], ts[1][:1]]),  # two views of one storage
+    ],
+    ids=["repeated", "cross-read", "views"],
+)
+def test_inplace_foreach_with_aliasing_keeps_sequential_order(make):
+    cpu, xla = _pair((2, 3), (2, 3), (2, 1, 3), seed=7)
+    cpu_self, cpu_other = make(cpu)
+    xla_self, xla_other = make(xla)
+    torch._foreach_add_(cpu_self, cpu_other, alpha=2.0)
+    torch._foreach_add_(xla_self, xla_other, alpha=2.0)
+    for t_cpu, t_xla in zip(cpu, xla):
+        torch.testing.assert_close(t_xla.cpu(), t_cpu)

@@ -1,8 +1,9 @@
-"""``_foreach_*`` ops: one call per list element of the per-tensor op.
+"""``_foreach_*`` ops: the per-tensor op once per list element, in-place ones recorded as one node.
 
 torch.optim's default (foreach) step on xla tensors reaches here once per
 parameter group instead of once per op per parameter
-(``spmdtorch.tensor.optim_hooks``).
+(``spmdtorch.tensor.optim_hooks``); an in-place foreach op over independent
+tensors becomes one node (``_paths.inplace_batch``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from spmdtorch.tensor._router import dispatch, special
 from spmdtorch.tensor.dispatch._errors import ForeachError
-from spmdtorch.tensor.dispatch._paths import decompose, write
+from spmdtorch.tensor.dispatch._paths import decompose, inplace_batch, write
 
 __all__ = ["foreach"]
 
@@ -122,7 +123,7 @@ def foreach(func, args, kwargs, facts):
                     f"(argument {fargs[i]!r})"
                 )
         given.append((kind, spec[1], v))
-    results = []
+    calls = []
     for j in range(n or 0):
         pos = []
         kw = {}
@@ -132,7 +133,12 @@ def foreach(func, args, kwargs, facts):
                 pos.append(e)
             else:
                 kw[kwarg] = e
-        out = dispatch(op, tuple(pos), kw)
+        calls.append((tuple(pos), kw))
+    if inplace and not write_back and inplace_batch(op, calls):
+        return None
+    results = []
+    for pos, kw in calls:
+        out = dispatch(op, pos, kw)
         if write_back:
             write(pos[0], out)
         results.append(out)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from spmdtorch import _dtypes
-from spmdtorch.lazy import Storage, ViewStep, keys, metrics, record, rng
+from spmdtorch.lazy import Part, Storage, ViewStep, keys, metrics, record, record_batch, rng
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor._facts import UNSET, functional_twin, op_facts
 from spmdtorch.tensor._router import dispatch, facts_of, path
@@ -239,6 +239,75 @@ def dispatch_mutation(func, args, kwargs, facts):
             forget_meta_key(o)
         write(o, r)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _reads_other_self(values, own, selves) -> bool:
+    """Whether an xla tensor among ``values`` (or in a list among them) lives in another call's ``self`` storage."""
+    for v in values:
+        if isinstance(v, XlaTensor):
+            if v._st is not own and id(v._st) in selves:
+                return True
+        elif isinstance(v, (list, tuple)) and _reads_other_self(v, own, selves):
+            return True
+    return False
+
+
+def inplace_batch(func, calls) -> bool:
+    """Record the in-place calls ``func(*args, **kwargs)`` (one per list element) as ONE node.
+
+    An optimizer's ``_foreach_add_(params, ...)`` is one in-place op per
+    parameter; recorded one node each, they are most of a deep model's lazy
+    step (hundreds of nodes per foreach op, walked and keyed every step).
+    Every call must take :func:`dispatch_mutation`'s direct path (the
+    functional twin's node becomes self's value: same shape and dtype, a
+    plain lowering); the calls are then parsed first and written after, so
+    no call may read another's ``self`` (nor two write one storage), and no
+    two calls may compute the same thing from the same inputs (those stay
+    separate nodes, which the plan merges into one shared buffer: AdamW's
+    per-parameter step counters). Returns False, having recorded nothing,
+    when any of that does not hold: the caller then dispatches one by one.
+
+    Args:
+        func: the per-element in-place op (``aten.add_.Tensor``...).
+        calls: ``(args, kwargs)`` per list element.
+    """
+    facts = facts_of(func)
+    if facts.route is not dispatch_mutation or facts.decompose_first or not facts.is_inplace or len(calls) < 2:
+        return False
+    twin = facts.twin
+    if twin is UNSET:
+        twin = facts.twin = functional_twin(func)
+    if twin is None:
+        return False
+    selves = {}
+    for args, _ in calls:
+        self = args[0]
+        if not isinstance(self, XlaTensor) or id(self._st) in selves:
+            return False
+        selves[id(self._st)] = self
+    parts = []
+    seen = set()
+    for args, kwargs in calls:
+        own = args[0]._st
+        if _reads_other_self(args[1:], own, selves) or _reads_other_self(kwargs.values(), own, selves):
+            return False  # reads another call's self: sequential order would matter
+        parsed = Args(func, facts, args, kwargs)
+        meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+        tw = meta.twin
+        if tw is None:
+            tw = meta.twin = _inplace_twin_spec(func, twin, args, kwargs, parsed)
+        if tw is False:
+            return False
+        low, spec = tw
+        same = (spec.sig, tuple((id(i.node), i.index) if type(i) is LazyRef else id(i) for i in parsed.inputs))
+        if same in seen:
+            return False
+        seen.add(same)
+        parts.append(Part(low.fn, twin, parsed.template, parsed.inputs, spec.avals[0], spec.sig))
+    metrics.counters["DispatchedOps"] += len(calls)
+    for (args, _), ref in zip(calls, record_batch(parts)):
+        assign_value(args[0], ref)
+    return True
 
 
 def write(dst: XlaTensor, src: XlaTensor, *, fresh: bool = False) -> None:
