@@ -9,6 +9,7 @@ tensors becomes one node (``_paths.inplace_batch``).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -123,22 +124,22 @@ def foreach(func, args, kwargs, facts):
                     f"(argument {fargs[i]!r})"
                 )
         given.append((kind, spec[1], v))
-    calls = []
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     for j in range(n or 0):
-        pos = []
-        kw = {}
+        elem: list[Any] = []
+        kw: dict[str, Any] = {}
         for kind, kwarg, v in given:
             e = v[j] if kind else v
             if kwarg is None:
-                pos.append(e)
+                elem.append(e)
             else:
                 kw[kwarg] = e
-        calls.append((tuple(pos), kw))
+        calls.append((tuple(elem), kw))
     if inplace and not write_back and inplace_batch(op, calls):
         return None
     results = []
-    for pos, kw in calls:
-        out = dispatch(op, pos, kw)
+    for pos, kwargs_j in calls:
+        out = dispatch(op, pos, kwargs_j)
         if write_back:
             write(pos[0], out)
         results.append(out)
