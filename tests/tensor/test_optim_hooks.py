@@ -167,6 +167,7 @@ def test_foreach_out_of_place_matches_cpu(call):
     out_cpu = call(a, b)
     out_xla = call(xa, xb)
     assert len(out_xla) == len(out_cpu)
+    assert len({id(_node(t)) for t in out_xla}) == 1  # one node for the three results
     for t_cpu, t_xla in zip(out_cpu, out_xla):
         assert t_xla.device.type == "xla"
         torch.testing.assert_close(t_xla.cpu(), t_cpu)

@@ -3,7 +3,8 @@
 torch.optim's default (foreach) step on xla tensors reaches here once per
 parameter group instead of once per op per parameter
 (``spmdtorch.tensor.optim_hooks``); an in-place foreach op over independent
-tensors becomes one node (``_paths.inplace_batch``).
+tensors becomes one node (``_paths.inplace_batch``), and so does an
+out-of-place one (``_paths.lowering_batch``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from spmdtorch.tensor._router import dispatch, special
 from spmdtorch.tensor.dispatch._errors import ForeachError
-from spmdtorch.tensor.dispatch._paths import decompose, inplace_batch, write
+from spmdtorch.tensor.dispatch._paths import decompose, inplace_batch, lowering_batch, write
 
 __all__ = ["foreach"]
 
@@ -137,6 +138,10 @@ def foreach(func, args, kwargs, facts):
         calls.append((tuple(elem), kw))
     if inplace and not write_back and inplace_batch(op, calls):
         return None
+    if not inplace:
+        batched = lowering_batch(op, calls)
+        if batched is not None:
+            return batched
     results = []
     for pos, kwargs_j in calls:
         out = dispatch(op, pos, kwargs_j)

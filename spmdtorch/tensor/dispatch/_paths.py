@@ -310,6 +310,49 @@ def inplace_batch(func, calls) -> bool:
     return True
 
 
+def lowering_batch(func, calls) -> list[XlaTensor] | None:
+    """The out-of-place calls ``func(*args, **kwargs)`` (one per list element) recorded as ONE node.
+
+    ``_foreach_sqrt(exp_avg_sqs)`` and the like (see :func:`inplace_batch`):
+    every call must take :func:`dispatch_lowering`'s plain path (one dense
+    output, no random draw, no mutated argument, not a clone, which keeps an
+    annotation), and no two calls may be the same computation on the same
+    inputs. Returns the new tensors, or None, having recorded nothing: the
+    caller then dispatches one by one.
+    """
+    facts = facts_of(func)
+    low = facts.lowering
+    if (
+        facts.route is not dispatch_lowering
+        or facts.decompose_first
+        or low is None
+        or low.random
+        or facts.mutable_pos
+        or func is _CLONE
+        or len(calls) < 2
+    ):
+        return None
+    parts = []
+    mks = []
+    seen = set()
+    for args, kwargs in calls:
+        parsed = Args(func, facts, args, kwargs)
+        meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+        if meta.multi:
+            return None
+        sig = meta.sig
+        if sig is None:
+            sig = meta.sig = keys.node_sig(func, parsed.template)
+        same = (sig, tuple((id(i.node), i.index) if type(i) is LazyRef else id(i) for i in parsed.inputs))
+        if same in seen:
+            return None
+        seen.add(same)
+        parts.append(Part(low.fn, func, parsed.template, parsed.inputs, meta.avals[0], sig))
+        mks.append(meta.dense_mks[0])
+    metrics.counters["DispatchedOps"] += len(calls)
+    return [dense_tensor(Storage(ref), mk) for ref, mk in zip(record_batch(parts), mks)]
+
+
 def write(dst: XlaTensor, src: XlaTensor, *, fresh: bool = False) -> None:
     """``dst`` ← ``src`` broadcast to dst's shape and cast to its dtype.
 
