@@ -212,3 +212,12 @@ def test_inplace_foreach_with_aliasing_keeps_sequential_order(make):
     torch._foreach_add_(xla_self, xla_other, alpha=2.0)
     for t_cpu, t_xla in zip(cpu, xla):
         torch.testing.assert_close(t_xla.cpu(), t_cpu)
+
+
+def test_equal_updates_of_equal_fresh_values_stay_mergeable():
+    """AdamW's per-parameter step counters: equal values updated alike stay one buffer, not one per parameter."""
+    steps = [torch.zeros((), device="xla") for _ in range(4)]  # pending, made alike
+    torch._foreach_add_(steps, 1.0)
+    assert len({id(_node(t)) for t in steps}) == 4  # separate nodes, which the plan merges
+    spmdtorch.sync()
+    assert len({id(t._st.value) for t in steps}) == 1 and steps[0].item() == 1.0

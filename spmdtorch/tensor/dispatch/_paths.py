@@ -252,6 +252,27 @@ def _reads_other_self(values, own, selves) -> bool:
     return False
 
 
+def _identity(inputs) -> tuple:
+    """What the plan's merge of equal computations sees of a node's inputs.
+
+    An input-less, non-random pending value (``torch.zeros`` made once per
+    parameter) is keyed by what it computes, as the plan keys it, so equal
+    calls on equal fresh values are found too.
+    """
+    out: list[object] = []
+    for i in inputs:
+        if type(i) is LazyRef:
+            n = i.node
+            if not n.inputs and not n.random:
+                sig = n.sig if n.sig is not None else keys.node_sig(n.name, n.static_key)
+                out.append(("made", sig, i.index))
+            else:
+                out.append((id(n), i.index))
+        else:
+            out.append(id(i))
+    return tuple(out)
+
+
 def inplace_batch(func, calls) -> bool:
     """Record the in-place calls ``func(*args, **kwargs)`` (one per list element) as ONE node.
 
@@ -299,7 +320,7 @@ def inplace_batch(func, calls) -> bool:
         if tw is False:
             return False
         low, spec = tw
-        same = (spec.sig, tuple((id(i.node), i.index) if type(i) is LazyRef else id(i) for i in parsed.inputs))
+        same = (spec.sig, _identity(parsed.inputs))
         if same in seen:
             return False
         seen.add(same)
@@ -343,7 +364,7 @@ def lowering_batch(func, calls) -> list[XlaTensor] | None:
         sig = meta.sig
         if sig is None:
             sig = meta.sig = keys.node_sig(func, parsed.template)
-        same = (sig, tuple((id(i.node), i.index) if type(i) is LazyRef else id(i) for i in parsed.inputs))
+        same = (sig, _identity(parsed.inputs))
         if same in seen:
             return None
         seen.add(same)
