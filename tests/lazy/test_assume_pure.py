@@ -154,7 +154,8 @@ def test_one_node_per_layer_call_after_the_first_step(devices8):
         with spmdtorch.step():
             causal_lm_loss(model(tok), tok).backward()
 
-    plain = [_ops(step)[0] for _ in range(2)]
+    # A process's very first step dispatches one op more (one-time set-up): count from the second.
+    plain = [_ops(step)[0] for _ in range(3)][1:]
     for layer in model.layers:
         spmdtorch.assume_pure(layer)
     pure = [_ops(step)[0] for _ in range(3)]
