@@ -55,7 +55,6 @@ from collections.abc import Callable, Hashable
 from typing import Any, cast
 
 import jax
-import jax.numpy as jnp
 import torch
 from torch import nn
 from torch.nn.utils import stateless
@@ -64,7 +63,15 @@ from torch.utils import _pytree as pytree
 from spmdtorch import _checks, _dtypes, lazy
 from spmdtorch._checks import ArgumentTypeError
 from spmdtorch._scan import is_checkpointed
-from spmdtorch._vjp_nodes import aval_of, captured_grad_origin, sequence_nr_now, slot_template, strong
+from spmdtorch._vjp_nodes import (
+    apply_vjp,
+    aval_of,
+    captured_grad_origin,
+    sequence_nr_now,
+    slot_template,
+    strong,
+    vjp_with_residuals,
+)
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import subgraph
@@ -122,24 +129,10 @@ class _VjpForward:
 
     def __call__(self, *vals: Any) -> tuple[Any, ...]:
         full = strong(vals, self.avals)
-
-        def f(*dv: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-            args = list(full)
-            for i, v in zip(self.diff, dv):
-                args[i] = v
-            out = self.body(*args)
-            return (
-                tuple(o for o, fl in zip(out, self.float_out) if fl),
-                tuple(o for o, fl in zip(out, self.float_out) if not fl),
-            )
-
-        g = jax.checkpoint(f) if self.remat else f
-        prim, vjp_fn, aux = jax.vjp(g, *(full[i] for i in self.diff), has_aux=True)
-        res, tree = jax.tree_util.tree_flatten(vjp_fn)
+        out, res, tree = vjp_with_residuals(self.body, full, self.diff, self.float_out, self.remat)
         if self.tree is None:
             self.tree = tree
-        pi, ai = iter(prim), iter(aux)
-        return (*(next(pi) if fl else next(ai) for fl in self.float_out), *res)
+        return (*out, *res)
 
 
 class _VjpBackward:
@@ -154,13 +147,8 @@ class _VjpBackward:
         self.present = present  # per float output: a cotangent was given (else zeros)
 
     def __call__(self, *vals: Any) -> tuple[Any, ...]:
-        vjp_fn = jax.tree_util.tree_unflatten(self.fwd.tree, vals[: self.n_res])
-        given = iter(vals[self.n_res :])
-        cts = tuple(
-            jax.lax.convert_element_type(next(given), dt) if p else jnp.zeros(shape, dt)
-            for (shape, dt), p in zip(self.ct_avals, self.present)
-        )
-        return tuple(vjp_fn(cts))
+        n = self.n_res
+        return apply_vjp(self.fwd.tree, vals[:n], vals[n:], self.ct_avals, self.present)
 
 
 @dataclasses.dataclass(slots=True)
@@ -266,10 +254,13 @@ def _global_state() -> tuple[Any, ...]:
     )
 
 
-def _tensor_sig(t: torch.Tensor, where: Callable[[], str], what: str) -> tuple[Any, ...]:
+# Errors name the argument with ``where(*where_args)``, built only when raising (these run on every call).
+
+
+def _tensor_sig(t: torch.Tensor, what: str, where: Callable[..., str], *where_args: Any) -> tuple[Any, ...]:
     if not isinstance(t, XlaTensor):
         raise AssumePureTypeError(
-            f"{what} got a tensor on {t.device} as {where()}; every tensor it reads must be an xla tensor: "
+            f"{what} got a tensor on {t.device} as {where(*where_args)}; every tensor it reads must be an xla tensor: "
             "move it with .to('xla')"
         )
     return (tuple(t.shape), t.dtype, t.requires_grad)
@@ -297,13 +288,13 @@ _CONSTANTS = (
 )
 
 
-def _constant_key(v: Any, where: Callable[[], str], what: str) -> Hashable:
+def _constant_key(v: Any, what: str, where: Callable[..., str], *where_args: Any) -> Hashable:
     if isinstance(v, float):
         return (float, v.hex())  # 0.0 and -0.0 stay apart, a NaN equals itself
     if isinstance(v, _CONSTANTS) or (isinstance(v, tuple) and _hashable(v)):
         return (type(v), v)
     raise AssumePureTypeError(
-        f"{what} got a {type(v).__name__} as {where()}. A non-tensor argument of a function marked pure is "
+        f"{what} got a {type(v).__name__} as {where(*where_args)}. A non-tensor argument of a function marked pure is "
         "part of its recording's signature, so it must be an immutable constant (None, a number, a string, "
         "a dtype, an enum); an object such as a cache or a mutable container would be read at the first call "
         "only. Pass tensors and constants; for Hugging Face models, train with use_cache=False"
@@ -378,18 +369,17 @@ class PureFunction:
         key: list[Hashable] = [spec, _global_state()]
         what = self._what
         for i, v in enumerate(leaves):
-            where = functools.partial(_leaf_name, args, kwargs, i)
             if isinstance(v, torch.Tensor):
-                key.append(_tensor_sig(v, where, what))
+                key.append(_tensor_sig(v, what, _leaf_name, args, kwargs, i))
                 tensors.append(v)
                 tensor_pos.append(i)
             else:
-                key.append(_constant_key(v, where, what))
+                key.append(_constant_key(v, what, _leaf_name, args, kwargs, i))
         names: list[str] = []
         module = self._module
         if module is not None:
             for n, t in _named_state(module):
-                key.append((n, _tensor_sig(t, functools.partial(str, f"its {n!r}"), what)))
+                key.append((n, _tensor_sig(t, what, "its {!r}".format, n)))
                 names.append(n)
                 tensors.append(t)
             key.append(tuple(m.training for m in module.modules()))

@@ -59,7 +59,15 @@ from torch.utils import _pytree as pytree
 
 from spmdtorch import _checks, _dtypes
 from spmdtorch._checks import ArgumentTypeError
-from spmdtorch._vjp_nodes import aval_of, captured_grad_origin, sequence_nr_now, slot_template, strong
+from spmdtorch._vjp_nodes import (
+    apply_vjp,
+    aval_of,
+    captured_grad_origin,
+    sequence_nr_now,
+    slot_template,
+    strong,
+    vjp_with_residuals,
+)
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.constraint import record_constraint
 from spmdtorch.lazy.graph import LazyRef, Scalar
@@ -215,24 +223,12 @@ class _VjpForward:
         space = [*carry, *xs, *sf.stack(flat_params), *consts]
         lead, n_p = lay.n_carry + lay.n_xs, lay.n_params
 
-        def f(*dv: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-            full = list(space)
-            for i, v in zip(self.space_diff, dv):
-                full[i] = v
-            out = sf.run(full[: lay.n_carry], full[lay.n_carry : lead], full[lead : lead + n_p], full[lead + n_p :])
-            return (
-                tuple(o for o, fl in zip(out, self.float_out) if fl),
-                tuple(o for o, fl in zip(out, self.float_out) if not fl),
-            )
+        def run(*a: Any) -> tuple[Any, ...]:
+            return sf.run(a[: lay.n_carry], a[lay.n_carry : lead], a[lead : lead + n_p], a[lead + n_p :])
 
-        prim, vjp_fn, aux = jax.vjp(f, *(space[i] for i in self.space_diff), has_aux=True)
-        res, tree = jax.tree_util.tree_flatten(vjp_fn)
+        out, res, tree = vjp_with_residuals(run, space, self.space_diff, self.float_out)
         if self.tree is None:
             self.tree = tree
-        out: list[Any] = []
-        pi, ai = iter(prim), iter(aux)
-        for fl in self.float_out:
-            out.append(next(pi) if fl else next(ai))
         return (*out, *res)
 
     def gradients(self, space_grads: Sequence[Any], layer_index: Sequence[Any]) -> list[Any]:
@@ -281,14 +277,10 @@ class _VjpBackward:
     def __call__(self, *vals: Any) -> tuple[Any, ...]:
         n_given = sum(self.present)
         res = vals[: self.n_res]
-        given = iter(vals[self.n_res : self.n_res + n_given])
+        given = vals[self.n_res : self.n_res + n_given]
         layer_index = vals[self.n_res + n_given :]
-        vjp_fn = jax.tree_util.tree_unflatten(self.fwd.tree, res)
-        cts = tuple(
-            jax.lax.convert_element_type(next(given), dt) if p else jnp.zeros(shape, dt)
-            for (shape, dt), p in zip(self.ct_avals, self.present)
-        )
-        return tuple(self.fwd.gradients(vjp_fn(cts), layer_index))
+        grads = apply_vjp(self.fwd.tree, res, given, self.ct_avals, self.present)
+        return tuple(self.fwd.gradients(grads, layer_index))
 
 
 def _layer_index(length: int) -> list[Scalar]:

@@ -11,16 +11,25 @@ requires grad (it would silently get no gradient).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
 from spmdtorch.lazy.graph import Scalar, Slot
 
-__all__ = ["aval_of", "captured_grad_origin", "sequence_nr_now", "slot_template", "strong"]
+__all__ = [
+    "apply_vjp",
+    "aval_of",
+    "captured_grad_origin",
+    "sequence_nr_now",
+    "slot_template",
+    "strong",
+    "vjp_with_residuals",
+]
 
 
 def aval_of(v: Any) -> jax.ShapeDtypeStruct:
@@ -81,3 +90,56 @@ def captured_grad_origin(outs: Sequence[torch.Tensor], placeholders: Sequence[to
             return f"a tensor computed before it by {fn.name()}"
         stack.extend(nf for nf, _ in fn.next_functions)
     return None
+
+
+def vjp_with_residuals(
+    run: Callable[..., Sequence[Any]],
+    full: Sequence[Any],
+    diff: Sequence[int],
+    float_out: Sequence[bool],
+    remat: bool = False,
+) -> tuple[list[Any], list[Any], Any]:
+    """The forward node's work: ``jax.vjp`` of ``run(*full)`` with respect to the positions ``diff``.
+
+    Only the outputs marked in ``float_out`` get cotangents (the others are
+    carried as auxiliary outputs). ``remat``: ``jax.checkpoint`` the function,
+    so backward recomputes its activations.
+
+    Returns:
+        ``(outputs in order, residual leaves, the VJP's tree structure)``:
+        the residuals are the node's extra outputs, the tree rebuilds the VJP
+        from them in :func:`apply_vjp`.
+    """
+
+    def f(*dv: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        args = list(full)
+        for i, v in zip(diff, dv):
+            args[i] = v
+        out = run(*args)
+        return (
+            tuple(o for o, fl in zip(out, float_out) if fl),
+            tuple(o for o, fl in zip(out, float_out) if not fl),
+        )
+
+    g = jax.checkpoint(f) if remat else f
+    prim, vjp_fn, aux = jax.vjp(g, *(full[i] for i in diff), has_aux=True)
+    res, tree = jax.tree_util.tree_flatten(vjp_fn)
+    pi, ai = iter(prim), iter(aux)
+    return [next(pi) if fl else next(ai) for fl in float_out], res, tree
+
+
+def apply_vjp(
+    tree: Any, res: Sequence[Any], given: Sequence[Any], ct_avals: Sequence[Any], present: Sequence[bool]
+) -> tuple[Any, ...]:
+    """The backward node's work: the VJP rebuilt from its residuals, applied to the cotangents.
+
+    ``given`` holds the cotangents that exist, in order; a float output
+    without one (``present`` False) gets zeros of its ``ct_avals`` shape and dtype.
+    """
+    vjp_fn = jax.tree_util.tree_unflatten(tree, res)
+    it = iter(given)
+    cts = tuple(
+        jax.lax.convert_element_type(next(it), dt) if p else jnp.zeros(shape, dt)
+        for (shape, dt), p in zip(ct_avals, present)
+    )
+    return tuple(vjp_fn(cts))

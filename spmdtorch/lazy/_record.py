@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from spmdtorch.lazy import keys, rng
-from spmdtorch.lazy.graph import LazyRef, Node, Slot
+from spmdtorch.lazy.graph import LazyRef, Node, Slot, fill
 from spmdtorch.lazy.rewrite import RULES as _REWRITES
 
 __all__ = ["Batched", "Part", "Select", "record", "record_batch"]
@@ -88,15 +88,6 @@ class Part(NamedTuple):
     sig: int | None = None
 
 
-def _fill(x: Any, vals: Sequence[Any]) -> Any:
-    t = type(x)
-    if t is Slot:
-        return vals[x.i]
-    if t is tuple:
-        return tuple([_fill(y, vals) for y in x])
-    return x
-
-
 class Batched:
     """Several single-output ops as one node's function: ``fn(*their inputs, in order)`` -> their outputs.
 
@@ -112,7 +103,7 @@ class Batched:
         outs = []
         for fn, (a_t, kw_t), start, n in self.parts:
             v = vals[start : start + n]
-            outs.append(fn(*_fill(a_t, v), **{k: _fill(x, v) for k, x in kw_t}))
+            outs.append(fn(*fill(a_t, v), **{k: fill(x, v) for k, x in kw_t}))
         return outs
 
 

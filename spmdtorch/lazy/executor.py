@@ -37,7 +37,7 @@ from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
 from spmdtorch.lazy.constraint import CONSTRAINT
-from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot
+from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot, fill
 
 __all__ = ["sync", "evaluate", "lower", "LoweringError"]
 
@@ -63,15 +63,6 @@ warnings.filterwarnings("ignore", message="Some donated buffers were not usable"
 
 class LoweringError(RuntimeError):
     """A lowering returned a value whose shape disagrees with torch's meta kernel."""
-
-
-def _fill(x, vals):
-    t = type(x)
-    if t is Slot:
-        return vals[x.i]
-    if t is tuple:
-        return tuple(_fill(y, vals) for y in x)
-    return x
 
 
 # A node input in a plan: ``(node index, output index)`` of an earlier node, or
@@ -461,8 +452,8 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
         for (fn, template, draw, avals, name), code in zip(nodes, codes):
             vals = [env[c[0]][c[1]] if type(c) is tuple else leaf_vals[-1 - c] for c in code]
             a_t, kw_t = template
-            call_args = _fill(a_t, vals)
-            call_kwargs = {k: _fill(v, vals) for k, v in kw_t}
+            call_args = fill(a_t, vals)
+            call_kwargs = {k: fill(v, vals) for k, v in kw_t}
             if draw >= 0:
                 call_kwargs["key"] = jax.random.fold_in(key, draw)
             out = fn(*call_args, **call_kwargs)

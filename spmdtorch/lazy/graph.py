@@ -14,7 +14,7 @@ from typing import Any
 
 from spmdtorch.lazy._engine import ENGINE
 
-__all__ = ["LazyRef", "Node", "Scalar", "Slot", "interned_scalar"]
+__all__ = ["LazyRef", "Node", "Scalar", "Slot", "fill", "interned_scalar"]
 
 
 _SLOTS: list = []
@@ -50,6 +50,21 @@ class Slot:
 
     def __repr__(self):
         return f"${self.i}"
+
+
+def fill(x: Any, vals: Sequence[Any]) -> Any:
+    """``x`` (a node template's argument) with each ``Slot(i)``, also inside tuples, replaced by ``vals[i]``.
+
+    Example:
+        >>> fill((Slot(1), (2, Slot(0))), ["a", "b"])
+        ('b', (2, 'a'))
+    """
+    t = type(x)
+    if t is Slot:
+        return vals[x.i]
+    if t is tuple:
+        return tuple(fill(y, vals) for y in x)
+    return x
 
 
 class Scalar:

@@ -300,12 +300,12 @@ def inplace_batch(func, calls) -> bool:
         twin = facts.twin = functional_twin(func)
     if twin is None:
         return False
-    selves = {}
+    selves: set[int] = set()  # id() of each call's self storage
     for args, _ in calls:
         self = args[0]
         if not isinstance(self, XlaTensor) or id(self._st) in selves:
             return False
-        selves[id(self._st)] = self
+        selves.add(id(self._st))
     parts = []
     seen = set()
     for args, kwargs in calls:
