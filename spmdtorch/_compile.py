@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch.lazy import TRACE_HOOK, Storage, _precision, _profiling, executor, holders_of, metrics, rng
+from spmdtorch.lazy import TRACE_HOOK, Storage, _precision, _profiling, executor, holders_of, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._trace_records import (
     AliasResult,
@@ -101,6 +101,62 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
                     state["step"] = new_base(read_value(first), first.dtype)
     _TraceState.optimizers[id(optimizer)] = (weakref.ref(optimizer), _hparams(optimizer))
     return None
+
+
+def _pin_grad_shardings(made: frozenset) -> None:
+    """Gradients the step made (``made``: storage ids) take their parameter's sharding.
+
+    Without one, a gradient's sharding is XLA's choice, known only once the
+    program is compiled; a recycled buffer (``executor.Recycled``) must have
+    its sharding before. The parameter's is the one a gradient should have
+    (it is what the update reads; ``plan.memory_plan`` counts gradients so)
+    and what sharding propagation gives it anyway. Only the parameters of
+    the optimizers this step runs, and only gradients whose array is the
+    parameter's shape up to size-1 dimensions (``_base_sharding``).
+    """
+    for ref, _ in _TraceState.optimizers.values():
+        opt = ref()
+        if opt is None:
+            continue
+        for group in opt.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if not (isinstance(g, XlaTensor) and isinstance(p, XlaTensor)) or id(g._st) not in made:
+                    continue
+                st = g._st
+                if st.sharding is not None or p._chain or p._st.logical_shape is not None:
+                    continue
+                sharding = _base_sharding(g, p._st.sharding)
+                if sharding is not None and padding.padded_shape(tuple(st.value.shape), sharding) is None:
+                    st.sharding = sharding
+
+
+def _base_sharding(t: XlaTensor, sharding):
+    """The sharding of ``t``'s storage array under which ``t`` has ``sharding`` (None: not known).
+
+    Backward leaves most gradients as views of the array it computed: a
+    linear weight's is ``t().t()`` of a product, a norm weight's a ``view``
+    of a ``[1, 1, n]`` sum. Two such chains are understood: transposes that
+    cancel out, and one reshape that only adds or drops size-1 dimensions.
+    """
+    if not isinstance(sharding, jax.sharding.NamedSharding) or t.storage_offset() != 0 or not t.is_contiguous():
+        return None
+    base = tuple(t._st.value.shape)
+    shape = tuple(t.shape)
+    chain = t._chain
+    if all(step.op is torch.ops.aten.t.default for step in chain) and len(chain) % 2 == 0:
+        return sharding if base == shape else None
+    if len(chain) != 1 or chain[0].op not in (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default):
+        return None
+    if [d for d in base if d != 1] != [d for d in shape if d != 1]:
+        return None
+    spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+    if any(axes is not None for axes, d in zip(spec, shape) if d == 1):
+        return None
+    kept = iter(axes for axes, d in zip(spec, shape) if d != 1)
+    return jax.sharding.NamedSharding(
+        sharding.mesh, jax.sharding.PartitionSpec(*(None if d == 1 else next(kept) for d in base))
+    )
 
 
 def _hparams(optimizer):
@@ -301,7 +357,12 @@ class CompiledFunction:
             def on_plan(plan, storages, prog):
                 captured["plan"], captured["storages"], captured["prog"] = plan, storages, prog
 
-            executor.sync(_on_plan=on_plan)
+            # What fn made and kept without returning it (gradients, new optimizer
+            # state): a replay overwrites it, so its old buffer can take the new value.
+            returned = {id(r._st) for r in res_flat if isinstance(r, XlaTensor)}
+            recycle = frozenset(created - returned)
+            _pin_grad_shardings(recycle)
+            executor.sync(_on_plan=on_plan, _recycle=recycle)
         finally:
             _TraceState.active = False
             TRACE_HOOK[0] = None
@@ -493,7 +554,8 @@ class CompiledFunction:
             if rec.prog.has_random:
                 args.append(rng.next_key_data())
             try:
-                outs = executor.execute(rec.prog, args)
+                recycled = executor.recycled_buffers(rec.prog, targets, args) if rec.prog.recycle else ()
+                outs = executor.execute(rec.prog, args, recycled)
             except (ValueError, TypeError):
                 # Placement/shape of some state changed outside fn: trace again.
                 return _RETRACE

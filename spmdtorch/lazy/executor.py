@@ -118,6 +118,7 @@ class ProgramKey(NamedTuple):
         donate: per leaf, whether its buffer is donated.
         out_shardings: per output, its sharding (None: XLA's choice).
         matmul_precision: the float32 matmul precision the program is built with (``_precision``).
+        recycle: positions of the outputs that take a buffer to reuse (see :class:`_Program`).
     """
 
     plan: PlanKey
@@ -125,6 +126,7 @@ class ProgramKey(NamedTuple):
     donate: tuple
     out_shardings: tuple
     matmul_precision: str
+    recycle: tuple = ()
 
 
 class _Plan:
@@ -507,7 +509,12 @@ class _Program:
         mesh: the user mesh its replicated scalars live on (None: the default placement).
         layout: where each leaf goes in its argument list.
         out_map: per storage, which program output it receives (None: one each, in order).
-        donated: argument positions whose buffers it takes.
+        donated: argument positions whose buffers it takes (recycled buffers included).
+        recycle: one :class:`Recycled` per output that takes a buffer to reuse. Such an output overwrites a value that nothing reads (a
+            gradient that ``zero_grad()`` dropped inside a compiled step):
+            the caller passes the old buffer, donated and unused, after the
+            other arguments, so XLA writes the new value into it instead of
+            allocating a new one every step.
     """
 
     compiled: Any
@@ -519,15 +526,16 @@ class _Program:
     layout: _Layout
     out_map: tuple | None
     donated: tuple
+    recycle: tuple = ()
 
     def call_args(self, leaf_args) -> list:
         """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
         return _program_args(self.layout, self.n_leaves, self.mesh, leaf_args)
 
 
-def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
+def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None, recycle: tuple = ()):
     leaf_sigs = tuple([_leaf_sig(leaf) for leaf in plan.leaves])
-    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current())
+    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current(), recycle)
     cache = ENGINE.compile_cache
     prog = cache.get(key)
     if prog is not None:
@@ -539,7 +547,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None):
     ENGINE.last_key = key
     name = f"spmdtorch.program_{next(_PROGRAM_NUMBERS)}"
     with _profiling.annotate("spmdtorch.compile", program=name, nodes=len(plan.nodes)):
-        prog = _compile_program(plan, donate, out_shardings, mesh, name, key.matmul_precision)
+        prog = _compile_program(plan, donate, out_shardings, mesh, name, key.matmul_precision, recycle)
     cache.put(key, prog)
     return prog, key
 
@@ -549,7 +557,13 @@ _PROGRAM_NUMBERS = itertools.count()
 
 
 def _compile_program(
-    plan: _Plan, donate: tuple, out_shardings: tuple, mesh, name: str, matmul_precision: str = "highest"
+    plan: _Plan,
+    donate: tuple,
+    out_shardings: tuple,
+    mesh,
+    name: str,
+    matmul_precision: str = "highest",
+    recycle: tuple = (),
 ) -> _Program:
     start = time.perf_counter()
     layout = _Layout(plan)
@@ -559,6 +573,18 @@ def _compile_program(
     out_map = tuple(unique.setdefault((o, sh), len(unique)) for o, sh in zip(plan.outputs, out_shardings))
     fn = _make_fn(plan, layout, tuple(o for o, _ in unique), sentinel=True)
     donate_idx = tuple(j for j, i in enumerate(layout.array_pos) if donate[i])
+    n_args = len(layout.array_pos) + len(layout.groups) + plan.has_random
+    recycled = tuple(_recycled(plan, k, out_shardings[k]) for k in recycle)
+    if recycled:
+        # The recycled buffers come last and are never read: JAX pairs each
+        # donated argument with an output of its shape, dtype and sharding
+        # (the leaves first, so they keep the pairing pair_outputs chose).
+        inner = fn
+
+        def fn(*args):
+            return inner(*args[:n_args])
+
+        donate_idx += tuple(range(n_args, n_args + len(recycled)))
     # keep_unused: an output computed from no input's data (zeros_like(w)) must
     # still live on the inputs' devices; without the input JAX uses one device.
     # The sentinel is replicated: it is ready only once every device is done.
@@ -570,7 +596,10 @@ def _compile_program(
     # Products whose precision is None (ops.linalg, ops.conv) take the
     # context's: torch's float32 matmul precision at the time of the build.
     with jax.default_matmul_precision(matmul_precision):
-        lowered = jitted.lower(*_program_args(layout, n_leaves, mesh, _call_args(plan, mesh, draw_key=False)))
+        lowered = jitted.lower(
+            *_program_args(layout, n_leaves, mesh, _call_args(plan, mesh, draw_key=False)),
+            *(jax.ShapeDtypeStruct(r.shape, r.dtype, sharding=r.sharding) for r in recycled),
+        )
     prog = _Program(
         compiled=lowered.compile(),
         lowered=lowered,
@@ -581,9 +610,82 @@ def _compile_program(
         layout=layout,
         out_map=out_map if len(unique) < len(out_map) else None,
         donated=donate_idx,
+        recycle=recycled,
     )
     metrics.add_time("CompileTime", time.perf_counter() - start)
     return prog
+
+
+class Recycled(NamedTuple):
+    """An output of a program that writes into a buffer its caller passes (see :class:`_Program`).
+
+    Attributes:
+        output: its position among the storages the program writes (``run_plan``'s order).
+        shape: the buffer's shape.
+        dtype: its dtype.
+        sharding: its sharding.
+    """
+
+    output: int
+    shape: tuple
+    dtype: Any
+    sharding: Any
+
+    def fits(self, array) -> bool:
+        """Whether ``array`` can be this buffer (same shape, dtype and sharding, not deleted)."""
+        return (
+            tuple(array.shape) == self.shape
+            and array.dtype == self.dtype
+            and array.sharding == self.sharding
+            and not array.is_deleted()
+        )
+
+    def blank(self) -> jax.Array:
+        """A new buffer, for when the old one cannot be given (its content is never read).
+
+        Put from the host shard by shard: no program to compile for each new
+        shape (traces make these), and no host array of the whole shape.
+        """
+        zero = np.broadcast_to(np.zeros((), self.dtype), self.shape)
+        return jax.make_array_from_callback(self.shape, self.sharding, lambda index: zero[index])
+
+
+def recycled_buffers(prog: _Program, targets, args) -> list:
+    """The buffers a replayed program's recycled outputs write into (``spmdtorch.compile``).
+
+    Args:
+        prog: the program.
+        targets: per output, the storage it goes to (None: a fresh tensor).
+        args: the per-leaf arguments of this call.
+
+    Returns:
+        Per ``prog.recycle`` entry, the old value of the storage its output
+        goes to when that storage alone holds it, it is no argument of this
+        call and it fits; else a blank buffer (the user replaced or shared
+        the tensor between calls). Donating the old value is safe because
+        the storage receives the output right after the call and nothing
+        reads the old value first: pending values were computed before the
+        call, and other holders rule the array out.
+    """
+    out = []
+    arg_ids = None
+    for r in prog.recycle:
+        st = targets[r.output]
+        value = None if st is None else st.value
+        if value is not None and not isinstance(value, LazyRef) and _storage.sole_holder(value) is st and r.fits(value):
+            if arg_ids is None:
+                arg_ids = {id(a) for a in args}
+            if id(value) not in arg_ids:
+                out.append(value)
+                continue
+        out.append(r.blank())
+    return out
+
+
+def _recycled(plan: _Plan, k: int, sharding) -> Recycled:
+    node, index = plan.outputs[k]
+    shape, dtype = plan.nodes[node].out_avals[index]
+    return Recycled(k, tuple(shape), jnp.dtype(dtype), sharding)
 
 
 def _log_recompile(old, new, plan=None):
@@ -666,8 +768,14 @@ def _run(refs, storages):
     return run_plan(_Plan(refs), storages)[0]
 
 
-def run_plan(plan: _Plan, storages):
+def run_plan(plan: _Plan, storages, recycle=frozenset()):
     """Compile (or reuse) and run ``plan``; ``storages[i]`` receives output i.
+
+    ``recycle``: ids of storages whose new value may be written into a
+    recycled buffer on later calls of the program (see :class:`_Program`;
+    ``spmdtorch.compile`` passes the tensors a step creates and keeps, such as
+    gradients). This call gives them new buffers; outputs with no sharding of
+    their own, or that share their buffer with another storage, take none.
 
     Returns ``(outputs, program)``; the program can be called again with new
     leaf values (``spmdtorch.compile`` replays it without re-tracing).
@@ -693,8 +801,22 @@ def run_plan(plan: _Plan, storages):
         and (plan.donatable is None or i in plan.donatable)
         for i, leaf in enumerate(plan.leaves)
     )
-    prog, _ = _program_for(plan, donate, out_shardings, mesh)
-    return execute(prog, _call_args(plan, mesh)), prog
+    slots = _recycle_slots(plan, storages, out_shardings, recycle) if recycle else ()
+    prog, _ = _program_for(plan, donate, out_shardings, mesh, slots)
+    blanks = [r.blank() for r in prog.recycle]
+    return execute(prog, _call_args(plan, mesh), blanks), prog
+
+
+def _recycle_slots(plan: _Plan, storages, out_shardings, recycle) -> tuple:
+    """Positions of the outputs that take a recycled buffer (``run_plan``)."""
+    counts: dict = {}
+    for o, sh in zip(plan.outputs, out_shardings):
+        counts[(o, sh)] = counts.get((o, sh), 0) + 1
+    return tuple(
+        k
+        for k, (st, o, sh) in enumerate(zip(storages, plan.outputs, out_shardings))
+        if st is not None and id(st) in recycle and sh is not None and counts[(o, sh)] == 1
+    )
 
 
 # ENGINE.before_next: dispatches owed before the next program runs (an async
@@ -735,8 +857,11 @@ def _run_owed() -> None:
             owed.pop(0)
 
 
-def execute(prog: _Program, args) -> list:
-    """Run a compiled program asynchronously, bounding executions in flight."""
+def execute(prog: _Program, args, recycled=()) -> list:
+    """Run a compiled program asynchronously, bounding executions in flight.
+
+    ``recycled``: one buffer per ``prog.recycle`` entry, donated (see :class:`_Program`).
+    """
     engine = ENGINE
     if engine.before_next:
         with engine.before_next_lock:
@@ -744,6 +869,8 @@ def execute(prog: _Program, args) -> list:
     metrics.inc("ExecuteCount")
     start = time.perf_counter()
     call = prog.call_args(args)
+    if recycled:
+        call += recycled
     if _profiling.STATE.active:
         with jax.profiler.TraceAnnotation(prog.name):
             outs = prog.compiled(*call)
@@ -792,7 +919,7 @@ def pending_storages() -> list:
     return live
 
 
-def sync(wait: bool = False, _on_plan=None) -> None:
+def sync(wait: bool = False, _on_plan=None, _recycle=frozenset()) -> None:
     """Compute every pending live tensor in one compiled program.
 
     Args:
@@ -802,12 +929,12 @@ def sync(wait: bool = False, _on_plan=None) -> None:
         contract.check_not_tracing("calls spmdtorch.sync()/mark_step()")
     if _profiling.STATE.active:
         with jax.profiler.TraceAnnotation("spmdtorch.sync"):
-            _sync(wait, _on_plan)
+            _sync(wait, _on_plan, _recycle)
     else:
-        _sync(wait, _on_plan)
+        _sync(wait, _on_plan, _recycle)
 
 
-def _sync(wait: bool, _on_plan) -> None:
+def _sync(wait: bool, _on_plan, _recycle=frozenset()) -> None:
     metrics.inc("MarkStep")
     rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
     storages = pending_storages()
@@ -816,7 +943,7 @@ def _sync(wait: bool, _on_plan) -> None:
         plan = _Plan([_padded_output(st) for st in storages])
         storages = plan.pair_outputs(storages)
         try:
-            outs, prog = run_plan(plan, storages)
+            outs, prog = run_plan(plan, storages, _recycle)
         except Exception:
             # The tensors keep their pending values (reading one retries and
             # shows the error again), but they leave the pending set: one

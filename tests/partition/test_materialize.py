@@ -314,8 +314,9 @@ def test_large_model_init_train_checkpoint_memory(devices8, tmp_path):
     # A replicated init would hold 8 copies (8x); sharded, the shards plus runtime overhead.
     assert r["init_peak"] < 1.5 * size, (r["init_peak"], size)
     assert r["shard_shapes"] == [[256, 2048]]  # (2048, 2048) weights: dim 0 over 8 devices
-    # The step's inputs per device: an eighth of the parameters (+ the replicated batch).
-    assert size / 8 <= r["step_args"] <= size / 8 * 1.05 + 16 * 2048 * 4, r["step_args"]
+    # The step's inputs per device: an eighth of the parameters, the buffers the
+    # gradients it keeps are written into (as many), and the replicated batch.
+    assert 2 * size / 8 <= r["step_args"] <= 2 * size / 8 * 1.05 + 16 * 2048 * 4, r["step_args"]
     assert r["step_peak"] < 1.5 * size, (r["step_peak"], size)
     assert math.isfinite(r["loss"])
     assert r["ckpt_peak"] < 1.5 * size, (r["ckpt_peak"], size)

@@ -236,8 +236,13 @@ def test_memory_plan_adds_the_compiled_steps_analysis(devices8):
     xla = compiled_memory(step)
     assert plan.activation_bytes == xla.temp_bytes > 0
     assert plan.total_bytes == plan.state_bytes + xla.temp_bytes
-    # The step's arguments are the parameters and the batch.
-    assert abs(xla.argument_bytes - plan.parameter_bytes - BATCH * DIM * F32) <= SCALAR_SLACK
+    # The step's arguments are the parameters, the batch and the buffers the
+    # gradients it keeps are written into (sharded like their parameters).
+    assert plan.gradient_bytes == plan.parameter_bytes
+    expected = plan.parameter_bytes + plan.gradient_bytes + BATCH * DIM * F32
+    assert abs(xla.argument_bytes - expected) <= SCALAR_SLACK
+    # The gradients are written into those buffers, the parameters into theirs.
+    assert xla.alias_bytes == plan.parameter_bytes + plan.gradient_bytes
     assert "activations + temporaries (XLA)" in str(plan)
 
 
