@@ -26,7 +26,7 @@ import functools
 import hashlib
 import warnings
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -510,47 +510,48 @@ class CompiledFunction:
             if now != hp:
                 self._warn_changing_hparams(opt, hp, now)
                 return _RETRACE
+        if any(type(leaf) is AliasResult and leaf.storage() is None for leaf in rec.result_leaves):
+            return _RETRACE  # checked first: a re-trace after running would run the step twice
         args: list[Any] = []
         outs: list[Any] = []
         targets: list[Storage | None] = []  # None: a fresh output (FreshOutput)
         if rec.prog is not None:
+            # The per-step path: type tests rather than ``match`` class patterns
+            # (a pattern is an isinstance plus a __match_args__ lookup per field),
+            # over ~100 inputs and outputs per call.
             for role in rec.leaf_roles:
-                match role:
-                    case StorageInput(ref, co_holders):
-                        st = ref()
-                        if st is None or isinstance(st.value, LazyRef):
+                if type(role) is StorageInput:
+                    st = role.storage()
+                    if st is None or isinstance(st.value, LazyRef):
+                        return _RETRACE
+                    value = st.value
+                    for other in role.co_holders:  # storages that shared this input when traced
+                        o = other()
+                        if o is not None and o.value is not value:
                             return _RETRACE
-                        value = st.value
-                        for other in co_holders:  # storages that shared this input when traced
-                            o = other()
-                            if o is not None and o.value is not value:
-                                return _RETRACE
-                        args.append(value)
-                    case ArgInput(index, None):
-                        args.append(flat_in[index]._st.value)
-                    case ArgInput(index, placement):
-                        value = flat_in[index]._st.value
-                        if value.sharding != placement:
-                            value = executor.rehome(value, placement)
-                        args.append(value)
-                    case ScalarInput(leaf):
-                        args.append(leaf)
-                    case ConstInput(array):
-                        args.append(array)
+                    args.append(value)
+                elif type(role) is ArgInput:
+                    value = flat_in[role.index]._st.value
+                    if role.placement is not None and value.sharding != role.placement:
+                        value = executor.rehome(value, role.placement)
+                    args.append(value)
+                elif type(role) is ScalarInput:
+                    args.append(role.leaf)
+                elif type(role) is ConstInput:
+                    args.append(role.array)
             for t in rec.out_targets:
-                match t:
-                    case StorageOutput(ref, created):
-                        st = ref()
-                        if st is None and created:
-                            # fn made this tensor and stored it outside its result (a
-                            # gradient in p.grad, new optimizer state); the holder has
-                            # since dropped it (zero_grad() outside fn): replaying would
-                            # write the value nowhere, so fn must run again.
-                            self._warn_dropped_state()
-                            return _RETRACE
-                        targets.append(st)  # a dead pre-existing storage just drops its output
-                    case FreshOutput():
-                        targets.append(None)
+                if type(t) is StorageOutput:
+                    st = t.storage()
+                    if st is None and t.created:
+                        # fn made this tensor and stored it outside its result (a
+                        # gradient in p.grad, new optimizer state); the holder has
+                        # since dropped it (zero_grad() outside fn): replaying would
+                        # write the value nowhere, so fn must run again.
+                        self._warn_dropped_state()
+                        return _RETRACE
+                    targets.append(st)  # a dead pre-existing storage just drops its output
+                else:  # FreshOutput
+                    targets.append(None)
             if rec.prog.has_random:
                 args.append(rng.next_key_data())
             try:
@@ -559,26 +560,21 @@ class CompiledFunction:
             except (ValueError, TypeError):
                 # Placement/shape of some state changed outside fn: trace again.
                 return _RETRACE
-        fresh: dict[int, Any] = {}  # program output index -> its array
-        for k, (target, arr) in enumerate(zip(targets, outs)):
+        for target, arr in zip(targets, outs):
             if target is not None:
                 target.set(arr)
-            elif type(rec.out_targets[k]) is FreshOutput:
-                fresh[k] = arr
         res: list[Any] = []
         for leaf in rec.result_leaves:
             match leaf:
                 case FreshResult(k, m):
-                    st = Storage(fresh[k])
+                    st = Storage(outs[k])
                     res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
                 case ArgResult(index, m):
                     st = flat_in[index]._st
                     res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
                 case AliasResult(ref, m):
-                    st = ref()
-                    if st is None:
-                        return _RETRACE
-                    res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
+                    alias = cast(Storage, ref())  # alive: checked before running
+                    res.append(XlaTensor(alias, m.chain, m.shape, m.stride, m.offset, m.dtype))
                 case ConstResult(tensor):
                     res.append(tensor)
                 case ValueResult(value):

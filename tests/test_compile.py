@@ -348,3 +348,22 @@ def test_tensor_learning_rate_schedule_replays_and_matches_eager():
     _adamw_lambda_lr_run(torch.tensor(1e-2, device="xla"))
     # The first calls trace (AdamW's state appears on the first); the rest replay.
     assert debug.counter_value("CompiledReplay") >= 5
+
+
+def test_a_returned_state_tensor_replaced_between_calls_runs_the_step_once():
+    """The replay checks what it will return before running: a re-trace after running ran the step twice."""
+    counter = torch.zeros((), device="xla")
+    holder = {"out": torch.ones(2, device="xla")}
+
+    @spmdtorch.compile
+    def step():
+        counter.add_(1)
+        return holder["out"]
+
+    for _ in range(4):
+        step()
+    assert debug.counter_value("CompiledReplay") > 0
+    holder["out"] = torch.full((2,), 7.0, device="xla")  # the storage step returned dies
+    out = step()
+    assert out.cpu().tolist() == [7.0, 7.0]
+    assert counter.item() == 5.0
