@@ -358,10 +358,15 @@ class CompiledFunction:
                 captured["plan"], captured["storages"], captured["prog"] = plan, storages, prog
 
             # What fn made and kept without returning it (gradients, new optimizer
-            # state): a replay overwrites it, so its old buffer can take the new value.
+            # state) and the state it overwrote: a replay overwrites them again,
+            # so their old buffers can take the new values (executor.Recycled).
             returned = {id(r._st) for r in res_flat if isinstance(r, XlaTensor)}
-            recycle = frozenset(created - returned)
-            _pin_grad_shardings(recycle)
+            made = frozenset(created - returned)
+            _pin_grad_shardings(made)
+            recycle: dict[int, Any] = dict.fromkeys(made)
+            for old, first, more in replaced.values():
+                for st in (first, *more):
+                    recycle.setdefault(id(st), old)
             executor.sync(_on_plan=on_plan, _recycle=recycle)
         finally:
             _TraceState.active = False

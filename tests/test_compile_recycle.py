@@ -1,12 +1,13 @@
-"""spmdtorch.compile: a replayed step writes the gradients it keeps into their old buffers.
+"""spmdtorch.compile: a replayed step writes what it keeps into the old buffers.
 
 ``opt.zero_grad()`` inside the step drops last step's gradients and backward
 makes new ones; on a replay the program takes the old gradient arrays as
 donated, unused arguments and writes the new values into them instead of
-allocating new buffers (``executor.Recycled``). These tests check that the
+allocating new buffers (``executor.Recycled``); so does state the step
+overwrites without reading it (``copy_``). These tests check that the
 buffers really are reused, that the values stay those of eager CPU torch, and
-that an old gradient that is shared, passed in, or re-placed between calls is
-never donated.
+that an old gradient that is passed in or re-placed between calls is never
+donated.
 """
 
 import copy
@@ -142,3 +143,80 @@ def test_a_gradient_placed_elsewhere_between_calls_is_not_donated(devices8):
     torch.testing.assert_close(torch.from_numpy(np.array(moved)), kept)
     losses += [step(xx).item() for _ in range(2)]
     _assert_matches_eager(model, ref, losses, _eager(ref, x, 6))
+
+
+def test_a_step_that_draws_random_numbers_reuses_gradient_buffers_too():
+    """The random key is an argument after the leaves; the recycled buffers come after it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 4)).to("xla")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16).to("xla")
+
+    @spmdtorch.compile
+    def step(inp):
+        opt.zero_grad()
+        model(inp).square().mean().backward()
+        opt.step()
+        return model[1](torch.ones(4, 8, device="xla"))  # a fresh draw each call
+
+    masks = []
+    for _ in range(3):
+        masks.append(step(x).cpu())
+    for _ in range(3):
+        old = _grad_arrays(model)
+        masks.append(step(x).cpu())
+        assert all(a.is_deleted() for a in old)
+    assert debug.counter_value("CompiledReplay") >= 3
+    assert len({tuple(m.flatten().tolist()) for m in masks}) == len(masks)  # every call drew anew
+    assert all(set(m.unique().tolist()) <= {0.0, 2.0} for m in masks)
+
+
+def test_zero_grad_without_set_to_none_keeps_gradient_buffers():
+    """zero_grad(set_to_none=False) keeps the gradient tensors; a replay still allocates no new ones."""
+    ref = _model()
+    model = copy.deepcopy(ref).to("xla")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(8, 2, 16)
+
+    @spmdtorch.compile
+    def step(inp):
+        opt.zero_grad(set_to_none=False)
+        loss = model(inp).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    xx = x.to("xla")
+    losses = [step(xx).item() for _ in range(3)]
+    for _ in range(3):
+        old = _grad_arrays(model)
+        losses.append(step(xx).item())
+        assert all(a.is_deleted() for a in old), "a gradient's old buffer was not reused"
+    assert debug.counter_value("CompiledReplay") >= 3
+    _assert_matches_eager(model, ref, losses, _eager(ref, x, 6))
+
+
+def test_state_overwritten_without_being_read_reuses_its_buffer():
+    """A buffer the step overwrites (``copy_``) and never reads: its old array takes the new value."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    ref_lin = copy.deepcopy(lin)
+    lin = lin.to("xla")
+    last = torch.zeros(4, 8, device="xla")
+    spmdtorch.sync()
+
+    @spmdtorch.compile
+    def step(inp):
+        out = lin(inp)
+        last.copy_(out.detach() * 2)
+        return out.sum()
+
+    xs = [torch.randn(4, 16) for _ in range(6)]
+    for i, x in enumerate(xs):
+        old = last._st.value
+        total = step(x.to("xla"))
+        want = ref_lin(x)
+        torch.testing.assert_close(total.cpu(), want.sum().detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(last.cpu(), want.detach() * 2, rtol=1e-5, atol=1e-5)
+        assert old.is_deleted(), f"call {i}: the old buffer was not reused"
+    assert debug.counter_value("CompiledReplay") >= 3

@@ -768,19 +768,25 @@ def _run(refs, storages):
     return run_plan(_Plan(refs), storages)[0]
 
 
-def run_plan(plan: _Plan, storages, recycle=frozenset()):
+def run_plan(plan: _Plan, storages, recycle=None):
     """Compile (or reuse) and run ``plan``; ``storages[i]`` receives output i.
 
-    ``recycle``: ids of storages whose new value may be written into a
-    recycled buffer on later calls of the program (see :class:`_Program`;
-    ``spmdtorch.compile`` passes the tensors a step creates and keeps, such as
-    gradients). This call gives them new buffers; outputs with no sharding of
-    their own, or that share their buffer with another storage, take none.
+    ``recycle``: ``{id(storage): the array it held before (None: none)}`` for
+    the storages whose new value may be written into a recycled buffer on
+    later calls of the program (see :class:`_Program`; ``spmdtorch.compile``
+    passes what a step creates and keeps, such as gradients, and the state
+    it overwrote). An output takes one when its storage's old array is not
+    read by this program, its sharding is known, and it shares its buffer
+    with no other storage; this call donates the old array when nothing else
+    holds it and it fits, else a blank one.
 
     Returns ``(outputs, program)``; the program can be called again with new
     leaf values (``spmdtorch.compile`` replays it without re-tracing).
     """
 
+    # The arrays the program reads, as they were before re-homing (an old
+    # value re-homed for the program is read all the same).
+    read_ids = {id(leaf) for leaf in plan.leaves} if recycle else set()
     out_shardings = tuple(st.sharding if st is not None else None for st in storages)
     mesh = _user_mesh(plan, out_shardings)
     if mesh is not None:
@@ -801,22 +807,36 @@ def run_plan(plan: _Plan, storages, recycle=frozenset()):
         and (plan.donatable is None or i in plan.donatable)
         for i, leaf in enumerate(plan.leaves)
     )
-    slots = _recycle_slots(plan, storages, out_shardings, recycle) if recycle else ()
+    if not recycle:
+        prog, _ = _program_for(plan, donate, out_shardings, mesh)
+        return execute(prog, _call_args(plan, mesh)), prog
+    slots = _recycle_slots(plan, storages, out_shardings, recycle, read_ids)
     prog, _ = _program_for(plan, donate, out_shardings, mesh, slots)
-    blanks = [r.blank() for r in prog.recycle]
-    return execute(prog, _call_args(plan, mesh), blanks), prog
+    buffers = []
+    given: set[int] = set()
+    for r in prog.recycle:
+        old = recycle[id(storages[r.output])]
+        if old is not None and id(old) not in given and _storage.holder_of(old) is None and r.fits(old):
+            given.add(id(old))
+            buffers.append(old)
+        else:
+            buffers.append(r.blank())
+    return execute(prog, _call_args(plan, mesh), buffers), prog
 
 
-def _recycle_slots(plan: _Plan, storages, out_shardings, recycle) -> tuple:
+def _recycle_slots(plan: _Plan, storages, out_shardings, recycle, read_ids) -> tuple:
     """Positions of the outputs that take a recycled buffer (``run_plan``)."""
     counts: dict = {}
     for o, sh in zip(plan.outputs, out_shardings):
         counts[(o, sh)] = counts.get((o, sh), 0) + 1
-    return tuple(
-        k
-        for k, (st, o, sh) in enumerate(zip(storages, plan.outputs, out_shardings))
-        if st is not None and id(st) in recycle and sh is not None and counts[(o, sh)] == 1
-    )
+    slots = []
+    for k, (st, o, sh) in enumerate(zip(storages, plan.outputs, out_shardings)):
+        if st is None or id(st) not in recycle or sh is None or counts[(o, sh)] != 1:
+            continue
+        old = recycle[id(st)]
+        if old is None or id(old) not in read_ids:  # the program does not read the old value
+            slots.append(k)
+    return tuple(slots)
 
 
 # ENGINE.before_next: dispatches owed before the next program runs (an async
@@ -919,7 +939,7 @@ def pending_storages() -> list:
     return live
 
 
-def sync(wait: bool = False, _on_plan=None, _recycle=frozenset()) -> None:
+def sync(wait: bool = False, _on_plan=None, _recycle=None) -> None:
     """Compute every pending live tensor in one compiled program.
 
     Args:
@@ -934,7 +954,7 @@ def sync(wait: bool = False, _on_plan=None, _recycle=frozenset()) -> None:
         _sync(wait, _on_plan, _recycle)
 
 
-def _sync(wait: bool, _on_plan, _recycle=frozenset()) -> None:
+def _sync(wait: bool, _on_plan, _recycle=None) -> None:
     metrics.inc("MarkStep")
     rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
     storages = pending_storages()
@@ -943,7 +963,7 @@ def _sync(wait: bool, _on_plan, _recycle=frozenset()) -> None:
         plan = _Plan([_padded_output(st) for st in storages])
         storages = plan.pair_outputs(storages)
         try:
-            outs, prog = run_plan(plan, storages, _recycle)
+            outs, prog = run_plan(plan, storages) if _recycle is None else run_plan(plan, storages, _recycle)
         except Exception:
             # The tensors keep their pending values (reading one retries and
             # shows the error again), but they leave the pending set: one
