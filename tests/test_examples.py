@@ -35,10 +35,12 @@ def _run(*args: str) -> subprocess.CompletedProcess:
             "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}",
         ),
         # Deeper, the layer loop as one scan, bf16 compute and remat inside the scan body, compiled.
-        (
+        # Slow tier (14 s): tests/lazy/test_scan.py trains scanned Llamas against eager by default.
+        pytest.param(
             ("--mode", "compiled", "--layers", "4", "--scan", "--mixed-precision", "bf16", "--checkpoint-layers"),
             "fsdp=8",
             "{devices=[8,1]0,1,2,3,4,5,6,7}",
+            marks=pytest.mark.slow,
         ),
     ],
     ids=["fsdp8-compiled", "hybrid-bf16-remat-lazy", "scan-bf16-remat-compiled"],
