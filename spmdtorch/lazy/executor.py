@@ -510,11 +510,12 @@ class _Program:
         layout: where each leaf goes in its argument list.
         out_map: per storage, which program output it receives (None: one each, in order).
         donated: argument positions whose buffers it takes (recycled buffers included).
-        recycle: one :class:`Recycled` per output that takes a buffer to reuse. Such an output overwrites a value that nothing reads (a
+        recycle: one :class:`Recycled` per output that takes a buffer to
+            reuse. Such an output overwrites a value that nothing reads (a
             gradient that ``zero_grad()`` dropped inside a compiled step):
             the caller passes the old buffer, donated and unused, after the
             other arguments, so XLA writes the new value into it instead of
-            allocating a new one every step.
+            allocating a new one every step (design decision 23).
     """
 
     compiled: Any
