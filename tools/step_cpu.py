@@ -11,6 +11,8 @@ so a step's time follows the CPU its threads use. For one config of
 * ``twin``: the ``jax.jit`` twin;
 * ``twin + grads out``: the twin also returning its gradients, as torch's
   semantics make spmdtorch's program do;
+* ``twin + grads recycled``: the same, given last step's gradient buffers back
+  (donated, unused), as spmdtorch's replay does (design decision 23);
 
 then runs blocks of steps launched back to back (the benchmark's throughput
 measure), the four taking turns block by block so that load from other
@@ -81,7 +83,7 @@ def measure(run, steps: int, block_until_ready) -> dict:
 
 
 def build(cfg_name: str) -> dict:
-    """The four step functions (each returns its loss, not yet waited on)."""
+    """The five step functions (each returns its loss, not yet waited on)."""
     import hlo_compare
     import jax
     import optax
@@ -128,11 +130,30 @@ def build(cfg_name: str) -> dict:
         state[0], state[1], loss, state[2] = jitted(state[0], state[1], twin.tokens)
         return loss
 
+    def step_recycled(params, opt_state, old_grads, tokens):
+        del old_grads  # only its buffers: XLA writes the new gradients into them
+        return step(params, opt_state, tokens)
+
+    recycling = jax.jit(
+        step_recycled,
+        donate_argnums=(0, 1, 2),
+        keep_unused=True,
+        out_shardings=(param_sh, opt_sh, replicated, param_sh),
+    )
+    cfg3, model3, tokens3 = bench._setup(cfg_name)
+    twin3 = bench.jax_twin(cfg3, model3, tokens3)
+    state3 = [twin3.params, twin3.opt_state, jax.tree.map(jax.numpy.zeros_like, twin3.params)]
+
+    def run_twin_recycled():
+        state3[0], state3[1], loss, state3[2] = recycling(state3[0], state3[1], state3[2], twin3.tokens)
+        return loss
+
     return {
         "spmdtorch": lambda: run_spmd(),
         "spmdtorch, zero_grad last": lambda: zero_grad_last(tok),
         "twin": run_twin,
         "twin + grads out": run_twin_grads,
+        "twin + grads recycled": run_twin_recycled,
     }
 
 
