@@ -225,15 +225,6 @@ def holder_of(array) -> Storage | None:
     return next(_live_holders(array), None)
 
 
-def sole_holder(array) -> Storage | None:
-    """The storage that holds ``array`` when it is the only one (None: nobody, or several)."""
-    r = HOLDERS.get(id(array))
-    st = None if r is None else r()
-    if st is None or st.value is not array or (CO_HOLDERS and id(array) in CO_HOLDERS):
-        return None
-    return st
-
-
 def holders_of(array) -> list:
     """Every storage that currently holds ``array`` (several when they share one program output)."""
     return list(_live_holders(array))

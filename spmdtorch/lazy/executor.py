@@ -673,7 +673,12 @@ def recycled_buffers(prog: _Program, targets, args) -> list:
     for r in prog.recycle:
         st = targets[r.output]
         value = None if st is None else st.value
-        if value is not None and not isinstance(value, LazyRef) and _storage.sole_holder(value) is st and r.fits(value):
+        if (
+            value is not None
+            and not isinstance(value, LazyRef)
+            and _storage.holders_of(value) == [st]
+            and r.fits(value)
+        ):
             if arg_ids is None:
                 arg_ids = {id(a) for a in args}
             if id(value) not in arg_ids:
@@ -808,14 +813,11 @@ def run_plan(plan: _Plan, storages, recycle=None):
         and (plan.donatable is None or i in plan.donatable)
         for i, leaf in enumerate(plan.leaves)
     )
-    if not recycle:
-        prog, _ = _program_for(plan, donate, out_shardings, mesh)
-        return execute(prog, _call_args(plan, mesh)), prog
-    slots = _recycle_slots(plan, storages, out_shardings, recycle, read_ids)
+    slots = _recycle_slots(plan, storages, out_shardings, recycle, read_ids) if recycle else ()
     prog, _ = _program_for(plan, donate, out_shardings, mesh, slots)
     buffers = []
     given: set[int] = set()
-    for r in prog.recycle:
+    for r in prog.recycle:  # empty without ``recycle``
         old = recycle[id(storages[r.output])]
         if old is not None and id(old) not in given and _storage.holder_of(old) is None and r.fits(old):
             given.add(id(old))
@@ -964,7 +966,7 @@ def _sync(wait: bool, _on_plan, _recycle=None) -> None:
         plan = _Plan([_padded_output(st) for st in storages])
         storages = plan.pair_outputs(storages)
         try:
-            outs, prog = run_plan(plan, storages) if _recycle is None else run_plan(plan, storages, _recycle)
+            outs, prog = run_plan(plan, storages, _recycle)
         except Exception:
             # The tensors keep their pending values (reading one retries and
             # shows the error again), but they leave the pending set: one

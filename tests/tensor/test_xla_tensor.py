@@ -190,9 +190,9 @@ def _program_outputs(monkeypatch):
     seen = []
     orig = executor.run_plan
 
-    def spy(plan, storages):
+    def spy(plan, storages, recycle=None):
         seen.append(len(storages))
-        return orig(plan, storages)
+        return orig(plan, storages, recycle)
 
     monkeypatch.setattr(executor, "run_plan", spy)
     spmdtorch.sync()
