@@ -52,6 +52,13 @@ Usage:
     python benchmarks/train_step.py --quick    # fewer steps
     python benchmarks/train_step.py --configs tiny
     python benchmarks/train_step.py --zero-grad-after   # the loop that ends with opt.zero_grad()
+    JAX_PLATFORMS=cuda python benchmarks/train_step.py --configs 1b   # a GPU: the 1.1B decoder in bf16
+
+On an accelerator every mode runs on all its devices (each process takes an
+equal share of their memory), and the table adds tokens/s, MFU (PaLM's FLOP
+count, ``model_flops``, over the device kind's dense bf16 peak) and the
+host's share of a step: under 100%, each step is launched before the device
+finishes the one before, so the device never waits for the host.
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ import sys
 
 from spmdtorch._cpu_devices import simulate_cpu_devices
 
-_NUM_DEVICES = 8
+_NUM_DEVICES = 8  # simulated CPU devices; on an accelerator, every device (_num_devices)
 if __name__ == "__main__":  # before anything queries devices (also in each worker process)
     simulate_cpu_devices(_NUM_DEVICES, unless_accelerator=True)
 
@@ -79,11 +86,24 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-CONFIGS = {"tiny": (8, 64), "small": (8, 128), "deep": (8, 64)}  # batch, sequence length
-# Each config's LlamaConfig preset and layer override: "deep" is tiny's sizes
+CONFIGS = {"tiny": (8, 64), "small": (8, 128), "deep": (8, 64), "1b": (4, 1024)}  # batch, sequence length
+# Each config's LlamaConfig preset and field overrides: "deep" is tiny's sizes
 # at 32 layers (depth without width: the per-layer costs of tracing,
-# compiling, recording and the optimizer dominate).
-PRESETS = {"tiny": ("tiny", None), "small": ("small", None), "deep": ("tiny", 32)}
+# compiling, recording and the optimizer dominate); "1b" is TinyLlama-1.1B's
+# shape (1.1e9 parameters), for an accelerator.
+PRESETS = {
+    "tiny": ("tiny", {}),
+    "small": ("small", {}),
+    "deep": ("tiny", {"n_layers": 32}),
+    "1b": (
+        "tiny",
+        {"vocab_size": 32000, "dim": 2048, "n_layers": 22, "n_heads": 32, "n_kv_heads": 4, "ffn_dim": 5632},
+    ),
+}
+# Parameter dtype per config unless --dtype says otherwise.
+DTYPES = {"1b": "bfloat16"}
+# Dense bf16 peak by device kind (vendor datasheets, SXM parts), for MFU.
+PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 # *_pure: every decoder layer marked `spmdtorch.assume_pure` (recorded once,
 # then one node per layer call and one per its backward, differentiated by jax.vjp).
 ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure")
@@ -113,26 +133,65 @@ def _shard_bytes(arr) -> int:
     return int(arr.addressable_shards[0].data.nbytes)
 
 
-def _setup(cfg_name: str, seq: int | None = None):
-    """The config, the torch model (seed 0) and a token batch; ``seq`` overrides the sequence length."""
+def _num_devices() -> int:
+    """The devices the step runs on: 8 simulated CPU devices, or every accelerator."""
+    import jax
+
+    return jax.device_count()
+
+
+def _dtype_name(cfg_name: str, dtype: str | None) -> str:
+    return dtype or DTYPES.get(cfg_name, "float32")
+
+
+def _setup(cfg_name: str, seq: int | None = None, dtype: str | None = None):
+    """The config, the torch model (seed 0, in ``dtype``) and a token batch; ``seq`` overrides the sequence length."""
     import torch
 
     from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM
 
-    preset, n_layers = PRESETS[cfg_name]
-    cfg = getattr(LlamaConfig, preset)()
-    if n_layers is not None:
-        cfg = dataclasses.replace(cfg, n_layers=n_layers)
+    preset, overrides = PRESETS[cfg_name]
+    cfg = dataclasses.replace(getattr(LlamaConfig, preset)(), **overrides)
     # JAX cannot shard a dim 8 ways unless 8 divides it (spmdtorch pads it):
     # tiny's ffn_dim 172 becomes 176 so that both sides shard identically.
-    cfg = dataclasses.replace(cfg, ffn_dim=-(-cfg.ffn_dim // _NUM_DEVICES) * _NUM_DEVICES)
+    n = _num_devices()
+    cfg = dataclasses.replace(cfg, ffn_dim=-(-cfg.ffn_dim // n) * n)
     batch, seq_len = CONFIGS[cfg_name]
     seq_len = seq or seq_len
     cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq_len))
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    model = LlamaForCausalLM(cfg).to(getattr(torch, _dtype_name(cfg_name, dtype)))
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(1))
     return cfg, model, tokens
+
+
+def model_flops(cfg, batch: int, seq: int) -> float:
+    """Matmul FLOPs of one training step (forward + backward), PaLM's count.
+
+    6 per matmul weight per token, plus attention's two (seq x seq) products,
+    12 * layers * dim * seq per token, counted whole as the model computes
+    them (the causal mask is applied after the product).
+    """
+    per_layer = cfg.dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + 3 * cfg.dim * cfg.ffn_dim
+    weights = cfg.n_layers * per_layer + cfg.dim * cfg.vocab_size  # the embedding lookup is no matmul
+    tokens = batch * seq
+    return 6.0 * weights * tokens + 12.0 * cfg.n_layers * cfg.dim * seq * tokens
+
+
+def _device_info(cfg, tokens) -> dict:
+    """The device kind, its dense bf16 peak if known, and the step's model FLOPs."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind), None)
+    return {
+        "devices": jax.device_count(),
+        "device_kind": kind,
+        "platform": jax.devices()[0].platform,
+        "peak_flops": peak,
+        "flops": model_flops(cfg, *tokens.shape),
+        "tokens": int(tokens.numel()),
+    }
 
 
 def adamw_tx():
@@ -160,6 +219,7 @@ def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
     """
     sys.path.insert(0, str(Path(__file__).parent))
     import jax
+    import jax.numpy as jnp
     import numpy as np
     import optax
     from jax.sharding import Mesh, NamedSharding
@@ -172,7 +232,11 @@ def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
         dim = max(range(len(shape)), key=lambda d: (shape[d], -d))
         return NamedSharding(mesh, P(*[("fsdp" if d == dim else None) for d in range(len(shape))]))
 
-    params = {k: jax.device_put(v.detach().numpy(), fsdp_spec(v.shape)) for k, v in model.state_dict().items()}
+    def to_jax(v):  # numpy has no bfloat16: through float32 (exact), then ml_dtypes' bfloat16 (exact)
+        dtype = jnp.dtype(str(v.dtype).removeprefix("torch."))
+        return jax.device_put(v.detach().float().numpy().astype(dtype), fsdp_spec(v.shape))
+
+    params = {k: to_jax(v) for k, v in model.state_dict().items()}
     tok = jax.device_put(tokens.numpy().astype(np.int32), NamedSharding(mesh, P("fsdp", None)))
     loss_fn = make_jax_llama_loss(cfg, act_sharding=NamedSharding(mesh, P("fsdp", None, None)), remat=remat)
     tx = tx or adamw_tx()
@@ -206,7 +270,8 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after
     from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
     from spmdtorch.partition import FSDPv2, mark_sharding, transformer_auto_wrap_policy
 
-    mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
+    n = _num_devices()
+    mesh = Mesh(np.arange(n), (n,), ("fsdp",))
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
     model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy, auto_wrapper_callable=auto_wrapper_callable)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -242,12 +307,13 @@ class _Session:
         return {"first_s": self.first, "warmup_s": self.warm, **self._finish(), "losses": self.losses}
 
 
-def session_jax(cfg_name: str, warmup: int) -> _Session:
+def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> _Session:
     sys.path.insert(0, str(Path(__file__).parent))
     import jax
     import step_time  # noqa: F401  (first: it checks that jax has not started)
 
-    cfg, model, tokens = _setup(cfg_name)
+    cfg, model, tokens = _setup(cfg_name, dtype=dtype)
+    info = _device_info(cfg, tokens)
     twin = jax_twin(cfg, model, tokens)
     jitted, tok = twin.jitted, twin.tokens
     state = {"params": twin.params, "opt": twin.opt_state, "loss": None}
@@ -290,17 +356,21 @@ def session_jax(cfg_name: str, warmup: int) -> _Session:
             "args": mem.argument_size_in_bytes,
             "temp": mem.temp_size_in_bytes,
             "compiles": 1,
+            **info,
         }
 
     return _Session(first, warm, losses, run_block, finish)
 
 
-def session_spmdtorch(cfg_name: str, mode: str, warmup: int, zero_grad_after: bool = False) -> _Session:
+def session_spmdtorch(
+    cfg_name: str, mode: str, warmup: int, zero_grad_after: bool = False, dtype: str | None = None
+) -> _Session:
     import spmdtorch
     from spmdtorch import debug
     from spmdtorch.tensor.xla_tensor import XlaTensor
 
-    _, model, tokens = _setup(cfg_name)
+    cfg, model, tokens = _setup(cfg_name, dtype=dtype)
+    info = _device_info(cfg, tokens)
     model, opt, tok, train_step = spmdtorch_step(model, tokens, zero_grad_after=zero_grad_after)
 
     if mode.endswith("_pure"):
@@ -355,6 +425,7 @@ def session_spmdtorch(cfg_name: str, mode: str, warmup: int, zero_grad_after: bo
             "args": mem.argument_size_in_bytes,
             "temp": mem.temp_size_in_bytes,
             "compiles": debug.counter_value("UncachedCompile") - compiles0,
+            **info,
         }
 
     return _Session(first, warm, losses, run_block, finish)
@@ -367,9 +438,11 @@ def worker_main(args) -> None:
     # spmdtorch.compile replays from its fourth call.
     warmup = 4  # the same number of steps everywhere, so the final losses agree too
     if args.worker == "jax":
-        sess = session_jax(args.config, warmup)
+        sess = session_jax(args.config, warmup, dtype=args.dtype)
     else:
-        sess = session_spmdtorch(args.config, args.worker, warmup, zero_grad_after=args.zero_grad_after)
+        sess = session_spmdtorch(
+            args.config, args.worker, warmup, zero_grad_after=args.zero_grad_after, dtype=args.dtype
+        )
     print("READY", flush=True)
     for line in sys.stdin:
         cmd = line.split()
@@ -389,14 +462,20 @@ def worker_main(args) -> None:
 class Worker:
     """One worker process (one config and mode), driven a block at a time."""
 
-    def __init__(self, mode: str, config: str, timeout: int, zero_grad_after: bool = False):
+    def __init__(self, mode: str, config: str, timeout: int, zero_grad_after: bool = False, dtype: str | None = None):
         self.mode, self.timeout = mode, timeout
         self._err = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and stall the worker
         cmd = [sys.executable, __file__, "--worker", mode, "--config", config]
         if zero_grad_after:
             cmd.append("--zero-grad-after")
+        if dtype:
+            cmd += ["--dtype", dtype]
+        # Every mode's process lives on the same accelerator at once: each
+        # takes an equal part of its memory instead of JAX's default 75%.
+        env = dict(os.environ)
+        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / len(MODES):.2f}")
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1, env=env
         )
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -438,14 +517,16 @@ class Worker:
         return res
 
 
-def run_round(config: str, steps: int, blocks: int, timeout: int, zero_grad_after: bool = False) -> dict:
+def run_round(
+    config: str, steps: int, blocks: int, timeout: int, zero_grad_after: bool = False, dtype: str | None = None
+) -> dict:
     """Every mode in its own process, set up one after the other, then their
     blocks interleaved (twin, lazy, compiled, twin, ...) so that the machine's
     drift over seconds (other tenants) hits each mode alike."""
     workers = []
     try:
         for mode in MODES:  # one at a time: first steps and compiles do not overlap
-            workers.append(Worker(mode, config, timeout, zero_grad_after))
+            workers.append(Worker(mode, config, timeout, zero_grad_after, dtype))
         times = {mode: [] for mode in MODES}
         for b in range(blocks):
             order = MODES[b % len(MODES) :] + MODES[: b % len(MODES)]  # who goes first rotates
@@ -473,8 +554,15 @@ def machine_line() -> str:
     return (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; python "
         f"{platform.python_version()}, torch {torch.__version__}, jax {jax.__version__}; "
-        f"{_NUM_DEVICES} simulated CPU devices; {datetime.date.today().isoformat()}"
-    )
+        f"{datetime.date.today().isoformat()}"
+    )  # the devices: in each table's title (the driver itself never starts a backend)
+
+
+def accel_cells(r: dict) -> tuple[str, str, str]:
+    """tokens/s, MFU and the host's share of a steady-state step, for one mode's result."""
+    step_s = r["step_ms"] / 1e3
+    mfu = f"{r['flops'] / step_s / r['peak_flops']:.1%}" if r["peak_flops"] else "-"
+    return f"{r['tokens'] / step_s:,.0f}", mfu, f"{r['host_ms'] / r['step_ms']:.0%}"
 
 
 def ratio_cell(rounds: list[float], target: float) -> str:
@@ -524,6 +612,12 @@ def main(argv=None) -> int:
         default="lazy,lazy_pure,compiled",
         help=f"comma-separated spmdtorch modes beside the twin: {', '.join(ALL_MODES[1:])}",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="parameter dtype (default: float32; bfloat16 for 1b)",
+    )
     p.add_argument("--worker", choices=ALL_MODES, help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -559,7 +653,9 @@ def main(argv=None) -> int:
                 f"  running {cfg}: round {rnd + 1} of {args.rounds} ({', '.join(MODES)}, "
                 f"{args.blocks} interleaved blocks) ..."
             )
-            res = run_round(cfg, args.steps, args.blocks, timeout=900, zero_grad_after=args.zero_grad_after)
+            res = run_round(
+                cfg, args.steps, args.blocks, timeout=900, zero_grad_after=args.zero_grad_after, dtype=args.dtype
+            )
             for mode in MODES:
                 runs[mode].append(res[mode])
         # A round's ratio: the median over blocks of (block / the twin's block beside it).
@@ -579,10 +675,17 @@ def main(argv=None) -> int:
         }
         batch, seq = CONFIGS[cfg]
         loop = "zero_grad() after opt.step()" if args.zero_grad_after else "zero_grad() first"
+        twin = res["jax"]
+        devices = f"{twin['devices']} {twin['device_kind']}" + ("s" if twin["devices"] > 1 else "")
         table = Table(
-            title=f"Llama {cfg}, batch {batch}x{seq}, FSDPv2 over 8 devices, AdamW, {loop} "
-            f"({args.steps} steps x {args.blocks} interleaved blocks, {args.rounds} rounds)"
+            title=f"Llama {cfg} ({_dtype_name(cfg, args.dtype)}), batch {batch}x{seq}, FSDPv2 over {devices}, "
+            f"AdamW, {loop} ({args.steps} steps x {args.blocks} interleaved blocks, {args.rounds} rounds)"
         )
+        # On an accelerator: throughput, model FLOP utilisation (PaLM's FLOP
+        # count over the device kind's dense bf16 peak) and the host's share
+        # of a step (under 100%, the next step is launched before the device
+        # finishes this one: the device does not wait for the host).
+        accel = twin["platform"] != "cpu"
         for col in (
             "mode",
             "step ms",
@@ -592,6 +695,7 @@ def main(argv=None) -> int:
             "x twin (first)",
             "warm-up s",
             "host ms/step",
+            *(("tokens/s", "MFU", "host % of step") if accel else ()),
             "ATen ops, us/op",
             "CPU ms/step",
             "CPU x twin",
@@ -612,6 +716,7 @@ def main(argv=None) -> int:
                 "1.00x" if mode == "jax" else ratio_cell(first_ratios[mode], TARGETS["first"]),
                 f"{r['warmup_s']:.2f}",
                 f"{r['host_ms']:.2f}",
+                *(accel_cells(r) if accel else ()),
                 f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "-",
                 f"{r['cpu_ms']:.1f}",
                 "1.00x" if mode == "jax" else f"{statistics.median(cpu_ratios[mode]):.2f}x",
