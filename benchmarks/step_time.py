@@ -124,6 +124,9 @@ def make_jax_llama_loss(cfg: LlamaConfig, act_sharding=None, remat=False):
         return xf.astype(x.dtype) * w
 
     def rope(x, cos, sin):  # x: (b, h, s, hd); two halves
+        # The tables in x's dtype, as apply_rope does: float32 tables would
+        # promote a bfloat16 model's attention (and all after it) to float32.
+        cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
         x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 

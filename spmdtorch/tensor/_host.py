@@ -68,17 +68,23 @@ def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
 def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a concrete JAX array into a fresh CPU tensor of torch ``dtype``.
 
-    Single-device and replicated arrays go through DLPack (zero-copy view of
-    one shard) followed by the one copy that makes the result writable without
-    touching device data; sharded arrays are assembled by numpy.
+    Single-device and replicated arrays on CPU devices go through DLPack
+    (zero-copy view of one shard) followed by the one copy that makes the
+    result writable without touching device data; on an accelerator, and for
+    sharded arrays, numpy copies to the host (DLPack would hand a CUDA build
+    of torch a ``cuda`` tensor, not a CPU one).
     """
     metrics.inc("TransferFromDevice")
     with metrics.timed("TransferFromDeviceTime"):
         if arr.is_fully_replicated or len(arr.sharding.device_set) == 1:
             shard = arr.addressable_data(0)
-            try:
-                out = torch.from_dlpack(shard).clone()
-            except (RuntimeError, TypeError, BufferError):
+            out = None
+            if all(d.platform == "cpu" for d in shard.devices()):
+                try:
+                    out = torch.from_dlpack(shard).clone()
+                except (RuntimeError, TypeError, BufferError):
+                    pass
+            if out is None:
                 out = numpy_to_torch(np.asarray(shard))
         else:  # sharded; across processes this is a collective (tensor/multihost.py)
             out = numpy_to_torch(multihost.gather(arr))

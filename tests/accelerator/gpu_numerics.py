@@ -40,7 +40,10 @@ def main() -> int:
 
     def rel_err(setting: str) -> float:
         torch.set_float32_matmul_precision(setting)
-        got = (a.to("xla") @ b.to("xla")).cpu().double().numpy()
+        got = (a.to("xla") @ b.to("xla")).cpu()
+        if got.device.type != "cpu":
+            raise AssertionError(f".cpu() of an xla tensor on GPU gave a tensor on {got.device}, expected cpu")
+        got = got.double().numpy()
         return float(np.abs(got - exact).max() / np.abs(exact).max())
 
     errs = {s: rel_err(s) for s in ("highest", "high", "medium")}
