@@ -164,13 +164,13 @@ def distinct_fusion_kernels(text: str) -> int:
     return len({normalized(c) for c in called if c in bodies})
 
 
-def _build_spmdtorch(cfg_name: str):
+def _build_spmdtorch(cfg_name: str, dtype: str | None = None):
     """The compiled spmdtorch step, traced until stable; returns its ``_Program``."""
     import train_step as bench
 
     import spmdtorch
 
-    _, model, tokens = bench._setup(cfg_name)
+    _, model, tokens = bench._setup(cfg_name, dtype=dtype)
     _, _, tok, step = bench.spmdtorch_step(model, tokens)
     train_step = spmdtorch.compile(step)
     for _ in range(3):  # the third trace is the stable one (the first creates AdamW's state)
@@ -200,11 +200,11 @@ def _per_param(tx_factory):
     return optax.GradientTransformation(init, update)
 
 
-def _build_twin(cfg_name: str, per_param_adamw: bool = False):
+def _build_twin(cfg_name: str, per_param_adamw: bool = False, dtype: str | None = None):
     """The JAX twin's ``jax.stages.Lowered`` (``train_step.jax_twin``, as the benchmark runs it)."""
     import train_step as bench
 
-    cfg, model, tokens = bench._setup(cfg_name)
+    cfg, model, tokens = bench._setup(cfg_name, dtype=dtype)
     twin = bench.jax_twin(cfg, model, tokens, tx=_per_param(bench.adamw_tx) if per_param_adamw else None)
     lowered = twin.jitted.lower(twin.params, twin.opt_state, twin.tokens)
     state = [twin.params, twin.opt_state]
@@ -245,10 +245,12 @@ def _as_jax(x):
     return concrete_value(x) if isinstance(x, XlaTensor) else x
 
 
-def compare(cfg_name: str, dump: Path | None = None, rounds: int = 0, per_param_adamw: bool = False) -> dict:
+def compare(
+    cfg_name: str, dump: Path | None = None, rounds: int = 0, per_param_adamw: bool = False, dtype: str | None = None
+) -> dict:
     """Counts (and compile times) of both programs for ``cfg_name``; see the module docstring."""
-    prog, run_spmd = _build_spmdtorch(cfg_name)
-    twin, run_twin = _build_twin(cfg_name, per_param_adamw)
+    prog, run_spmd = _build_spmdtorch(cfg_name, dtype)
+    twin, run_twin = _build_twin(cfg_name, per_param_adamw, dtype)
     texts = {
         ("spmdtorch", "pre-opt"): prog.lowered.as_text(dialect="hlo"),
         ("twin", "pre-opt"): twin.as_text(dialect="hlo"),
@@ -332,6 +334,7 @@ def main(argv=None) -> int:
         action="store_true",
         help="give every Python number its own program input (as before graph.interned_scalar)",
     )
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="parameter dtype (default float32)")
     p.add_argument(
         "--twin-per-param-adamw",
         action="store_true",
@@ -348,7 +351,7 @@ def main(argv=None) -> int:
 
         _args.interned_scalar = lambda value, context: Scalar(value)
     for cfg in [c.strip() for c in args.configs.split(",") if c.strip()]:
-        _print(cfg, compare(cfg, args.dump, args.rounds, args.twin_per_param_adamw))
+        _print(cfg, compare(cfg, args.dump, args.rounds, args.twin_per_param_adamw, args.dtype))
     return 0
 
 

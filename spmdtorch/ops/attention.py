@@ -4,7 +4,11 @@
 ``spmdtorch.tensor.dispatch``'s torch-function override) to the ATen op
 ``_scaled_dot_product_flash_attention_for_cpu``, one node whose lowering is
 ``jax.nn.dot_product_attention`` (``_jax_attention``): XLA's implementation
-on CPU and TPU, cuDNN's fused kernel on GPU where it applies. Its backward
+on CPU and TPU; on GPU cuDNN's fused kernel for the inputs it takes
+(``_cudnn_candidate``: bf16/f16; jax's own checks of shapes, masks and the
+cuDNN version run while tracing, and any input they refuse takes XLA's
+implementation instead; jax's default, ``implementation=None``, is always
+XLA's). Its backward
 (torch's derivative calls the ``_backward`` op) is the ``jax.vjp`` of the same
 function. ``_attention`` (math formulation, f32 softmax) stays the lowering
 of the math op ``_scaled_dot_product_attention_math`` and the fallback for
@@ -22,6 +26,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from spmdtorch import config
 from spmdtorch.ops import _pallas_attention as pallas
 from spmdtorch.ops import linalg
 from spmdtorch.ops.registry import register
@@ -82,7 +87,7 @@ def _jax_attention(query, key, value, attn_mask, is_causal, scale):
             mask = attn_mask
         else:
             bias = attn_mask.astype(jnp.promote_types(q.dtype, jnp.float32))
-    out, lse = jax.nn.dot_product_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal, return_residual=True)
+    out, lse = _dot_product_attention(q, k, v, bias, mask, scale, is_causal)
     out = jnp.swapaxes(out, 1, 2)
     lse = jnp.swapaxes(lse, 1, 2).astype(jnp.float32)  # (B, L, H) -> (B, H, L)
     if mask is not None:
@@ -94,6 +99,30 @@ def _jax_attention(query, key, value, attn_mask, is_causal, scale):
         out = jnp.where(live[..., None], out, jnp.zeros((), out.dtype))
         lse = jnp.where(live, lse, -jnp.inf)
     return out, lse
+
+
+def _platform() -> str:
+    return jax.default_backend()
+
+
+def _cudnn_candidate(query) -> bool:
+    """Whether to try cuDNN's fused attention (read at trace time): on GPU, bf16/f16, unless
+    ``SPMDTORCH_ATTENTION_KERNEL=xla``."""
+    if config.settings().attention_kernel == "xla" or _platform() != "gpu":
+        return False
+    return query.dtype in (jnp.bfloat16, jnp.float16)
+
+
+def _dot_product_attention(q, k, v, bias, mask, scale, is_causal):
+    """(out, logsumexp) of ``jax.nn.dot_product_attention`` in jax's layout: cuDNN's kernel where it applies."""
+    if _cudnn_candidate(q):
+        try:
+            return jax.nn.dot_product_attention(
+                q, k, v, bias, mask, scale=scale, is_causal=is_causal, return_residual=True, implementation="cudnn"
+            )
+        except (ValueError, NotImplementedError, RuntimeError, TypeError):
+            pass  # jax refused these inputs (or this cuDNN) while tracing: XLA's implementation below
+    return jax.nn.dot_product_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal, return_residual=True)
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu.default", lift_scalars=False)

@@ -1,7 +1,14 @@
 """Matrix products (mm, addmm, bmm, baddbmm, dot, mv, ...) and torch.linalg factorizations.
 
-Float products accumulate in float32 (``preferred_element_type``) so bf16
-matmuls match torch's fp32-accumulating kernels. ``MATMUL_PRECISION`` is
+Low-precision float products accumulate in float32, as torch's kernels do:
+XLA's dots of bf16/f16 operands do on CPU, GPU (cuBLAS's float32 compute
+type) and TPU (the MXU), and round once to the operands' dtype. So a plain
+product (mm, bmm, matmul, ...) is one dot in the operands' dtype, the
+program the same model written in JAX has (a float32 result converted back
+doubled what such a dot writes and read it again, on an accelerator). The
+products with an epilogue (addmm, baddbmm, addbmm, addmv) keep the float32
+result until the addition, then round once, as torch's fused kernels.
+``MATMUL_PRECISION`` is
 passed as ``precision=`` to every product: None follows JAX's configured
 default (``jax_default_matmul_precision``), which on TPU (bf16 passes) and on
 Ampere+ GPUs (TF32) is *less* precise than torch's default float32 matmul;
@@ -23,17 +30,29 @@ from spmdtorch.ops.registry import register
 MATMUL_PRECISION = None
 
 
-def matmul(a, b):
-    """``jnp.matmul`` with float32 accumulation for low-precision floats."""
-    pet = None
-    if is_float(a) and not jnp.iscomplexobj(a) and not jnp.iscomplexobj(b):
-        pet = jnp.float32
-    elif a.dtype == jnp.bool_ or b.dtype == jnp.bool_:
+def _result_type(a, b, float32_result: bool):
+    """``preferred_element_type`` of a product: float32 for an epilogue's float operands, else their own."""
+    if float32_result and is_float(a) and not jnp.iscomplexobj(a) and not jnp.iscomplexobj(b):
+        return jnp.float32
+    return None
+
+
+def matmul(a, b, *, float32_result: bool = False):
+    """``jnp.matmul``; ``float32_result``: a float32 product of float operands, to add to before rounding.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> a = jnp.ones((2, 3), jnp.bfloat16)
+        >>> matmul(a, a.T).dtype, matmul(a, a.T, float32_result=True).dtype
+        (dtype(bfloat16), dtype('float32'))
+    """
+    pet = _result_type(a, b, float32_result)
+    if a.dtype == jnp.bool_ or b.dtype == jnp.bool_:
         a, b = a.astype(jnp.int32), b.astype(jnp.int32)
     return jnp.matmul(a, b, precision=MATMUL_PRECISION, preferred_element_type=pet)
 
 
-def matmul_transposed(a, b, *, ta: bool = False, tb: bool = False):
+def matmul_transposed(a, b, *, ta: bool = False, tb: bool = False, float32_result: bool = False):
     """``matmul(a.T if ta else a, b.T if tb else b)`` for 2-D ``a``, ``b``, with no transpose op.
 
     The graph rewrite (``spmdtorch.lazy.rewrite``) records ``mm(t(y), x)`` as
@@ -48,10 +67,8 @@ def matmul_transposed(a, b, *, ta: bool = False, tb: bool = False):
         >>> matmul_transposed(a, b, ta=True).shape
         (2, 4)
     """
-    pet = None
-    if is_float(a) and not jnp.iscomplexobj(a) and not jnp.iscomplexobj(b):
-        pet = jnp.float32
-    elif a.dtype == jnp.bool_ or b.dtype == jnp.bool_:
+    pet = _result_type(a, b, float32_result)
+    if a.dtype == jnp.bool_ or b.dtype == jnp.bool_:
         a, b = a.astype(jnp.int32), b.astype(jnp.int32)
     if a.dtype != b.dtype:  # what jnp.matmul's promotion does
         dt = jnp.promote_types(a.dtype, b.dtype)
@@ -67,7 +84,7 @@ def mm_transposed(self, mat2, *, ta=False, tb=False):
 
 def addmm_transposed(self, mat1, mat2, *, beta=1, alpha=1, ta=False, tb=False):
     """``addmm`` whose matrix operands are read through a transpose (see ``matmul_transposed``)."""
-    return _scaled_sum(self, matmul_transposed(mat1, mat2, ta=ta, tb=tb), beta, alpha)
+    return _scaled_sum(self, matmul_transposed(mat1, mat2, ta=ta, tb=tb, float32_result=True), beta, alpha)
 
 
 def _scaled_sum(self, prod, beta, alpha):
@@ -120,7 +137,7 @@ def _outer(self, vec2):
 
 @register("addmm.default")
 def _addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    return _scaled_sum(self, matmul(mat1, mat2), beta, alpha)
+    return _scaled_sum(self, matmul(mat1, mat2, float32_result=True), beta, alpha)
 
 
 @register("_addmm_activation.default")
@@ -133,17 +150,17 @@ def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
 
 @register("addmv.default")
 def _addmv(self, mat, vec, *, beta=1, alpha=1):
-    return _scaled_sum(self, matmul(mat, vec), beta, alpha)
+    return _scaled_sum(self, matmul(mat, vec, float32_result=True), beta, alpha)
 
 
 @register("baddbmm.default")
 def _baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    return _scaled_sum(self, matmul(batch1, batch2), beta, alpha)
+    return _scaled_sum(self, matmul(batch1, batch2, float32_result=True), beta, alpha)
 
 
 @register("addbmm.default")
 def _addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    return _scaled_sum(self, jnp.sum(matmul(batch1, batch2), axis=0), beta, alpha)
+    return _scaled_sum(self, jnp.sum(matmul(batch1, batch2, float32_result=True), axis=0), beta, alpha)
 
 
 @register("addr.default")

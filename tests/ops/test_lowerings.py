@@ -432,6 +432,24 @@ def test_matmuls():
     check(aten._pdist_forward.default, R(5, 3), 2.0, rtol=1e-4, atol=1e-4)
 
 
+def test_low_precision_products_are_one_dot_in_their_dtype():
+    """A bf16 mm is a bf16 dot (XLA accumulates it in float32 on every backend), not a float32
+    product converted back: what a JAX program has, half the bytes written. addmm/baddbmm keep
+    the float32 product until the addition (one rounding, as torch's fused kernels)."""
+    a, b, c = (jnp.ones(s, jnp.bfloat16) for s in ((4, 8), (8, 6), (4, 6)))
+
+    def dots(op, *args):
+        eqns = jax.make_jaxpr(lambda *x: LOWERINGS[op].fn(*x))(*args).jaxpr.eqns
+        return [e.outvars[0].aval.dtype for e in eqns if e.primitive.name == "dot_general"]
+
+    assert dots(aten.mm.default, a, b) == [jnp.bfloat16]
+    assert dots(aten.bmm.default, a[None], b[None]) == [jnp.bfloat16]
+    assert dots(aten.addmm.default, c, a, b) == [jnp.float32]
+    assert dots(aten.baddbmm.default, c[None], a[None], b[None]) == [jnp.float32]
+    # The values: torch's bf16 kernel to within one bf16 rounding of the float32-accumulated sum.
+    check(aten.mm.default, R(16, 512, dtype=torch.bfloat16), R(512, 8, dtype=torch.bfloat16), rtol=8e-3, atol=1e-2)
+
+
 # ---------------------------------------------------------------------------
 # Views and their inverses
 

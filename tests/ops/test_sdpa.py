@@ -267,3 +267,52 @@ def test_pallas_kernel_is_partitioned_per_shard_not_gathered(devices8, monkeypat
         for collective in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
             assert collective not in hlo, f"{collective} in the partitioned Pallas program"
     assert fwd(q, k, v).sharding.spec[:2] == ("data", "model")
+
+
+# -- cuDNN's fused attention (GPU; here the platform query answers "gpu") -----------------
+
+
+def test_cudnn_is_asked_for_on_gpu_and_refusal_falls_back_to_xla(monkeypatch):
+    """bf16 on GPU asks jax for cuDNN's kernel (jax's default, implementation=None, never
+    picks it); here jax finds no cuDNN while tracing and refuses, and XLA's attention
+    gives eager's values, forward and backward."""
+    import jax
+
+    debug.clear_caches()
+    monkeypatch.setattr(attention, "_platform", lambda: "gpu")
+    asked = []
+    real = jax.nn.dot_product_attention
+
+    def spy(*args, implementation=None, **kwargs):
+        asked.append(implementation)
+        return real(*args, implementation=implementation, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    _compare(*_qkv(b=2, h=4, hk=2, lq=16, lk=16, d=16, dtype=torch.bfloat16), is_causal=True, enable_gqa=True, tol=2e-2)
+    debug.clear_caches()
+    assert "cudnn" in asked and None in asked, asked
+
+
+def test_cudnn_candidates(monkeypatch):
+    from spmdtorch import config
+
+    for mode, platform, dtype, want in [
+        ("auto", "gpu", np.dtype("float32"), False),  # cuDNN's kernel takes bf16/f16
+        ("auto", "gpu", jax_bf16(), True),
+        ("auto", "cpu", jax_bf16(), False),
+        ("auto", "tpu", jax_bf16(), False),
+        ("xla", "gpu", jax_bf16(), False),
+    ]:
+        monkeypatch.setenv("SPMDTORCH_ATTENTION_KERNEL", mode)
+        config.reload()
+        monkeypatch.setattr(attention, "_platform", lambda p=platform: p)
+        q = np.zeros((1, 8, 2, 16), dtype)
+        assert attention._cudnn_candidate(q) is want, (mode, platform, dtype)
+    monkeypatch.delenv("SPMDTORCH_ATTENTION_KERNEL")
+    config.reload()
+
+
+def jax_bf16():
+    import jax.numpy as jnp
+
+    return np.dtype(jnp.bfloat16)
