@@ -7,8 +7,8 @@ host of a multi-host job sets its own, normally the same one).
 Example:
     >>> from spmdtorch.mesh import get_1d_mesh, set_global_mesh, get_global_mesh
     >>> set_global_mesh(get_1d_mesh("data"))
-    >>> get_global_mesh().shape()          # with 8 devices
-    OrderedDict([('data', 8)])
+    >>> dict(get_global_mesh().shape())    # with 8 devices (shape() is an OrderedDict)
+    {'data': 8}
     >>> set_global_mesh(None)              # clear it
 """
 

@@ -207,8 +207,8 @@ class HybridMesh(Mesh):
 
     Example:
         >>> mesh = HybridMesh(ici_mesh_shape=(1, 8, 1), axis_names=("data", "fsdp", "tensor"))
-        >>> mesh.shape()
-        OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1)])
+        >>> dict(mesh.shape())
+        {'data': 1, 'fsdp': 8, 'tensor': 1}
         >>> # On 2 hosts x 4 devices: HybridMesh(ici_mesh_shape=(1, 4, 1),
         >>> #     dcn_mesh_shape=(2, 1, 1), ...) puts one host in each "data" row.
     """

@@ -15,8 +15,8 @@ Example:
     >>> import numpy as np
     >>> from spmdtorch.mesh import Mesh
     >>> mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))   # 8 devices
-    >>> mesh.shape()
-    OrderedDict([('data', 4), ('model', 2)])
+    >>> dict(mesh.shape())   # an OrderedDict, as PyTorch/XLA's
+    {'data': 4, 'model': 2}
     >>> mesh.get_logical_mesh()
     array([[0, 1],
            [2, 3],
@@ -204,10 +204,10 @@ class Mesh:
         >>> mesh = Mesh(np.arange(8), (4, 2), ("x", "y"))
         >>> mesh.size(), mesh.get_axis_name_idx("y")
         (8, 1)
-        >>> mesh.jax_mesh.shape
-        OrderedDict([('x', 4), ('y', 2)])
-        >>> Mesh(range(8), (8,)).shape()           # unnamed: keyed by index
-        OrderedDict([(0, 8)])
+        >>> dict(mesh.jax_mesh.shape)
+        {'x': 4, 'y': 2}
+        >>> dict(Mesh(range(8), (8,)).shape())     # unnamed: keyed by index
+        {0: 8}
     """
 
     __slots__ = (
@@ -305,8 +305,8 @@ class Mesh:
         """Returns ``OrderedDict(axis name → size)`` (axis index → size if unnamed).
 
         Example:
-            >>> Mesh(range(8), (2, 4), ("a", "b")).shape()
-            OrderedDict([('a', 2), ('b', 4)])
+            >>> dict(Mesh(range(8), (2, 4), ("a", "b")).shape())
+            {'a': 2, 'b': 4}
         """
         keys: Sequence[str | int] = self._axis_names if self._axis_names is not None else range(len(self._mesh_shape))
         return collections.OrderedDict(zip(keys, self._mesh_shape))
