@@ -74,13 +74,16 @@ def captured_grad_origin(outs: Sequence[torch.Tensor], placeholders: Sequence[to
     :func:`sequence_nr_now` taken before the body ran.
     """
     own = {id(p) for p in placeholders}
-    seen: set[int] = set()
+    # id -> the node object, held: torch may hand out a new Python object for
+    # a graph node at each access (torch 2.11 does), and a freed one's id
+    # can be reused by the next, which would then be skipped as seen.
+    seen: dict[int, Any] = {}
     stack: list[Any] = [o.grad_fn for o in outs if o.grad_fn is not None]
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         var = getattr(fn, "variable", None)
         if var is not None:
             if id(var) not in own:
