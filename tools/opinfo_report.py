@@ -532,7 +532,8 @@ class EntryRun:
         if "status" in rec:
             self.finished = True
             return self
-        self.shape_only = op.has_nondeterministic_output or op.name in RANDOM_OPS
+        # getattr: OpInfo has the field only in newer torch (2.13 does, 2.11 does not)
+        self.shape_only = getattr(op, "has_nondeterministic_output", False) or op.name in RANDOM_OPS
         self.tol = tolerances(op, dtype)
         rec["tol"] = self.tol
         try:
