@@ -182,12 +182,12 @@ def _device_info(cfg, tokens) -> dict:
     """The device kind, its dense bf16 peak if known, and the step's model FLOPs."""
     import jax
 
-    kind = jax.devices()[0].device_kind
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind), None)
+    dev = jax.devices()[0]
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in dev.device_kind), None)
     return {
         "devices": jax.device_count(),
-        "device_kind": kind,
-        "platform": jax.devices()[0].platform,
+        "device_kind": dev.device_kind,
+        "platform": dev.platform,
         "peak_flops": peak,
         "flops": model_flops(cfg, *tokens.shape),
         "tokens": int(tokens.numel()),

@@ -478,8 +478,9 @@ KNOBS: tuple[Knob, ...] = (
         "auto, xla or pallas",
         "The kernel F.scaled_dot_product_attention lowers to (docs/models.md, 'Attention'): auto uses jax's "
         "Pallas flash-attention kernel on TPU and cuDNN's fused attention on GPU (bf16/f16) for the inputs "
-        "they take, and XLA's attention otherwise; xla never uses Pallas or cuDNN; pallas uses it wherever it applies, on other platforms in Pallas's interpret mode (slow: "
-        "for testing the path off TPU). Read when a program is traced.",
+        "they take, and XLA's attention otherwise; xla never uses Pallas or cuDNN; pallas uses it wherever "
+        "it applies, on other platforms in Pallas's interpret mode (slow: for testing the path off TPU). "
+        "Read when a program is traced.",
     ),
     Knob(
         "torchelastic_agent_store",

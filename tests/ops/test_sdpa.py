@@ -294,14 +294,16 @@ def test_cudnn_is_asked_for_on_gpu_and_refusal_falls_back_to_xla(monkeypatch):
 
 
 def test_cudnn_candidates(monkeypatch):
+    import jax.numpy as jnp
+
     from spmdtorch import config
 
     for mode, platform, dtype, want in [
-        ("auto", "gpu", np.dtype("float32"), False),  # cuDNN's kernel takes bf16/f16
-        ("auto", "gpu", jax_bf16(), True),
-        ("auto", "cpu", jax_bf16(), False),
-        ("auto", "tpu", jax_bf16(), False),
-        ("xla", "gpu", jax_bf16(), False),
+        ("auto", "gpu", jnp.float32, False),  # cuDNN's kernel takes bf16/f16
+        ("auto", "gpu", jnp.bfloat16, True),
+        ("auto", "cpu", jnp.bfloat16, False),
+        ("auto", "tpu", jnp.bfloat16, False),
+        ("xla", "gpu", jnp.bfloat16, False),
     ]:
         monkeypatch.setenv("SPMDTORCH_ATTENTION_KERNEL", mode)
         config.reload()
@@ -310,9 +312,3 @@ def test_cudnn_candidates(monkeypatch):
         assert attention._cudnn_candidate(q) is want, (mode, platform, dtype)
     monkeypatch.delenv("SPMDTORCH_ATTENTION_KERNEL")
     config.reload()
-
-
-def jax_bf16():
-    import jax.numpy as jnp
-
-    return np.dtype(jnp.bfloat16)
