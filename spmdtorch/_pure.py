@@ -6,8 +6,9 @@ microseconds each), so a deep model's step pays for recording its layers
 again each time, although they do the same thing. A function (or module)
 marked pure is recorded once per *signature* (the shapes, dtypes and
 ``requires_grad`` of its tensor arguments and of the module's parameters and
-buffers, its non-tensor arguments, grad mode, autocast, matmul precision,
-training flags); later calls with that signature record ONE node that runs
+buffers, its non-tensor arguments, grad mode, autocast, matmul precision, and
+per submodule its training flag, plain attributes such as ``self.scale = 0.5``
+and forward hooks); later calls with that signature record ONE node that runs
 the cached recording as a JAX function, and, with grad, one backward node
 that applies its ``jax.vjp``. A 32-layer decoder's step then records about 64
 nodes for its layers instead of about 7,000.
@@ -27,10 +28,13 @@ checked is checked at the first call of a signature, each a named
 :class:`AssumePureError`: random numbers (dropout with ``p > 0``), in-place
 updates of an argument or buffer (BatchNorm's running statistics), host reads
 (``.item()``), a tensor computed outside the function and read from a closure
-(pass it as an argument), a closed-over tensor that requires grad. What cannot
-be checked (Python side effects, branching on Python state outside the
-signature) is the caller's promise: as with ``jax.jit``, a concrete tensor
-read from a closure is a constant of the recording.
+(pass it as an argument), a closed-over tensor that requires grad; and at every
+call, a backward hook on a submodule (it could never run inside a backward
+that ``jax.vjp`` computes). What cannot be checked (Python side effects,
+a forward hook's included: they run when a signature is recorded; branching on
+Python state outside the signature) is the caller's promise: as with
+``jax.jit``, a concrete tensor read from a closure is a constant of the
+recording.
 
 Example:
     >>> import torch, spmdtorch
@@ -57,6 +61,12 @@ from typing import Any, cast
 import jax
 import torch
 from torch import nn
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
@@ -382,7 +392,7 @@ class PureFunction:
                 key.append((n, _tensor_sig(t, what, "its {!r}".format, n)))
                 names.append(n)
                 tensors.append(t)
-            key.append(tuple(m.training for m in module.modules()))
+            key.append(_module_state(module, what))
         k = tuple(key)
         entry = self._cache.get(k)
         if entry is None:
@@ -473,6 +483,44 @@ class PureFunction:
         remat = self._module is not None and is_checkpointed(self._module)
         name = (sub.key, remat)
         return _Entry(sub, name, out_spec, tuple(out_leaves), consts, shardings, remat)
+
+
+# Plain Python values in a submodule's __dict__ that may decide what its forward records.
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
+    """What a marked module's recording depends on besides its tensors (part of the signature).
+
+    Per submodule: its training flag, its plain attributes (``self.scale =
+    0.5``, ``self.causal = True``: a forward may branch on them) and the
+    forward hooks registered on it, plus the global module forward hooks: a
+    change records again instead of replaying a recording made without it.
+    The marked module's own hooks run around its forward, outside the
+    recording, so they are not part of it. Backward hooks inside would never
+    run (the recorded body is differentiated by ``jax.vjp``): refused.
+    """
+    state: list[Hashable] = [tuple(_global_forward_hooks), tuple(_global_forward_pre_hooks)]
+    if _global_backward_hooks or _global_backward_pre_hooks:
+        raise AssumePureError(
+            f"{what}: a global module backward hook is registered "
+            "(torch.nn.modules.module.register_module_full_backward_hook); it would never run inside the "
+            "recorded backward of a module marked pure. Remove the hook or do not mark the module pure"
+        )
+    for i, m in enumerate(module.modules()):
+        d = m.__dict__
+        if i and (d["_backward_hooks"] or d["_backward_pre_hooks"]):
+            raise AssumePureError(
+                f"{what}: its submodule {type(m).__name__} has a backward hook, which would never run inside "
+                "the recorded backward of a module marked pure (it is differentiated as one function). Register "
+                "the hook on the marked module itself, or do not mark the module pure"
+            )
+        attrs = tuple(
+            (k, v.hex() if type(v) is float else v) for k, v in d.items() if type(v) in _PLAIN and k[0] != "_"
+        )
+        hooks = (tuple(d["_forward_pre_hooks"]), tuple(d["_forward_hooks"])) if i else ()
+        state.append((attrs, hooks))
+    return tuple(state)
 
 
 def _named_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -629,7 +629,14 @@ def _module_facts(module: nn.Module, ignore: frozenset[str]) -> dict[str, Any]:
         where = path or "(the layer itself)"
         facts[f"{where}: module type"] = type(m).__qualname__
         facts[f"{where}: own forward"] = "forward" in m.__dict__
-        facts[f"{where}: hooks"] = (len(m._forward_hooks), len(m._forward_pre_hooks))
+        if m._backward_hooks or m._backward_pre_hooks:
+            raise ScanError(
+                f"scan_layers: {where} of a layer has a backward hook, which would never run: the loop's "
+                "backward is computed by jax.vjp of the recorded layer. Remove the hook or run the layers unrolled"
+            )
+        # Layer 0 is recorded with its hooks and stands for every layer: the
+        # others must have the same hook functions (by identity), not only as many.
+        facts[f"{where}: forward hooks"] = (tuple(m._forward_pre_hooks.values()), tuple(m._forward_hooks.values()))
         for k, v in m.__dict__.items():
             if k.startswith("_") or k in ignore or not isinstance(v, _PLAIN):
                 continue

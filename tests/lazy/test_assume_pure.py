@@ -230,6 +230,77 @@ def test_refuses_host_reads(devices8):
         pure(torch.ones(3, device="xla"))
 
 
+class _Scaled(nn.Module):
+    """A forward that branches on a plain attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 3)
+        self.scale = 2.0
+        self.relu = True
+
+    def forward(self, x):
+        y = self.inner(x) * self.scale
+        return torch.relu(y) if self.relu else y
+
+
+def _eager_twin(marked: nn.Module) -> nn.Module:
+    """A CPU copy of a marked module, unmarked (same weights, attributes and hooks)."""
+    twin = copy.deepcopy(marked).cpu()
+    del twin.forward  # the marked forward is an instance attribute; the class's runs
+    return twin
+
+
+def test_submodule_forward_hooks_and_plain_attributes_are_part_of_the_signature(devices8):
+    torch.manual_seed(0)
+    m = spmdtorch.assume_pure(_Scaled().to("xla"))
+    x = torch.randn(5, 4)
+
+    def check():
+        torch.testing.assert_close(m(x.to("xla")).cpu(), _eager_twin(m)(x), **TOL)
+
+    check()
+    # A hook added after the first recording changes what the body computes:
+    # it must record again, not replay the recording made without it.
+    handle = m.inner.register_forward_hook(lambda mod, args, out: out * -1.0)
+    check()
+    assert m.forward.cache_size() == 2
+    handle.remove()
+    check()  # the first recording again
+    assert m.forward.cache_size() == 2
+    m.scale = 0.5  # a plain attribute the forward reads
+    check()
+    m.relu = False  # ... and branches on
+    check()
+    assert m.forward.cache_size() == 4
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: (args[0] * 3.0,))
+    try:
+        check()  # a global hook runs on the submodules inside the body too
+    finally:
+        pre.remove()
+    assert m.forward.cache_size() == 5
+
+
+def test_refuses_backward_hooks_inside(devices8):
+    m = spmdtorch.assume_pure(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to("xla"))
+    x = torch.ones(2, 4, device="xla", requires_grad=True)
+    handle = m[0].register_full_backward_hook(lambda mod, gin, gout: None)
+    with pytest.raises(spmdtorch.AssumePureError, match="submodule Linear has a backward hook"):
+        m(x)
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_full_backward_hook(lambda mod, gin, gout: None)
+    try:
+        with pytest.raises(spmdtorch.AssumePureError, match="global module backward hook"):
+            m(x)
+    finally:
+        handle.remove()
+    # The marked module's own backward hook runs around the recorded body: allowed, and it runs.
+    seen = []
+    m.register_full_backward_hook(lambda mod, gin, gout: seen.append(gout[0].shape))
+    m(x).sum().backward()
+    assert seen == [torch.Size([2, 2])] and x.grad.shape == (2, 4)
+
+
 def test_bad_arguments_are_named(devices8):
     pure = spmdtorch.assume_pure(lambda x, opts, past_key_values=None: x)
     with pytest.raises(AssumePureTypeError, match="tensor on cpu as argument 0"):

@@ -313,6 +313,36 @@ def test_layers_that_differ_are_named(devices8):
         spmdtorch.scan_layers(layers, torch.ones(2, 8, device="xla"))
 
 
+def test_layer_hooks_must_be_the_same_functions(devices8):
+    # One hook function on every layer: the recorded layer 0 stands for all, as unrolled.
+    ref = make_blocks(3)
+    layers = copy.deepcopy(ref).to("xla")
+
+    def flip(mod, args, out):
+        return -out
+
+    for blocks in (ref, layers):
+        for b in blocks:
+            b.lin.register_forward_hook(flip)
+    x = torch.randn(2, 8)
+    want = x
+    for b in ref:
+        want = b(want)
+    got = spmdtorch.scan_layers(layers, x.to("xla"))
+    torch.testing.assert_close(got.cpu(), want, **TOL)
+    # Per-layer closures may compute differently: layer 0's would stand for the others.
+    layers = make_blocks(3).to("xla")
+    for i, b in enumerate(layers):
+        b.lin.register_forward_hook(lambda mod, args, out, i=i: out * i)
+    with pytest.raises(spmdtorch.ScanError, match=r"layer 1 differs from layer 0 in lin: forward hooks"):
+        spmdtorch.scan_layers(layers, torch.ones(2, 8, device="xla"))
+    # A backward hook could never run inside the loop's jax.vjp.
+    layers = make_blocks(2).to("xla")
+    layers[1].lin.register_full_backward_hook(lambda mod, gin, gout: None)
+    with pytest.raises(spmdtorch.ScanError, match="lin of a layer has a backward hook"):
+        spmdtorch.scan_layers(layers, torch.ones(2, 8, device="xla"))
+
+
 def test_bodies_that_cannot_be_a_loop_raise_named_errors(devices8):
     def branchy(c, x):
         return (c + x if (c.sum() > 0) else c - x), c
