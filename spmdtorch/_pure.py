@@ -54,6 +54,7 @@ import dataclasses
 import enum
 import functools
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, cast
@@ -94,6 +95,8 @@ __all__ = ["AssumePureError", "PureFunction", "assume_pure"]
 # Signatures kept per function: a function called with ever-new shapes or
 # constants would otherwise grow without bound (a new one beyond this drops the oldest).
 _MAX_ENTRIES = 64
+# Recordings after which a function whose signature keeps changing is reported (once).
+_WARN_AFTER = 16
 # Every marked function alive, so that spmdtorch.debug.clear_caches() drops their recordings too.
 _LIVE: weakref.WeakSet[PureFunction] = weakref.WeakSet()
 
@@ -342,6 +345,7 @@ class PureFunction:
         self._module = module
         self._what = what
         self._cache: dict[Hashable, _Entry] = {}
+        self._recordings = 0  # signatures recorded, evicted ones included
         functools.update_wrapper(self, fn)
         _LIVE.add(self)
 
@@ -362,6 +366,7 @@ class PureFunction:
             self._fn = types.MethodType(func, self._module)
         self.__wrapped__ = self._fn
         self._cache = {}
+        self._recordings = 0
         _LIVE.add(self)
 
     def cache_size(self) -> int:
@@ -397,6 +402,9 @@ class PureFunction:
         entry = self._cache.get(k)
         if entry is None:
             entry = self._record(leaves, spec, tensors, tensor_pos, names)
+            self._recordings += 1
+            if self._recordings == _WARN_AFTER and self._cache:
+                _warn_churn(what, next(reversed(self._cache)), k, module is not None)
             if len(self._cache) >= _MAX_ENTRIES:
                 del self._cache[next(iter(self._cache))]
             self._cache[k] = entry
@@ -521,6 +529,40 @@ def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
         hooks = (tuple(d["_forward_pre_hooks"]), tuple(d["_forward_hooks"])) if i else ()
         state.append((attrs, hooks))
     return tuple(state)
+
+
+def _warn_churn(what: str, old: tuple[Hashable, ...], new: tuple[Hashable, ...], module: bool) -> None:
+    """Say that ``what`` keeps recording, and what differs between its last two signatures."""
+    diff = "the structure of its arguments"
+    if len(old) == len(new):
+        i = next((j for j, (a, b) in enumerate(zip(old, new)) if a != b), None)
+        if i == 1:
+            diff = "grad mode, autocast or matmul precision"
+        elif module and i == len(new) - 1 and len(cast(tuple, old[i])) == len(cast(tuple, new[i])):
+            # _module_state: the global hooks, then per submodule (plain attributes, forward hooks).
+            a, b = cast(tuple, old[i]), cast(tuple, new[i])
+            j = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+            if j < 2:
+                diff = "the global module forward hooks"
+            else:
+                attrs_a, attrs_b = a[j][0], b[j][0]
+                changed = sorted({k for k, _ in set(attrs_a) ^ set(attrs_b)})
+                diff = f"submodule #{j - 2} (in .modules() order): " + (
+                    f"attribute(s) {', '.join(map(repr, changed))}" if changed else "its forward hooks"
+                )
+        elif i is not None:
+            diff = "a tensor's shape, dtype or requires_grad, or a non-tensor argument's value"
+    fix = (
+        "An attribute that changes on every call (a counter) belongs outside the marked module, or in a buffer"
+        if "attribute" in diff
+        else "A number that changes between calls can be passed as a 0-d tensor instead"
+    )
+    warnings.warn(
+        f"{what} has recorded {_WARN_AFTER} signatures: each new one records the body again (at full "
+        f"tracing cost). The last two differ in {diff}. {fix}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _named_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:

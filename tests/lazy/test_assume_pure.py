@@ -281,6 +281,31 @@ def test_submodule_forward_hooks_and_plain_attributes_are_part_of_the_signature(
     assert m.forward.cache_size() == 5
 
 
+class _Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1  # a side effect on a plain attribute: every call is a new signature
+        return self.lin(x)
+
+
+def test_a_signature_that_keeps_changing_is_reported_once(devices8):
+    m = spmdtorch.assume_pure(nn.Sequential(_Counting()).to("xla"))
+    x = torch.ones(2, 4, device="xla")
+    with pytest.warns(RuntimeWarning, match=r"recorded 16 signatures.*submodule #1.*attribute\(s\) 'calls'") as rec:
+        for _ in range(20):
+            m(x)
+    assert len([w for w in rec if "signatures" in str(w.message)]) == 1
+    assert m[0].calls == 20  # recorded again each time, so the forward's effect happened on every call
+    f = spmdtorch.assume_pure(lambda x, n: x * n)
+    with pytest.warns(RuntimeWarning, match="non-tensor argument's value.*0-d tensor"):
+        for i in range(17):
+            torch.testing.assert_close(f(x, i).cpu(), torch.full((2, 4), float(i)))
+
+
 def test_refuses_backward_hooks_inside(devices8):
     m = spmdtorch.assume_pure(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to("xla"))
     x = torch.ones(2, 4, device="xla", requires_grad=True)
