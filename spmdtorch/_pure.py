@@ -404,7 +404,7 @@ class PureFunction:
             entry = self._record(leaves, spec, tensors, tensor_pos, names)
             self._recordings += 1
             if self._recordings == _WARN_AFTER and self._cache:
-                _warn_churn(what, next(reversed(self._cache)), k, module is not None)
+                _warn_churn(what, cast(tuple, next(reversed(self._cache))), k, module is not None)
             if len(self._cache) >= _MAX_ENTRIES:
                 del self._cache[next(iter(self._cache))]
             self._cache[k] = entry
