@@ -13,10 +13,14 @@ those inputs, writing the outputs back to the same storages.
 The contract is ``jax.jit``'s: Python control flow in ``fn`` must not depend on
 tensor values (``.item()``, ``bool(t)``, ``print(t)`` inside ``fn`` raise
 ``CompileContractError``), and Python values computed outside tensors are
-frozen at trace time. Two things are guarded so that they never give silently
-stale results: torch optimizers run with ``capturable=True`` (their step
-counters live on the device), and a change in an optimizer's hyper-parameters
-(a learning-rate schedule) re-traces.
+frozen at trace time. What torch code commonly switches between calls is
+guarded so that it never gives silently stale results: torch optimizers run
+with ``capturable=True`` (their step counters live on the device), a change in
+an optimizer's hyper-parameters (a learning-rate schedule) re-traces, grad mode,
+autocast and matmul precision are part of the input signature, and each
+program is kept with the ``training`` flags of the modules ``fn`` called
+(``model.eval()`` between calls replays the program traced in eval mode, or
+traces one).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 
 from spmdtorch.lazy import TRACE_HOOK, Storage, _precision, _profiling, executor, holders_of, metrics, padding, rng
@@ -101,6 +106,14 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
                     state["step"] = new_base(read_value(first), first.dtype)
     _TraceState.optimizers[id(optimizer)] = (weakref.ref(optimizer), _hparams(optimizer))
     return None
+
+
+def _collect_module(module, args):
+    """Global forward pre-hook while tracing: note each module ``fn`` calls (its mode is guarded)."""
+    _TraceState.modules[id(module)] = module
+
+
+_collect_module.spmdtorch_internal = True  # type: ignore[attr-defined]  # not a user hook (_pure ignores it)
 
 
 def _pin_grad_shardings(made: frozenset) -> None:
@@ -204,8 +217,15 @@ def _flatten(args, kwargs):
 
 
 def _signature(flat_args, spec):
-    # torch's float32 matmul precision is built into the program (lazy/_precision.py).
-    sig: list[Any] = [spec, _precision.current()]
+    # torch's float32 matmul precision is built into the program (lazy/_precision.py),
+    # and grad mode and autocast decide what torch code records.
+    autocast = torch.is_autocast_enabled("xla")
+    sig: list[Any] = [
+        spec,
+        _precision.current(),
+        torch.is_grad_enabled(),
+        torch.get_autocast_dtype("xla") if autocast else None,
+    ]
     storages: list[Storage] = []
     for a in flat_args:
         if isinstance(a, XlaTensor):
@@ -249,6 +269,8 @@ class _Record:
         result_leaves: per leaf of the returned value, how to rebuild it.
         scalars: ``(type, value)`` of each frozen Python scalar.
         optimizers: ``id(optimizer)`` -> ``(weakref to it, its hyper-parameters)``.
+        modes: ``(weakref to a module fn called, its training flag after the trace)``
+            for each module called (a replay needs the same flags).
         compare_key: equal for two traces that recorded the same program and roles.
     """
 
@@ -260,16 +282,30 @@ class _Record:
     result_leaves: tuple[ResultRecipe, ...]
     scalars: tuple
     optimizers: dict
+    modes: tuple[tuple[weakref.ref, bool], ...]
     compare_key: tuple
+
+    def modes_match(self) -> bool:
+        """Every module the trace called is alive and in the training mode it had."""
+        for ref, training in self.modes:
+            m = ref()
+            if m is None or m.training is not training:
+                return False
+        return True
+
+
+# Replayable programs kept per input signature (one per set of module modes seen:
+# train and eval, say); a new one beyond this drops the oldest.
+_MAX_STABLE = 4
 
 
 @dataclasses.dataclass(slots=True)
 class _Entry:
-    """One input signature's history: the last trace, how many agreed in a row, the replayed one."""
+    """One input signature's history: the last trace, how many agreed in a row, the replayable ones."""
 
     last: _Record | None = None
     streak: int = 0
-    stable: _Record | None = None
+    stable: list[_Record] = dataclasses.field(default_factory=list)
 
 
 class CompiledFunction:
@@ -299,13 +335,15 @@ class CompiledFunction:
         entry = self._entries.get(sig)
         if entry is None:
             entry = self._entries[sig] = _Entry()
-        if entry.stable is not None:
-            out = self._replay(entry.stable, flat)
-            if out is not _RETRACE:
-                metrics.inc("CompiledReplay")
-                return out
-            entry.stable = None
-            entry.streak = 0
+        for rec in entry.stable:
+            if rec.modes_match():
+                out = self._replay(rec, flat)
+                if out is not _RETRACE:
+                    metrics.inc("CompiledReplay")
+                    return out
+                entry.stable.remove(rec)
+                entry.streak = 0
+                break
         metrics.inc("CompiledTrace")
         args, kwargs = pytree.tree_unflatten(flat, spec)
         result, record = self._trace(args, kwargs, flat)
@@ -322,7 +360,8 @@ class CompiledFunction:
             entry.streak = 1
         entry.last = record
         if record is not None and entry.streak >= _STABLE_AFTER:
-            entry.stable = record
+            kept = [r for r in entry.stable if r.compare_key != record.compare_key]
+            entry.stable = [*kept[-(_MAX_STABLE - 1) :], record]
         return result
 
     def executable(self):
@@ -331,7 +370,7 @@ class CompiledFunction:
         It is the stable program once there is one (else the last traced), e.g.
         for ``executable().memory_analysis()`` (see ``spmdtorch.partition.memory_plan``).
         """
-        records = [e.stable or e.last for e in self._entries.values()]
+        records = [e.stable[-1] if e.stable else e.last for e in self._entries.values()]
         progs = [r.prog for r in records if r is not None and r.prog is not None]
         return progs[-1].compiled if progs else None
 
@@ -341,8 +380,10 @@ class CompiledFunction:
         _TraceState.created = []
         _TraceState.replaced = {}
         _TraceState.optimizers = {}
+        _TraceState.modules = {}
         TRACE_HOOK[0] = _storage_hook
         captured = {}
+        collector = register_module_forward_pre_hook(_collect_module)
         try:
             arg_arrays: dict[int, int] = {}  # id(jax.Array) -> flat argument index
             for i, a in enumerate(flat_in):
@@ -369,6 +410,7 @@ class CompiledFunction:
                     recycle.setdefault(id(st), old)
             executor.sync(_on_plan=on_plan, _recycle=recycle)
         finally:
+            collector.remove()
             _TraceState.active = False
             TRACE_HOOK[0] = None
         record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in)
@@ -442,6 +484,9 @@ class CompiledFunction:
                 res_leaves.append(ValueResult(r))
         plan_key = None if plan is None else plan.key
         frozen_scalars = tuple(scalars)
+        called = list(_TraceState.modules.values())
+        _TraceState.modules = {}
+        modes = tuple((weakref.ref(m), m.training) for m in called)
         return _Record(
             prog=captured.get("prog"),
             plan_key=plan_key,
@@ -451,7 +496,9 @@ class CompiledFunction:
             result_leaves=tuple(res_leaves),
             scalars=frozen_scalars,
             optimizers=dict(_TraceState.optimizers),
+            modes=modes,
             compare_key=(
+                tuple((id(m), m.training) for m in called),
                 plan_key,
                 tuple(_role_key(r) for r in roles),
                 tuple(_target_key(t) for t in targets),

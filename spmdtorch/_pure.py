@@ -497,6 +497,13 @@ class PureFunction:
 _PLAIN = (bool, int, float, str, type(None))
 
 
+def _user_hooks(hooks: dict[int, Any]) -> tuple[int, ...]:
+    """The handles of ``hooks``, less spmdtorch's own (``spmdtorch.compile`` observes the modules it traces)."""
+    if not hooks:
+        return ()
+    return tuple(k for k, h in hooks.items() if not getattr(h, "spmdtorch_internal", False))
+
+
 def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
     """What a marked module's recording depends on besides its tensors (part of the signature).
 
@@ -508,7 +515,7 @@ def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
     recording, so they are not part of it. Backward hooks inside would never
     run (the recorded body is differentiated by ``jax.vjp``): refused.
     """
-    state: list[Hashable] = [tuple(_global_forward_hooks), tuple(_global_forward_pre_hooks)]
+    state: list[Hashable] = [_user_hooks(_global_forward_hooks), _user_hooks(_global_forward_pre_hooks)]
     if _global_backward_hooks or _global_backward_pre_hooks:
         raise AssumePureError(
             f"{what}: a global module backward hook is registered "

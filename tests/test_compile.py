@@ -238,6 +238,65 @@ def test_changing_one_shared_step_counter_outside_fn_is_not_ignored():
     assert opt.state[first]["step"].item() == 103.0
 
 
+class _TrainEval(torch.nn.Module):
+    """Computes differently in training and in eval mode (as dropout and BatchNorm do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * 2 if self.training else y
+
+
+def test_model_eval_between_calls_is_not_silently_ignored():
+    torch.manual_seed(0)
+    ref = _TrainEval()
+    model = copy.deepcopy(ref).to("xla")
+    calls = []
+
+    @spmdtorch.compile
+    def forward(x):
+        calls.append(1)
+        return model(x)
+
+    x = torch.randn(2, 4)
+    for mode in ("train", "eval", "train", "eval", "train", "eval"):
+        for m in (ref, model):
+            getattr(m, mode)()
+        for _ in range(3):
+            torch.testing.assert_close(forward(x.to("xla")).cpu(), ref(x), msg=mode)
+    # Each mode traced until stable once (at most 3 calls), then replayed on every switch.
+    assert len(calls) <= 6
+    replays = debug.counter_value("CompiledReplay")
+    model.train()
+    forward(x.to("xla"))
+    model.lin.eval()  # a submodule's flag counts too
+    torch.testing.assert_close(forward(x.to("xla")).cpu(), ref.train().lin.eval()(x) * 2)
+    assert debug.counter_value("CompiledReplay") == replays + 1
+
+
+def test_grad_mode_and_autocast_are_part_of_the_signature():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    model = copy.deepcopy(lin).to("xla")
+    f = spmdtorch.compile(lambda x: model(x))
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        assert f(x.to("xla")).dtype == torch.float32
+    with torch.autocast("xla", dtype=torch.bfloat16):
+        y = f(x.to("xla"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = lin(x)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.cpu(), want)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(f(x.to("xla")).cpu(), lin(x))
+    assert f(x.to("xla")).dtype == torch.float32
+
+
 def test_signed_zero_argument_traces_again():
     """``fn(x, -0.0)`` after ``fn(x, 0.0)``: equal in Python, not to ``copysign``."""
     import math
