@@ -19,8 +19,9 @@ with ``capturable=True`` (their step counters live on the device), a change in
 an optimizer's hyper-parameters (a learning-rate schedule) re-traces, grad mode,
 autocast and matmul precision are part of the input signature, and each
 program is kept with the ``training`` flags of the modules ``fn`` called
-(``model.eval()`` between calls replays the program traced in eval mode, or
-traces one).
+and the ``requires_grad`` of their parameters (``model.eval()`` between calls
+replays the program traced in eval mode, or traces one; so does freezing a
+layer).
 """
 
 from __future__ import annotations
@@ -269,8 +270,10 @@ class _Record:
         result_leaves: per leaf of the returned value, how to rebuild it.
         scalars: ``(type, value)`` of each frozen Python scalar.
         optimizers: ``id(optimizer)`` -> ``(weakref to it, its hyper-parameters)``.
-        modes: ``(weakref to a module fn called, its training flag after the trace)``
-            for each module called (a replay needs the same flags).
+        modes: ``(weakref to a module fn called, its training flag, its own
+            parameters' requires_grad or None)`` after the trace, for each
+            module called (a replay needs the same flags: ``model.eval()``, a
+            layer frozen with ``requires_grad_(False)`` trace again).
         compare_key: equal for two traces that recorded the same program and roles.
     """
 
@@ -282,16 +285,26 @@ class _Record:
     result_leaves: tuple[ResultRecipe, ...]
     scalars: tuple
     optimizers: dict
-    modes: tuple[tuple[weakref.ref, bool], ...]
+    modes: tuple[tuple[weakref.ref, bool, tuple[bool, ...] | None], ...]
     compare_key: tuple
 
     def modes_match(self) -> bool:
-        """Every module the trace called is alive and in the training mode it had."""
-        for ref, training in self.modes:
+        """Every module the trace called is alive, in the training mode it had, with its parameters as trainable."""
+        for ref, training, grads in self.modes:
             m = ref()
             if m is None or m.training is not training:
                 return False
+            if grads is not None and _own_grads(m) != grads:
+                return False
         return True
+
+
+def _own_grads(m: torch.nn.Module) -> tuple[bool, ...] | None:
+    """``requires_grad`` of each of ``m``'s own parameters (None: it has none)."""
+    params = m._parameters
+    if not params:
+        return None
+    return tuple(p is not None and p.requires_grad for p in params.values())
 
 
 # Replayable programs kept per input signature (one per set of module modes seen:
@@ -306,6 +319,7 @@ class _Entry:
     last: _Record | None = None
     streak: int = 0
     stable: list[_Record] = dataclasses.field(default_factory=list)
+    ran: _Record | None = None  # the program the last call ran (traced or replayed)
 
 
 class CompiledFunction:
@@ -337,9 +351,13 @@ class CompiledFunction:
             entry = self._entries[sig] = _Entry()
         for rec in entry.stable:
             if rec.modes_match():
-                out = self._replay(rec, flat)
+                # Only a drop between two runs of the same program is the user's
+                # zero_grad() outside fn: after a switch of modes (a layer frozen,
+                # then not), the other program's run dropped it.
+                out = self._replay(rec, flat, warn=rec is entry.ran)
                 if out is not _RETRACE:
                     metrics.inc("CompiledReplay")
+                    entry.ran = rec
                     return out
                 entry.stable.remove(rec)
                 entry.streak = 0
@@ -358,7 +376,7 @@ class CompiledFunction:
             entry.streak += 1
         else:
             entry.streak = 1
-        entry.last = record
+        entry.last = entry.ran = record
         if record is not None and entry.streak >= _STABLE_AFTER:
             kept = [r for r in entry.stable if r.compare_key != record.compare_key]
             entry.stable = [*kept[-(_MAX_STABLE - 1) :], record]
@@ -486,7 +504,7 @@ class CompiledFunction:
         frozen_scalars = tuple(scalars)
         called = list(_TraceState.modules.values())
         _TraceState.modules = {}
-        modes = tuple((weakref.ref(m), m.training) for m in called)
+        modes = tuple((weakref.ref(m), m.training, _own_grads(m)) for m in called)
         return _Record(
             prog=captured.get("prog"),
             plan_key=plan_key,
@@ -498,7 +516,7 @@ class CompiledFunction:
             optimizers=dict(_TraceState.optimizers),
             modes=modes,
             compare_key=(
-                tuple((id(m), m.training) for m in called),
+                tuple((id(m), m.training, _own_grads(m)) for m in called),
                 plan_key,
                 tuple(_role_key(r) for r in roles),
                 tuple(_target_key(t) for t in targets),
@@ -553,7 +571,7 @@ class CompiledFunction:
             stacklevel=3,
         )
 
-    def _replay(self, rec: _Record, flat_in):
+    def _replay(self, rec: _Record, flat_in, warn: bool = True):
         for ref, hp in rec.optimizers.values():
             opt = ref()
             if opt is None:
@@ -599,7 +617,8 @@ class CompiledFunction:
                         # gradient in p.grad, new optimizer state); the holder has
                         # since dropped it (zero_grad() outside fn): replaying would
                         # write the value nowhere, so fn must run again.
-                        self._warn_dropped_state()
+                        if warn:
+                            self._warn_dropped_state()
                         return _RETRACE
                     targets.append(st)  # a dead pre-existing storage just drops its output
                 else:  # FreshOutput

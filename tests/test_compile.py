@@ -277,6 +277,33 @@ def test_model_eval_between_calls_is_not_silently_ignored():
     assert debug.counter_value("CompiledReplay") == replays + 1
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_freezing_a_layer_between_calls_is_not_silently_ignored():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model = copy.deepcopy(ref).to("xla")
+    x = torch.randn(8, 4)
+
+    def make_step(m, opt):
+        def step(x):
+            opt.zero_grad()
+            loss = m(x).square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    eager = make_step(ref, torch.optim.SGD(ref.parameters(), lr=0.1))
+    compiled = spmdtorch.compile(make_step(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+    for frozen in (False, False, False, True, True, True, False, False):
+        for m in (ref, model):
+            m[0].weight.requires_grad_(not frozen)  # fine-tuning: freeze, then unfreeze
+        torch.testing.assert_close(compiled(x.to("xla")).cpu(), eager(x))
+        for got, want in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(got.detach().cpu(), want.detach(), msg=f"frozen={frozen}")
+
+
 def test_grad_mode_and_autocast_are_part_of_the_signature():
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
