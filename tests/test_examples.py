@@ -29,10 +29,13 @@ def _run(*args: str) -> subprocess.CompletedProcess:
         (("--mode", "compiled"), "fsdp=8", "{devices=[8,1]0,1,2,3,4,5,6,7}"),
         # Hybrid: fsdp=4 shards, replicated over data=2; bf16 compute and
         # checkpointed layers, lazily, each layer recorded once (assume_pure).
-        (
+        # Slow tier (16 s): hybrid meshes, bf16 compute, checkpoint_module and
+        # assume_pure each train against eager by default in their own tests.
+        pytest.param(
             ("--mode", "lazy", "--mesh", "2,4", "--mixed-precision", "bf16", "--checkpoint-layers", "--assume-pure"),
             "data=2 x fsdp=4",
             "{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}",
+            marks=pytest.mark.slow,
         ),
         # Deeper, the layer loop as one scan, bf16 compute and remat inside the scan body, compiled.
         # Slow tier (14 s): tests/lazy/test_scan.py trains scanned Llamas against eager by default.
