@@ -31,7 +31,7 @@ import functools
 import hashlib
 import warnings
 import weakref
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import jax
 import numpy as np
@@ -39,6 +39,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 
+from spmdtorch import _hooks
 from spmdtorch.lazy import TRACE_HOOK, Storage, _precision, _profiling, executor, holders_of, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._trace_records import (
@@ -114,7 +115,7 @@ def _collect_module(module, args):
     _TraceState.modules[id(module)] = module
 
 
-_collect_module.spmdtorch_internal = True  # type: ignore[attr-defined]  # not a user hook (_pure ignores it)
+setattr(_collect_module, _hooks.INTERNAL, True)  # not a user hook: recordings do not depend on it
 
 
 def _pin_grad_shardings(made: frozenset) -> None:
@@ -270,10 +271,11 @@ class _Record:
         result_leaves: per leaf of the returned value, how to rebuild it.
         scalars: ``(type, value)`` of each frozen Python scalar.
         optimizers: ``id(optimizer)`` -> ``(weakref to it, its hyper-parameters)``.
-        modes: ``(weakref to a module fn called, its training flag, its own
-            parameters' requires_grad or None)`` after the trace, for each
-            module called (a replay needs the same flags: ``model.eval()``, a
-            layer frozen with ``requires_grad_(False)`` trace again).
+        modes: per module fn called, its training flag, its own parameters'
+            ``requires_grad`` and its hooks after the trace (a replay needs
+            the same: ``model.eval()``, a layer frozen with
+            ``requires_grad_(False)``, a hook added, trace again).
+        global_hooks: the global module hooks' handles after the trace.
         compare_key: equal for two traces that recorded the same program and roles.
     """
 
@@ -285,18 +287,38 @@ class _Record:
     result_leaves: tuple[ResultRecipe, ...]
     scalars: tuple
     optimizers: dict
-    modes: tuple[tuple[weakref.ref, bool, tuple[bool, ...] | None], ...]
+    modes: tuple[_ModuleMode, ...]
+    global_hooks: tuple
     compare_key: tuple
 
     def modes_match(self) -> bool:
-        """Every module the trace called is alive, in the training mode it had, with its parameters as trainable."""
-        for ref, training, grads in self.modes:
+        """Every module the trace called is alive and as it was: training mode, trainable parameters, hooks."""
+        for ref, training, grads, hooks in self.modes:
             m = ref()
             if m is None or m.training is not training:
                 return False
             if grads is not None and _own_grads(m) != grads:
                 return False
-        return True
+            if _hooks.module_hooks(m) != hooks:
+                return False
+        return _global_hooks() == self.global_hooks
+
+
+class _ModuleMode(NamedTuple):
+    """A module a trace called, and what of it decides the program besides its tensors."""
+
+    ref: weakref.ref
+    training: bool
+    grads: tuple[bool, ...] | None  # its own parameters' requires_grad (None: it has none)
+    hooks: _hooks.HookKeys | None  # its hooks' handles (None: it has none)
+
+    @classmethod
+    def of(cls, m: torch.nn.Module) -> _ModuleMode:
+        return cls(weakref.ref(m), m.training, _own_grads(m), _hooks.module_hooks(m))
+
+
+def _global_hooks() -> tuple:
+    return _hooks.global_forward_hooks() + _hooks.global_backward_hooks()
 
 
 def _own_grads(m: torch.nn.Module) -> tuple[bool, ...] | None:
@@ -409,6 +431,16 @@ class CompiledFunction:
                     arg_arrays.setdefault(id(a._st.value), i)
             result = self.fn(*args, **kwargs)
             res_flat, res_spec = pytree.tree_flatten(result)
+            # A replay returns tensors without autograd history; so does a trace.
+            # Dropping the history here also frees what autograd saved for a
+            # backward that fn did not run (a forward under grad mode): those
+            # tensors are then no outputs of the program, whose next replay
+            # would find them dropped and trace again.
+            if any(isinstance(r, torch.Tensor) and r.grad_fn is not None for r in res_flat):
+                res_flat = [
+                    r.detach() if isinstance(r, torch.Tensor) and r.grad_fn is not None else r for r in res_flat
+                ]
+                result = pytree.tree_unflatten(res_flat, res_spec)
             created = {id(r()) for r in _TraceState.created if r() is not None}
             replaced = dict(_TraceState.replaced)
             TRACE_HOOK[0] = None
@@ -504,7 +536,7 @@ class CompiledFunction:
         frozen_scalars = tuple(scalars)
         called = list(_TraceState.modules.values())
         _TraceState.modules = {}
-        modes = tuple((weakref.ref(m), m.training, _own_grads(m)) for m in called)
+        modes = tuple(_ModuleMode.of(m) for m in called)
         return _Record(
             prog=captured.get("prog"),
             plan_key=plan_key,
@@ -515,8 +547,10 @@ class CompiledFunction:
             scalars=frozen_scalars,
             optimizers=dict(_TraceState.optimizers),
             modes=modes,
+            global_hooks=_global_hooks(),
             compare_key=(
-                tuple((id(m), m.training, _own_grads(m)) for m in called),
+                tuple((id(m), *mode[1:]) for m, mode in zip(called, modes)),
+                _global_hooks(),
                 plan_key,
                 tuple(_role_key(r) for r in roles),
                 tuple(_target_key(t) for t in targets),

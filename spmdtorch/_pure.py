@@ -62,16 +62,10 @@ from typing import Any, cast
 import jax
 import torch
 from torch import nn
-from torch.nn.modules.module import (
-    _global_backward_hooks,
-    _global_backward_pre_hooks,
-    _global_forward_hooks,
-    _global_forward_pre_hooks,
-)
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _checks, _dtypes, lazy
+from spmdtorch import _checks, _dtypes, _hooks, lazy
 from spmdtorch._checks import ArgumentTypeError
 from spmdtorch._scan import is_checkpointed
 from spmdtorch._vjp_nodes import (
@@ -497,13 +491,6 @@ class PureFunction:
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _user_hooks(hooks: dict[int, Any]) -> tuple[int, ...]:
-    """The handles of ``hooks``, less spmdtorch's own (``spmdtorch.compile`` observes the modules it traces)."""
-    if not hooks:
-        return ()
-    return tuple(k for k, h in hooks.items() if not getattr(h, "spmdtorch_internal", False))
-
-
 def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
     """What a marked module's recording depends on besides its tensors (part of the signature).
 
@@ -515,8 +502,8 @@ def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
     recording, so they are not part of it. Backward hooks inside would never
     run (the recorded body is differentiated by ``jax.vjp``): refused.
     """
-    state: list[Hashable] = [_user_hooks(_global_forward_hooks), _user_hooks(_global_forward_pre_hooks)]
-    if _global_backward_hooks or _global_backward_pre_hooks:
+    state: list[Hashable] = list(_hooks.global_forward_hooks())
+    if any(_hooks.global_backward_hooks()):
         raise AssumePureError(
             f"{what}: a global module backward hook is registered "
             "(torch.nn.modules.module.register_module_full_backward_hook); it would never run inside the "
@@ -524,7 +511,8 @@ def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
         )
     for i, m in enumerate(module.modules()):
         d = m.__dict__
-        if i and (d["_backward_hooks"] or d["_backward_pre_hooks"]):
+        hooks = _hooks.module_hooks(m) if i else None
+        if hooks is not None and (hooks[2] or hooks[3]):
             raise AssumePureError(
                 f"{what}: its submodule {type(m).__name__} has a backward hook, which would never run inside "
                 "the recorded backward of a module marked pure (it is differentiated as one function). Register "
@@ -533,7 +521,6 @@ def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
         attrs = tuple(
             (k, v.hex() if type(v) is float else v) for k, v in d.items() if type(v) in _PLAIN and k[0] != "_"
         )
-        hooks = (tuple(d["_forward_pre_hooks"]), tuple(d["_forward_hooks"])) if i else ()
         state.append((attrs, hooks))
     return tuple(state)
 

@@ -304,6 +304,45 @@ def test_freezing_a_layer_between_calls_is_not_silently_ignored():
             torch.testing.assert_close(got.detach().cpu(), want.detach(), msg=f"frozen={frozen}")
 
 
+def test_hooks_added_between_calls_are_not_silently_ignored():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model = copy.deepcopy(ref).to("xla")
+    f = spmdtorch.compile(lambda x: model(x))
+    x = torch.randn(3, 4)
+
+    def check():
+        for _ in range(3):
+            torch.testing.assert_close(f(x.to("xla")).cpu(), ref(x))
+
+    check()
+    handles = [m[0].register_forward_hook(lambda mod, args, out: out.relu()) for m in (ref, model)]
+    check()  # the hook is part of the program now
+    for h in handles:
+        h.remove()
+    check()
+    handles = [torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: out * 2)]
+    try:
+        check()  # a global hook, on every module called
+    finally:
+        handles[0].remove()
+    check()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_forward_under_grad_mode_replays_and_returns_no_history():
+    # What autograd saves for a backward fn never runs (the first layer's output)
+    # is not state fn keeps: the step replays from the third call on.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to("xla")
+    f = spmdtorch.compile(lambda x: model(x))
+    x = torch.ones(3, 4, device="xla")
+    replays = debug.counter_value("CompiledReplay")
+    outs = [f(x) for _ in range(6)]
+    assert debug.counter_value("CompiledReplay") - replays == 4
+    assert all(o.grad_fn is None and not o.requires_grad for o in outs)  # traced or replayed alike
+    torch.testing.assert_close(outs[-1].cpu(), model(x).detach().cpu())
+
+
 def test_grad_mode_and_autocast_are_part_of_the_signature():
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
