@@ -18,10 +18,11 @@ guarded so that it never gives silently stale results: torch optimizers run
 with ``capturable=True`` (their step counters live on the device), a change in
 an optimizer's hyper-parameters (a learning-rate schedule) re-traces, grad mode,
 autocast and matmul precision are part of the input signature, and each
-program is kept with the ``training`` flags of the modules ``fn`` called
-and the ``requires_grad`` of their parameters (``model.eval()`` between calls
-replays the program traced in eval mode, or traces one; so does freezing a
-layer).
+program is kept with the ``training`` flags of the modules ``fn`` called,
+the ``requires_grad`` of their parameters and their hooks (``model.eval()``
+between calls replays the program traced in eval mode, or traces one; so does
+freezing a layer or adding a hook). Results carry no autograd history, on a
+traced call as on a replay.
 """
 
 from __future__ import annotations
@@ -461,12 +462,14 @@ class CompiledFunction:
             executor.sync(_on_plan=on_plan, _recycle=recycle)
         finally:
             collector.remove()
+            called = list(_TraceState.modules.values())
+            _TraceState.modules = {}  # no module outlives its use because a trace failed
             _TraceState.active = False
             TRACE_HOOK[0] = None
-        record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in)
+        record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, called)
         return result, record
 
-    def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in):
+    def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, called):
         plan = captured.get("plan")
         storages = captured.get("storages", [])
         arg_storages: dict[int, int] = {}  # id(Storage) -> flat argument index
@@ -534,8 +537,6 @@ class CompiledFunction:
                 res_leaves.append(ValueResult(r))
         plan_key = None if plan is None else plan.key
         frozen_scalars = tuple(scalars)
-        called = list(_TraceState.modules.values())
-        _TraceState.modules = {}
         modes = tuple(_ModuleMode.of(m) for m in called)
         return _Record(
             prog=captured.get("prog"),
