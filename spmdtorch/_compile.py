@@ -18,11 +18,12 @@ guarded so that it never gives silently stale results: torch optimizers run
 with ``capturable=True`` (their step counters live on the device), a change in
 an optimizer's hyper-parameters (a learning-rate schedule) re-traces, grad mode,
 autocast and matmul precision are part of the input signature, and each
-program is kept with the ``training`` flags of the modules ``fn`` called,
-the ``requires_grad`` of their parameters and their hooks (``model.eval()``
-between calls replays the program traced in eval mode, or traces one; so does
-freezing a layer or adding a hook). Results carry no autograd history, on a
-traced call as on a replay.
+program is kept with the plain attributes of the modules ``fn`` called
+(``training`` among them), the ``requires_grad`` of their parameters and their
+hooks (``model.eval()`` between calls replays the program traced in eval mode,
+or traces one; so does freezing a layer, adding a hook or setting
+``module.scale = 0.5``). Results carry no autograd history, on a traced call as
+on a replay.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _hooks
+from spmdtorch import _guards
 from spmdtorch.lazy import TRACE_HOOK, Storage, _precision, _profiling, executor, holders_of, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._trace_records import (
@@ -116,7 +117,7 @@ def _collect_module(module, args):
     _TraceState.modules[id(module)] = module
 
 
-setattr(_collect_module, _hooks.INTERNAL, True)  # not a user hook: recordings do not depend on it
+setattr(_collect_module, _guards.INTERNAL, True)  # not a user hook: recordings do not depend on it
 
 
 def _pin_grad_shardings(made: frozenset) -> None:
@@ -272,10 +273,11 @@ class _Record:
         result_leaves: per leaf of the returned value, how to rebuild it.
         scalars: ``(type, value)`` of each frozen Python scalar.
         optimizers: ``id(optimizer)`` -> ``(weakref to it, its hyper-parameters)``.
-        modes: per module fn called, its training flag, its own parameters'
-            ``requires_grad`` and its hooks after the trace (a replay needs
-            the same: ``model.eval()``, a layer frozen with
-            ``requires_grad_(False)``, a hook added, trace again).
+        modes: per module fn called, its plain attributes (``training``
+            among them), its own parameters' ``requires_grad`` and its hooks
+            after the trace (a replay needs the same: ``model.eval()``, a
+            layer frozen with ``requires_grad_(False)``, a hook added, an
+            attribute such as ``self.scale`` changed, trace again).
         global_hooks: the global module hooks' handles after the trace.
         compare_key: equal for two traces that recorded the same program and roles.
     """
@@ -294,13 +296,13 @@ class _Record:
 
     def modes_match(self) -> bool:
         """Every module the trace called is alive and as it was: training mode, trainable parameters, hooks."""
-        for ref, training, grads, hooks in self.modes:
+        for ref, attrs, grads, hooks in self.modes:
             m = ref()
-            if m is None or m.training is not training:
+            if m is None or not _guards.attributes_unchanged(m, attrs):
                 return False
             if grads is not None and _own_grads(m) != grads:
                 return False
-            if _hooks.module_hooks(m) != hooks:
+            if _guards.module_hooks(m) != hooks:
                 return False
         return _global_hooks() == self.global_hooks
 
@@ -309,17 +311,17 @@ class _ModuleMode(NamedTuple):
     """A module a trace called, and what of it decides the program besides its tensors."""
 
     ref: weakref.ref
-    training: bool
+    attrs: tuple  # its plain attributes, ``training`` among them
     grads: tuple[bool, ...] | None  # its own parameters' requires_grad (None: it has none)
-    hooks: _hooks.HookKeys | None  # its hooks' handles (None: it has none)
+    hooks: _guards.HookKeys | None  # its hooks' handles (None: it has none)
 
     @classmethod
     def of(cls, m: torch.nn.Module) -> _ModuleMode:
-        return cls(weakref.ref(m), m.training, _own_grads(m), _hooks.module_hooks(m))
+        return cls(weakref.ref(m), _guards.plain_attributes(m), _own_grads(m), _guards.module_hooks(m))
 
 
 def _global_hooks() -> tuple:
-    return _hooks.global_forward_hooks() + _hooks.global_backward_hooks()
+    return _guards.global_forward_hooks() + _guards.global_backward_hooks()
 
 
 def _own_grads(m: torch.nn.Module) -> tuple[bool, ...] | None:

@@ -65,7 +65,7 @@ from torch import nn
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _checks, _dtypes, _hooks, lazy
+from spmdtorch import _checks, _dtypes, _guards, lazy
 from spmdtorch._checks import ArgumentTypeError
 from spmdtorch._scan import is_checkpointed
 from spmdtorch._vjp_nodes import (
@@ -487,10 +487,6 @@ class PureFunction:
         return _Entry(sub, name, out_spec, tuple(out_leaves), consts, shardings, remat)
 
 
-# Plain Python values in a submodule's __dict__ that may decide what its forward records.
-_PLAIN = (bool, int, float, str, type(None))
-
-
 def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
     """What a marked module's recording depends on besides its tensors (part of the signature).
 
@@ -502,26 +498,22 @@ def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
     recording, so they are not part of it. Backward hooks inside would never
     run (the recorded body is differentiated by ``jax.vjp``): refused.
     """
-    state: list[Hashable] = list(_hooks.global_forward_hooks())
-    if any(_hooks.global_backward_hooks()):
+    state: list[Hashable] = list(_guards.global_forward_hooks())
+    if any(_guards.global_backward_hooks()):
         raise AssumePureError(
             f"{what}: a global module backward hook is registered "
             "(torch.nn.modules.module.register_module_full_backward_hook); it would never run inside the "
             "recorded backward of a module marked pure. Remove the hook or do not mark the module pure"
         )
     for i, m in enumerate(module.modules()):
-        d = m.__dict__
-        hooks = _hooks.module_hooks(m) if i else None
+        hooks = _guards.module_hooks(m) if i else None
         if hooks is not None and (hooks[2] or hooks[3]):
             raise AssumePureError(
                 f"{what}: its submodule {type(m).__name__} has a backward hook, which would never run inside "
                 "the recorded backward of a module marked pure (it is differentiated as one function). Register "
                 "the hook on the marked module itself, or do not mark the module pure"
             )
-        attrs = tuple(
-            (k, v.hex() if type(v) is float else v) for k, v in d.items() if type(v) in _PLAIN and k[0] != "_"
-        )
-        state.append((attrs, hooks))
+        state.append((_guards.plain_attributes(m), hooks))
     return tuple(state)
 
 
@@ -540,7 +532,7 @@ def _warn_churn(what: str, old: tuple[Hashable, ...], new: tuple[Hashable, ...],
                 diff = "the global module forward hooks"
             else:
                 attrs_a, attrs_b = a[j][0], b[j][0]
-                changed = sorted({k for k, _ in set(attrs_a) ^ set(attrs_b)})
+                changed = sorted({a[0] for a in set(attrs_a) ^ set(attrs_b)})
                 diff = f"submodule #{j - 2} (in .modules() order): " + (
                     f"attribute(s) {', '.join(map(repr, changed))}" if changed else "its forward hooks"
                 )

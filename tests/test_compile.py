@@ -343,6 +343,29 @@ def test_a_forward_under_grad_mode_replays_and_returns_no_history():
     torch.testing.assert_close(outs[-1].cpu(), model(x).detach().cpu())
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+def test_a_module_attribute_changed_between_calls_is_not_silently_frozen():
+    torch.manual_seed(0)
+    ref = _Scaled()
+    model = copy.deepcopy(ref).to("xla")
+    f = spmdtorch.compile(lambda x: model(x))
+    x = torch.randn(2, 4)
+    for scale in (2.0, 0.5, -0.0, 0.0, 2.0):
+        ref.scale = model.scale = scale
+        for _ in range(3):
+            torch.testing.assert_close(f(x.to("xla")).cpu(), ref(x))
+            assert torch.equal(torch.signbit(f(x.to("xla")).cpu()), torch.signbit(ref(x)))
+
+
 def test_grad_mode_and_autocast_are_part_of_the_signature():
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
