@@ -113,8 +113,9 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
 
 
 def _collect_module(module, args):
-    """Global forward pre-hook while tracing: note each module ``fn`` calls (its mode is guarded)."""
-    _TraceState.modules[id(module)] = module
+    """Global forward pre-hook while tracing: note each module ``fn`` calls and its attributes then."""
+    if id(module) not in _TraceState.modules:
+        _TraceState.modules[id(module)] = (module, _guards.plain_attributes(module))
 
 
 setattr(_collect_module, _guards.INTERNAL, True)  # not a user hook: recordings do not depend on it
@@ -279,6 +280,9 @@ class _Record:
             layer frozen with ``requires_grad_(False)``, a hook added, an
             attribute such as ``self.scale`` changed, trace again).
         global_hooks: the global module hooks' handles after the trace.
+        mutated: ``(module type, attribute names)`` of the called modules whose
+            plain attributes ``fn`` changed while traced (a counter: then no
+            trace repeats the last, and the step is traced every call).
         compare_key: equal for two traces that recorded the same program and roles.
     """
 
@@ -293,6 +297,7 @@ class _Record:
     modes: tuple[_ModuleMode, ...]
     global_hooks: tuple
     compare_key: tuple
+    mutated: tuple = ()
 
     def modes_match(self) -> bool:
         """Every module the trace called is alive and as it was: training mode, trainable parameters, hooks."""
@@ -401,6 +406,8 @@ class CompiledFunction:
             entry.streak += 1
         else:
             entry.streak = 1
+            if record is not None and entry.last is not None and record.mutated:
+                self._warn_mutated_modules(record.mutated)
         entry.last = entry.ran = record
         if record is not None and entry.streak >= _STABLE_AFTER:
             kept = [r for r in entry.stable if r.compare_key != record.compare_key]
@@ -464,11 +471,18 @@ class CompiledFunction:
             executor.sync(_on_plan=on_plan, _recycle=recycle)
         finally:
             collector.remove()
-            called = list(_TraceState.modules.values())
+            called = [m for m, _ in _TraceState.modules.values()]
+            mutated = tuple(
+                (type(m).__name__, tuple(sorted({a[0] for a in set(before) ^ set(_guards.plain_attributes(m))})))
+                for m, before in _TraceState.modules.values()
+                if _guards.plain_attributes(m) != before
+            )
             _TraceState.modules = {}  # no module outlives its use because a trace failed
             _TraceState.active = False
             TRACE_HOOK[0] = None
         record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, called)
+        if mutated and record is not None:
+            record = dataclasses.replace(record, mutated=mutated)
         return result, record
 
     def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, called):
@@ -574,6 +588,21 @@ class CompiledFunction:
             "optimizer.zero_grad() outside the function; it is traced again on such calls instead of being "
             "replayed (correct, but lazy-mode speed). Call zero_grad() inside the compiled function, or "
             "zero_grad(set_to_none=False), so that it replays.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _warn_mutated_modules(self, mutated: tuple) -> None:
+        """Warn once when fn changes a called module's attribute while traced, so no trace repeats the last."""
+        if getattr(self, "_warned_modules", False):
+            return
+        self._warned_modules = True
+        kind, names = mutated[0]
+        warnings.warn(
+            f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): it changes the attribute(s) "
+            f"{', '.join(map(repr, names))} of a {kind} it calls; a module's plain attributes are part of the "
+            "traced program, so a value changed on every call (a counter) traces the step every call "
+            "(lazy-mode speed). Keep such state in a buffer (a tensor) or outside the modules the function calls.",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -250,6 +250,7 @@ class _TrainEval(torch.nn.Module):
         return y * 2 if self.training else y
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_model_eval_between_calls_is_not_silently_ignored():
     torch.manual_seed(0)
     ref = _TrainEval()
@@ -364,6 +365,28 @@ def test_a_module_attribute_changed_between_calls_is_not_silently_frozen():
         for _ in range(3):
             torch.testing.assert_close(f(x.to("xla")).cpu(), ref(x))
             assert torch.equal(torch.signbit(f(x.to("xla")).cpu()), torch.signbit(ref(x)))
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x)
+
+
+def test_an_attribute_fn_changes_every_call_traces_every_call_and_says_so():
+    model = _Counting().to("xla")
+    f = spmdtorch.compile(lambda x: model(x))
+    x = torch.ones(2, 4, device="xla")
+    with pytest.warns(RuntimeWarning, match=r"changes the attribute\(s\) 'calls' of a _Counting it calls") as rec:
+        for _ in range(5):
+            f(x)
+    assert model.calls == 5  # traced each call: the side effect happened every time, as in eager
+    assert len([w for w in rec if "changes the attribute" in str(w.message)]) == 1
 
 
 def test_grad_mode_and_autocast_are_part_of_the_signature():
