@@ -41,9 +41,9 @@ from torch.nn.modules.module import (
 
 __all__ = [
     "INTERNAL",
+    "attributes_unchanged",
     "global_backward_hooks",
     "global_forward_hooks",
-    "attributes_unchanged",
     "module_hooks",
     "plain_attributes",
     "user_hooks",
@@ -74,11 +74,12 @@ def global_backward_hooks() -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def module_hooks(m: nn.Module) -> HookKeys | None:
     """``m``'s own hooks: (forward pre, forward, backward pre, backward) handle ids, or None without any."""
-    d = m.__dict__
-    fp, f, bp, b = d["_forward_pre_hooks"], d["_forward_hooks"], d["_backward_pre_hooks"], d["_backward_hooks"]
+    d = m.__dict__  # .get: a module built without nn.Module.__init__ has none of them
+    fp, f = d.get("_forward_pre_hooks"), d.get("_forward_hooks")
+    bp, b = d.get("_backward_pre_hooks"), d.get("_backward_hooks")
     if not (fp or f or bp or b):
         return None
-    return tuple(fp), tuple(f), tuple(bp), tuple(b)
+    return tuple(fp or ()), tuple(f or ()), tuple(bp or ()), tuple(b or ())
 
 
 # Plain Python values in a module's __dict__ that may decide what its forward records.
