@@ -21,6 +21,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return run_example("finetune_hf.py", *args)
 
 
+# Slow tier (12-17 s, CI runs it): loading a pretrained directory into sharded
+# parameters, training against eager and saving back are tested by default in
+# tests/checkpoint/test_hf_pretrained.py.
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_finetune_hf_example(tmp_path):
     out_dir = tmp_path / "finetuned"
