@@ -296,8 +296,8 @@ class _Record:
     optimizers: dict
     modes: tuple[_ModuleMode, ...]
     global_hooks: tuple
+    mutated: tuple
     compare_key: tuple
-    mutated: tuple = ()
 
     def modes_match(self) -> bool:
         """Every module the trace called is alive and as it was: training mode, trainable parameters, hooks."""
@@ -471,21 +471,21 @@ class CompiledFunction:
             executor.sync(_on_plan=on_plan, _recycle=recycle)
         finally:
             collector.remove()
-            called = [m for m, _ in _TraceState.modules.values()]
-            mutated = tuple(
-                (type(m).__name__, tuple(sorted({a[0] for a in set(before) ^ set(_guards.plain_attributes(m))})))
-                for m, before in _TraceState.modules.values()
-                if _guards.plain_attributes(m) != before
-            )
-            _TraceState.modules = {}  # no module outlives its use because a trace failed
+            # Each called module's state after the trace, against its attributes when first called.
+            seen = [(_ModuleMode.of(m), type(m).__name__, before) for m, before in _TraceState.modules.values()]
+            _TraceState.modules = {}  # weak from here: no module outlives its use because a trace failed
             _TraceState.active = False
             TRACE_HOOK[0] = None
-        record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, called)
-        if mutated and record is not None:
-            record = dataclasses.replace(record, mutated=mutated)
+        modes = tuple(mode for mode, _, _ in seen)
+        mutated = tuple(
+            (kind, tuple(sorted({a[0] for a in set(before) ^ set(mode.attrs)})))
+            for mode, kind, before in seen
+            if mode.attrs != before
+        )
+        record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, modes, mutated)
         return result, record
 
-    def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, called):
+    def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, modes, mutated):
         plan = captured.get("plan")
         storages = captured.get("storages", [])
         arg_storages: dict[int, int] = {}  # id(Storage) -> flat argument index
@@ -553,7 +553,7 @@ class CompiledFunction:
                 res_leaves.append(ValueResult(r))
         plan_key = None if plan is None else plan.key
         frozen_scalars = tuple(scalars)
-        modes = tuple(_ModuleMode.of(m) for m in called)
+        global_hooks = _global_hooks()
         return _Record(
             prog=captured.get("prog"),
             plan_key=plan_key,
@@ -564,10 +564,11 @@ class CompiledFunction:
             scalars=frozen_scalars,
             optimizers=dict(_TraceState.optimizers),
             modes=modes,
-            global_hooks=_global_hooks(),
+            global_hooks=global_hooks,
+            mutated=mutated,
             compare_key=(
-                tuple((id(m), *mode[1:]) for m, mode in zip(called, modes)),
-                _global_hooks(),
+                tuple((id(mode.ref()), *mode[1:]) for mode in modes),
+                global_hooks,
                 plan_key,
                 tuple(_role_key(r) for r in roles),
                 tuple(_target_key(t) for t in targets),

@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from torch import nn
 from torch.nn.modules.module import (
@@ -41,6 +41,7 @@ from torch.nn.modules.module import (
 
 __all__ = [
     "INTERNAL",
+    "HookKeys",
     "attributes_unchanged",
     "global_backward_hooks",
     "global_forward_hooks",
@@ -52,7 +53,18 @@ __all__ = [
 #: Attribute that marks a hook function as spmdtorch's own (set it to True).
 INTERNAL = "spmdtorch_internal"
 
-HookKeys = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+class HookKeys(NamedTuple):
+    """A module's own hooks by kind: their handle ids, in registration order."""
+
+    forward_pre: tuple[int, ...]
+    forward: tuple[int, ...]
+    backward_pre: tuple[int, ...]
+    backward: tuple[int, ...]
+
+    @property
+    def any_backward(self) -> bool:
+        return bool(self.backward_pre or self.backward)
 
 
 def user_hooks(hooks: dict[int, Any]) -> tuple[int, ...]:
@@ -79,7 +91,7 @@ def module_hooks(m: nn.Module) -> HookKeys | None:
     bp, b = d.get("_backward_pre_hooks"), d.get("_backward_hooks")
     if not (fp or f or bp or b):
         return None
-    return tuple(fp or ()), tuple(f or ()), tuple(bp or ()), tuple(b or ())
+    return HookKeys(tuple(fp or ()), tuple(f or ()), tuple(bp or ()), tuple(b or ()))
 
 
 # Plain Python values in a module's __dict__ that may decide what its forward records.

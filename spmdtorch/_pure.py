@@ -507,7 +507,7 @@ def _module_state(module: nn.Module, what: str) -> tuple[Hashable, ...]:
         )
     for i, m in enumerate(module.modules()):
         hooks = _guards.module_hooks(m) if i else None
-        if hooks is not None and (hooks[2] or hooks[3]):
+        if hooks is not None and hooks.any_backward:
             raise AssumePureError(
                 f"{what}: its submodule {type(m).__name__} has a backward hook, which would never run inside "
                 "the recorded backward of a module marked pure (it is differentiated as one function). Register "

@@ -57,7 +57,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _checks, _dtypes
+from spmdtorch import _checks, _dtypes, _guards
 from spmdtorch._checks import ArgumentTypeError
 from spmdtorch._vjp_nodes import (
     apply_vjp,
@@ -629,7 +629,8 @@ def _module_facts(module: nn.Module, ignore: frozenset[str]) -> dict[str, Any]:
         where = path or "(the layer itself)"
         facts[f"{where}: module type"] = type(m).__qualname__
         facts[f"{where}: own forward"] = "forward" in m.__dict__
-        if m._backward_hooks or m._backward_pre_hooks:
+        hooks = _guards.module_hooks(m)
+        if hooks is not None and hooks.any_backward:
             raise ScanError(
                 f"scan_layers: {where} of a layer has a backward hook, which would never run: the loop's "
                 "backward is computed by jax.vjp of the recorded layer. Remove the hook or run the layers unrolled"

@@ -16,7 +16,7 @@ class TraceState:
     created: list = []
     replaced: dict = {}
     optimizers: dict = {}
-    modules: dict = {}  # id(module) -> module, for each module called while tracing
+    modules: dict = {}  # id(module) -> (module, its plain attributes when first called), while tracing
 
 
 def tracing() -> bool:
