@@ -175,12 +175,12 @@ def _build_spmdtorch(cfg_name: str, dtype: str | None = None):
     train_step = spmdtorch.compile(step)
     for _ in range(3):  # the third trace is the stable one (the first creates AdamW's state)
         train_step(tok).item()
-    entry = next(e for e in train_step._entries.values() if e.stable is not None)
+    entry = next(e for e in train_step._entries.values() if e.stable)
 
     def run_step():
         return train_step(tok)
 
-    return entry.stable.prog, run_step
+    return entry.stable[-1].prog, run_step  # the latest replayable program
 
 
 def _per_param(tx_factory):
