@@ -301,14 +301,17 @@ class _Record:
 
     def modes_match(self) -> bool:
         """Every module the trace called is alive and as it was: training mode, trainable parameters, hooks."""
-        for ref, attrs, grads, hooks in self.modes:
-            m = ref()
-            if m is None or not _guards.attributes_unchanged(m, attrs):
-                return False
-            if grads is not None and _own_grads(m) != grads:
-                return False
-            if _guards.module_hooks(m) != hooks:
-                return False
+        # Runs before every replay: the parameters' requires_grad is read
+        # without a trip through XlaTensor.__torch_function__ per parameter.
+        with torch._C.DisableTorchFunctionSubclass():
+            for ref, attrs, grads, hooks in self.modes:
+                m = ref()
+                if m is None or not _guards.attributes_unchanged(m, attrs):
+                    return False
+                if grads is not None and _own_grads(m) != grads:
+                    return False
+                if _guards.module_hooks(m) != hooks:
+                    return False
         return _global_hooks() == self.global_hooks
 
 
