@@ -59,6 +59,25 @@ def test_every_rank_runs_with_its_environment_and_prefixed_output():
     assert host == "127.0.0.1" and master_port != {port}  # ... on another port than torch.distributed's
 
 
+def test_a_stderr_write_never_splits_an_output_line():
+    # An unbuffered print() writes its text and its newline separately; a C++
+    # library writing to stderr in between (gloo's "[Gloo] Rank 1 is
+    # connected ...") split the line when both streams shared one pipe.
+    result, lines = run(
+        """
+        import os, sys
+        sys.stdout.write("RESULT {")
+        sys.stdout.flush()
+        os.write(2, b"noise from C++\\n")
+        sys.stdout.write("}\\n")
+        sys.stdout.flush()
+        """,
+        nprocs=1,
+    )
+    assert result.returncode == 0, lines
+    assert sorted(lines) == ["[rank 0] RESULT {}", "[rank 0] noise from C++"], lines
+
+
 def test_failure_stops_the_others_with_sigkill_after_the_grace_period():
     # Rank 0 ignores SIGTERM (as JAX does in a multi-process job) and would
     # sleep for a minute; rank 1 fails.

@@ -302,14 +302,19 @@ def launch(
                     base=env,
                 ),
                 stdin=subprocess.DEVNULL,
+                # Two pipes, each copied line by line: with one shared pipe a
+                # C++ library's stderr write (gloo's "[Gloo] Rank 1 is
+                # connected ...") landed between an unbuffered print()'s text
+                # and its newline, splitting that line.
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.PIPE,
                 start_new_session=True,  # own process group: signals reach its children too
             )
             procs.append(proc)
-            pump = threading.Thread(target=_pump, args=(rank, proc.stdout, out, lock), daemon=True)
-            pump.start()
-            pumps.append(pump)
+            for stream in (proc.stdout, proc.stderr):
+                pump = threading.Thread(target=_pump, args=(rank, stream, out, lock), daemon=True)
+                pump.start()
+                pumps.append(pump)
         while len(ended) < nprocs:
             now = time.monotonic()
             for rank, proc in enumerate(procs):
