@@ -24,7 +24,11 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "flags,verdict",
     [
-        (("--new-tokens", "16"), "OK: tokens equal eager CPU"),
+        pytest.param(  # ~12 s; greedy compiled generation vs eager: tests/models/test_generate.py in-process
+            ("--new-tokens", "16"),
+            "OK: tokens equal eager CPU",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(  # sampling and lazy decoding: tests/models/test_generate.py in-process
             ("--new-tokens", "6", "--mode", "lazy", "--sample", "--top-k", "4"),
             "OK: sampled tokens in eager CPU top-4",
