@@ -10,6 +10,7 @@ out-of-place one (``_paths.lowering_batch``).
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import torch
@@ -125,17 +126,24 @@ def foreach(func, args, kwargs, facts):
                     f"(argument {fargs[i]!r})"
                 )
         given.append((kind, spec[1], v))
-    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    for j in range(n or 0):
-        elem: list[Any] = []
-        kw: dict[str, Any] = {}
-        for kind, kwarg, v in given:
-            e = v[j] if kind else v
-            if kwarg is None:
-                elem.append(e)
-            else:
-                kw[kwarg] = e
-        calls.append((tuple(elem), kw))
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    if all(kwarg is None for _, kwarg, _ in given):
+        # All positional (the optimizers' calls): the element calls are the
+        # lists zipped, each with its own empty kwargs (a handler may add to them).
+        cols = [v if kind else itertools.repeat(v, n or 0) for kind, _, v in given]
+        calls = [(elem, {}) for elem in zip(*cols)] if n else []
+    else:
+        calls = []
+        for j in range(n or 0):
+            elem: list[Any] = []
+            kw: dict[str, Any] = {}
+            for kind, kwarg, v in given:
+                e = v[j] if kind else v
+                if kwarg is None:
+                    elem.append(e)
+                else:
+                    kw[kwarg] = e
+            calls.append((tuple(elem), kw))
     if inplace and not write_back and inplace_batch(op, calls):
         return None
     if not inplace:

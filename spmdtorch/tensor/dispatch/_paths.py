@@ -34,6 +34,7 @@ aten = torch.ops.aten
 _CLONE = aten.clone.default
 _AS_STRIDED = aten.as_strided.default
 _COUNTERS = metrics.counters  # one object for the process (metrics.reset clears it in place)
+_new_part = tuple.__new__  # Part(...) without the NamedTuple's Python-level __new__ (one per foreach element)
 
 
 @path("decompose")
@@ -306,14 +307,22 @@ def inplace_batch(func, calls) -> bool:
         if not isinstance(self, XlaTensor) or id(self._st) in selves:
             return False
         selves.add(id(self._st))
+    # Per element of an optimizer's foreach op (thousands per step): the
+    # meta cache's hit path and the Part tuple inline, the write direct
+    # unless self is a view.
     parts = []
     seen = set()
+    meta_get = META_CACHE.get
     for args, kwargs in calls:
         own = args[0]._st
-        if _reads_other_self(args[1:], own, selves) or _reads_other_self(kwargs.values(), own, selves):
+        if _reads_other_self(args[1:], own, selves) or (kwargs and _reads_other_self(kwargs.values(), own, selves)):
             return False  # reads another call's self: sequential order would matter
         parsed = Args(func, facts, args, kwargs)
-        meta = meta_outputs(func, args, kwargs, facts, parsed.key)
+        meta = meta_get(parsed.key)
+        if meta is None:
+            meta = meta_miss(func, args, kwargs, facts, parsed.key)
+        else:
+            _COUNTERS["MetaCacheHit"] += 1
         tw = meta.twin
         if tw is None:
             tw = meta.twin = _inplace_twin_spec(func, twin, args, kwargs, parsed)
@@ -324,10 +333,14 @@ def inplace_batch(func, calls) -> bool:
         if same in seen:
             return False
         seen.add(same)
-        parts.append(Part(low.fn, twin, parsed.template, parsed.inputs, spec.avals[0], spec.sig))
-    metrics.counters["DispatchedOps"] += len(calls)
+        parts.append(_new_part(Part, (low.fn, twin, parsed.template, parsed.inputs, spec.avals[0], spec.sig)))
+    _COUNTERS["DispatchedOps"] += len(calls)
     for (args, _), ref in zip(calls, record_batch(parts)):
-        assign_value(args[0], ref)
+        t = args[0]
+        if t._chain:
+            assign_value(t, ref)
+        else:
+            t._st.set(ref)
     return True
 
 
