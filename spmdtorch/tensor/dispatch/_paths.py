@@ -308,8 +308,7 @@ def inplace_batch(func, calls) -> bool:
             return False
         selves.add(id(self._st))
     # Per element of an optimizer's foreach op (thousands per step): the
-    # meta cache's hit path and the Part tuple inline, the write direct
-    # unless self is a view.
+    # meta cache's hit path and the Part tuple inline.
     parts = []
     seen = set()
     meta_get = META_CACHE.get
@@ -336,11 +335,7 @@ def inplace_batch(func, calls) -> bool:
         parts.append(_new_part(Part, (low.fn, twin, parsed.template, parsed.inputs, spec.avals[0], spec.sig)))
     _COUNTERS["DispatchedOps"] += len(calls)
     for (args, _), ref in zip(calls, record_batch(parts)):
-        t = args[0]
-        if t._chain:
-            assign_value(t, ref)
-        else:
-            t._st.set(ref)
+        assign_value(args[0], ref)
     return True
 
 
