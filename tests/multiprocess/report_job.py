@@ -4,6 +4,7 @@ Run under any launcher (tests/multiprocess/test_auto_join.py runs it under real 
 """
 
 import json
+import os
 
 import spmdtorch.runtime as xr
 
@@ -15,4 +16,7 @@ if __name__ == "__main__":
         xr.global_runtime_device_count(),
         xr.addressable_runtime_device_count(),
     ]
-    print("RESULT " + json.dumps([*counts, None if cfg is None else cfg.source]), flush=True)
+    # One write(2) of the whole line: torchrun's workers share one stdout pipe, and print() under
+    # PYTHONUNBUFFERED writes the text and its newline separately, so two ranks' lines could interleave.
+    line = "RESULT " + json.dumps([*counts, None if cfg is None else cfg.source]) + "\n"
+    os.write(1, line.encode())
