@@ -14,6 +14,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+from training_helpers import assert_adamw_params_close
 
 import spmdtorch
 from spmdtorch import debug
@@ -130,29 +131,6 @@ def train_eager(model, batches):
     return losses
 
 
-def assert_params_close(model_params, ref, atol=3e-4, lr=1e-2, steps=3):
-    """Every parameter as eager's after ``steps`` AdamW steps, up to float32 rounding.
-
-    AdamW divides by sqrt(v): for an element whose gradient is near zero, a
-    float32 rounding difference in that gradient (XLA's CPU kernels vs torch's,
-    which round differently on different CPUs) changes m/sqrt(v) itself, by up
-    to ~1 per step, so such an element may end up to ``lr`` per step away
-    while every other one agrees to ~1e-5. A wrong update (learning rate, bias
-    correction, weight decay, a missed step) moves most elements, so: at most
-    0.1% of each parameter's elements beyond ``atol``, none beyond
-    ``lr * steps``.
-    """
-    for (name, p), q in zip(model_params, ref.parameters()):
-        got, want = p.detach().cpu(), q.detach()
-        diff = (got - want).abs()
-        off = int((diff > atol + 1e-5 * want.abs()).sum())
-        assert off <= diff.numel() // 1000, (
-            f"{name}: {off} of {diff.numel()} elements differ from eager by more than {atol} "
-            f"(largest {diff.max().item():.3g})"
-        )
-        assert diff.max().item() <= lr * steps, f"{name}: an element is {diff.max().item():.3g} away from eager"
-
-
 @pytest.mark.parametrize("mode", ["lazy", "compiled"])
 def test_scanned_llama_trains_like_eager(devices8, mode):
     ref = make_llama()
@@ -180,7 +158,7 @@ def test_scanned_llama_trains_like_eager(devices8, mode):
         losses = [compiled(tokens.to("xla")) for tokens in batches]
     losses = [loss.item() for loss in losses]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
-    assert_params_close(model.named_parameters(), ref)
+    assert_adamw_params_close(dict(model.named_parameters()), ref, lr=1e-2, steps=3)
     assert debug.counter_value("UncachedCompile") - before <= 2
 
 
@@ -209,7 +187,7 @@ def test_fsdpv2_scanned_llama_matches_eager_and_keeps_shardings(devices8):
         losses.append(loss.item())
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
     plain = spmdtorch.fsdp.plain_state_dict(model, keep_vars=True)
-    assert_params_close([(n, plain[n]) for n, _ in ref.named_parameters()], ref, steps=2)
+    assert_adamw_params_close({n: plain[n] for n, _ in ref.named_parameters()}, ref, lr=1e-2, steps=2)
     specs_after = {n: spmdtorch.sharding.get_sharding_spec(p) for n, p in model.named_parameters()}
     assert specs_after == specs_before
     assert any(s.startswith("{devices=[8") for n, s in specs_after.items() if "layers.1" in n)
@@ -462,7 +440,7 @@ def test_stacked_parameters_fsdpv2_train_like_eager(devices8):
             opt.step()
     plain = spmdtorch.fsdp.plain_state_dict(model)
     assert list(plain) == list(ref.state_dict())
-    assert_params_close(list(plain.items()), ref, steps=2)
+    assert_adamw_params_close({n: plain[n] for n, _ in ref.named_parameters()}, ref, lr=1e-2, steps=2)
     specs_after = {n: spmdtorch.sharding.get_sharding_spec(p) for n, p in model.named_parameters()}
     assert specs_after == specs_before
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from training_helpers import train_eager
+from training_helpers import assert_adamw_params_close, train_eager
 
 import spmdtorch
 from spmdtorch import debug
@@ -234,19 +234,21 @@ def test_training_matches_unwrapped_eager(mesh, model_name, opt_name, mode):
 
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     # Gradients agree with eager to float32 rounding (~6e-7 relative); the
-    # partitioned program sums partial matmuls in another order. Adam divides
-    # by sqrt(v) (tiny for weights whose gradients are tiny), which amplifies
-    # that rounding: for the decoder a few weights differ by up to ~2e-4
-    # absolute after a handful of steps at lr=1e-2, as in eager CPU-vs-CUDA
-    # comparisons (tests/lazy/test_training.py). Everything else: rtol=1e-5.
-    atol = 3e-4 if (model_name, opt_name) == ("llama", "adamw") else 1e-5
-    ref_params = dict(ref.named_parameters())
+    # partitioned program sums partial matmuls in another order. SGD keeps
+    # that: rtol=1e-5. Adam divides by sqrt(v), which amplifies it for
+    # weights whose gradients are near zero (see assert_adamw_params_close).
     got = plain_state_dict(model, keep_vars=True)
-    assert set(got) == set(ref_params)
-    for name, p_ref in ref_params.items():
-        torch.testing.assert_close(
-            got[name].cpu(), p_ref.detach(), rtol=1e-5, atol=atol, msg=lambda m, name=name: f"{name}: {m}"
-        )
+    if opt_name == "adamw":
+        # The MLP's gradients are nowhere near zero: it holds to 1e-5.
+        atol = 3e-4 if model_name == "llama" else 1e-5
+        assert_adamw_params_close(got, ref, lr=1e-2, steps=STEPS, atol=atol)
+    else:
+        ref_params = dict(ref.named_parameters())
+        assert set(got) == set(ref_params)
+        for name, p_ref in ref_params.items():
+            torch.testing.assert_close(
+                got[name].cpu(), p_ref.detach(), rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+            )
     check_specs(model, specs)  # the optimizer's overwrites kept the shardings
     assert compiles <= 2, f"{compiles} compilations for {STEPS} steps"
 
