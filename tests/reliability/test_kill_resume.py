@@ -103,6 +103,11 @@ def _kill_and_resume(tmp_path, *, steps, save_every, kills, mode, seed):
             assert line == ref_steps[line.split()[1]]
 
 
+# Both in the slow tier: the default suite keeps an in-process kill -9 during an
+# async save (tests/checkpoint/test_manager.py), bit-exact resumption
+# (test_resumed_training_matches_uninterrupted_bit_for_bit) and peers killed
+# while saving or restoring (tests/multiprocess/test_peer_faults.py).
+@pytest.mark.slow
 def test_killed_twice_resumes_bit_exact(tmp_path):
     _kill_and_resume(tmp_path, steps=30, save_every=10, kills=2, mode="compiled", seed=0)
 
