@@ -46,14 +46,18 @@ opinfo_report = _load("opinfo_report", _HERE.parents[1] / "tools" / "opinfo_repo
 # close together) sit at OpInfo's tolerance, and whether they pass depends on
 # the LAPACK kernels this CPU selects, for the eager reference and for XLA
 # alike. Seen failing on the machine that generated the list and passing on
-# another with the same package versions (2026-11-25). They still run: a
-# crash or a non-numerical failure fails the test.
+# another with the same package versions (2026-11-25). The same for
+# triangular_solve's gradient on its sample 5: one of 50 elements off by 7e-6
+# relative (OpInfo allows 3e-6) on an AMD EPYC, within tolerance on an Intel
+# Xeon (2026-12-02). They still run: a crash or a non-numerical failure fails
+# the test.
 MACHINE_DEPENDENT = frozenset(
     {
         ("linalg.lstsq", "", "float32", "grad"),
         ("linalg.lstsq", "grad_oriented", "float32", "grad"),
         ("linalg.svd", "", "float32", "grad"),
         ("svd", "", "float32", "grad"),
+        ("triangular_solve", "", "float32", "grad"),
     }
 )
 EXPECTED_FAILURES = _load("opinfo_expected_failures", _HERE / "opinfo_expected_failures.py").EXPECTED_FAILURES
