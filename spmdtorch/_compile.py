@@ -42,7 +42,18 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 
 from spmdtorch import _guards
-from spmdtorch.lazy import TRACE_HOOK, Storage, _precision, _profiling, executor, holders_of, metrics, padding, rng
+from spmdtorch.lazy import (
+    TRACE_HOOK,
+    Storage,
+    _precision,
+    _profiling,
+    executor,
+    holders_of,
+    metrics,
+    padding,
+    paused_gc,
+    rng,
+)
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._trace_records import (
     AliasResult,
@@ -397,7 +408,10 @@ class CompiledFunction:
                 break
         metrics.inc("CompiledTrace")
         args, kwargs = pytree.tree_unflatten(flat, spec)
-        result, record = self._trace(args, kwargs, flat)
+        # A trace records and compiles a whole step, as ``spmdtorch.step()``
+        # does: the collector is paused for the same reason (``lazy._gc``).
+        with paused_gc():
+            result, record = self._trace(args, kwargs, flat)
         if record is not None and entry.last is not None:
             for key, (ref, hp) in record.optimizers.items():
                 opt = ref()
@@ -795,6 +809,8 @@ def compile(fn=None):
         fn: the function; its tensor arguments may be xla or CPU tensors (CPU
             tensors are transferred each call). Mutations it makes to module
             parameters, buffers, gradients and optimizer state are captured.
+            While it is traced, Python's cyclic garbage collector is paused,
+            as in ``spmdtorch.step()`` (a replay runs no Python of ``fn``).
 
     Returns:
         A ``CompiledFunction`` to call like ``fn``.

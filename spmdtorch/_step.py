@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import gc
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from spmdtorch._checks import ArgumentTypeError, check_bool, check_callable, check_instance
-from spmdtorch.lazy import _profiling, executor
+from spmdtorch.lazy import _profiling, executor, paused_gc
 
 __all__ = ["add_step_closure", "mark_step", "step", "sync", "wait_device_ops"]
 
@@ -157,25 +156,21 @@ def step(*, pause_gc: bool = True) -> contextlib.AbstractContextManager[None]:
 
 @contextlib.contextmanager
 def _step(pause_gc: bool) -> Iterator[None]:
-    paused = pause_gc and gc.isenabled()
-    if paused:
-        gc.disable()
-    # While profiling, each block is one step on the trace ("spmdtorch.step", step_num);
-    # otherwise no annotation object is made at all (one flag test per step).
-    number = next(_STEP_NUMBERS)
-    annotation = _profiling.step_annotation("spmdtorch.step", number) if _profiling.STATE.active else None
-    if annotation is not None:
-        annotation.__enter__()
-    try:
-        yield
-    finally:
+    with paused_gc(pause_gc):
+        # While profiling, each block is one step on the trace ("spmdtorch.step", step_num);
+        # otherwise no annotation object is made at all (one flag test per step).
+        number = next(_STEP_NUMBERS)
+        annotation = _profiling.step_annotation("spmdtorch.step", number) if _profiling.STATE.active else None
+        if annotation is not None:
+            annotation.__enter__()
         try:
-            sync()
+            yield
         finally:
-            if paused:
-                gc.enable()
-            if annotation is not None:
-                annotation.__exit__(None, None, None)
+            try:
+                sync()
+            finally:
+                if annotation is not None:
+                    annotation.__exit__(None, None, None)
 
 
 #: Numbers the ``step()`` blocks of this process (``step_num`` on profiles).

@@ -1,4 +1,4 @@
-"""``spmdtorch.step()``: a barrier on exit, with the cyclic GC paused while the step records."""
+"""``spmdtorch.step()``: a barrier on exit, with the cyclic GC paused while the step records (and ``spmdtorch.compile`` while it traces)."""
 
 import gc
 
@@ -15,8 +15,7 @@ def gc_enabled():
     was = gc.isenabled()
     gc.enable()
     yield
-    if not was:
-        gc.disable()
+    (gc.enable if was else gc.disable)()  # as it was, whatever the test left
 
 
 def test_gc_is_paused_inside_and_restored_after(gc_enabled):
@@ -50,3 +49,35 @@ def test_pause_gc_false_and_a_disabled_gc_are_left_alone(gc_enabled):
     with spmdtorch.step():
         pass
     assert not gc.isenabled()  # the user's choice stands
+
+
+def test_compile_pauses_gc_while_it_traces_and_restores_it(gc_enabled):
+    # A trace records and compiles a whole step, as step() does (spmdtorch.lazy._gc).
+    w = torch.zeros(3, device="xla")
+    seen = []
+
+    @spmdtorch.compile
+    def step(x):
+        seen.append(gc.isenabled())
+        w.add_(x)
+        return w.sum()
+
+    for _ in range(4):
+        out = step(torch.ones(3, device="xla"))
+        assert gc.isenabled()
+    assert seen and not any(seen), seen  # traced with the collector paused, every time
+    assert out.item() == 12.0
+
+
+def test_compile_restores_gc_when_the_trace_raises(gc_enabled):
+    @spmdtorch.compile
+    def step(x):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        step(torch.ones(3, device="xla"))
+    assert gc.isenabled()
+    gc.disable()
+    with pytest.raises(ValueError, match="boom"):
+        step(torch.ones(3, device="xla"))
+    assert not gc.isenabled()  # a disabled collector stays disabled

@@ -8,6 +8,7 @@ chains of ``ViewStep``, and ``record`` is the one way to add a node.
 The names below are the package's internal API for the layers above.
 """
 
+from spmdtorch.lazy._gc import paused_gc
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import Part, record, record_batch
 from spmdtorch.lazy._storage import PENDING, SEQ, TRACE_HOOK, Storage, ViewStep, holder_of, holders_of
@@ -23,6 +24,7 @@ __all__ = [
     "ViewStep",
     "holder_of",
     "holders_of",
+    "paused_gc",
     "record",
     "record_batch",
     "replicated_sharding",
