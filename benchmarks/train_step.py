@@ -30,7 +30,11 @@ Columns (host wall-clock, ``time.perf_counter``):
   the median over rounds (all rounds' ratios beside it) and the run with the
   median ratio;
 * ``first step s``: the first call, trace + compile + run, until its loss is
-  ready; ``warm-up s``: until the steady state (``spmdtorch.compile`` traces
+  ready, measured in a process of its own with no other mode's process
+  alive (each round first runs every mode alone, one after the other, who
+  goes first rotating: a process started beside an idle one measured
+  10-25% slower first steps on 2 cores, whatever its mode, which made the
+  twin, always set up first, look faster); ``warm-up s``: until the steady state (``spmdtorch.compile`` traces
   until two consecutive traces agree; lazy mode compiles again once AdamW's
   state exists);
 * ``host ms/step``: host time of one steady-state step launched on an idle
@@ -436,13 +440,16 @@ def worker_main(args) -> None:
     steps per ``BLOCK`` line, and on ``FINISH`` print the RESULT and exit."""
     # Lazy mode compiles twice (AdamW's state appears after step 1);
     # spmdtorch.compile replays from its fourth call.
-    warmup = 4  # the same number of steps everywhere, so the final losses agree too
+    warmup = 1 if args.first_only else 4  # the same number of steps everywhere, so the final losses agree too
     if args.worker == "jax":
         sess = session_jax(args.config, warmup, dtype=args.dtype)
     else:
         sess = session_spmdtorch(
             args.config, args.worker, warmup, zero_grad_after=args.zero_grad_after, dtype=args.dtype
         )
+    if args.first_only:  # the first step alone (run_round's first phase): report it and exit
+        print("FIRST " + json.dumps({"first_s": sess.first}), flush=True)
+        return
     print("READY", flush=True)
     for line in sys.stdin:
         cmd = line.split()
@@ -462,12 +469,22 @@ def worker_main(args) -> None:
 class Worker:
     """One worker process (one config and mode), driven a block at a time."""
 
-    def __init__(self, mode: str, config: str, timeout: int, zero_grad_after: bool = False, dtype: str | None = None):
+    def __init__(
+        self,
+        mode: str,
+        config: str,
+        timeout: int,
+        zero_grad_after: bool = False,
+        dtype: str | None = None,
+        first_only: bool = False,
+    ):
         self.mode, self.timeout = mode, timeout
         self._err = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and stall the worker
         cmd = [sys.executable, __file__, "--worker", mode, "--config", config]
         if zero_grad_after:
             cmd.append("--zero-grad-after")
+        if first_only:
+            cmd.append("--first-only")
         if dtype:
             cmd += ["--dtype", dtype]
         # Every mode's process lives on the same accelerator at once: each
@@ -479,7 +496,12 @@ class Worker:
         )
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
-        self._expect("READY")
+        if first_only:
+            self.first = self._expect("FIRST")["first_s"]
+            self.proc.wait(timeout=self.timeout)
+            self._err.close()
+        else:
+            self._expect("READY")
 
     def _pump(self):
         for line in self.proc.stdout:
@@ -518,11 +540,23 @@ class Worker:
 
 
 def run_round(
-    config: str, steps: int, blocks: int, timeout: int, zero_grad_after: bool = False, dtype: str | None = None
+    config: str,
+    steps: int,
+    blocks: int,
+    timeout: int,
+    zero_grad_after: bool = False,
+    dtype: str | None = None,
+    rnd: int = 0,
 ) -> dict:
-    """Every mode in its own process, set up one after the other, then their
-    blocks interleaved (twin, lazy, compiled, twin, ...) so that the machine's
-    drift over seconds (other tenants) hits each mode alike."""
+    """Every mode's first step alone, then every mode in its own process, set
+    up one after the other, their blocks interleaved (twin, lazy, compiled,
+    twin, ...) so that the machine's drift over seconds (other tenants) hits
+    each mode alike. ``rnd`` (the round's number) rotates who goes first in
+    the first-step phase."""
+    firsts = {}
+    order = MODES[rnd % len(MODES) :] + MODES[: rnd % len(MODES)]
+    for mode in order:  # alone: no other worker alive (see the module docstring)
+        firsts[mode] = Worker(mode, config, timeout, zero_grad_after, dtype, first_only=True).first
     workers = []
     try:
         for mode in MODES:  # one at a time: first steps and compiles do not overlap
@@ -539,6 +573,9 @@ def run_round(
             res["step_ms"] = statistics.median(walls) * 1e3
             res["cpu_ms"] = statistics.median(t[1] for t in times[w.mode]) * 1e3
             res["blocks_ms"] = [x * 1e3 for x in walls]
+            # The first step the table reports is the one measured alone; the
+            # one this worker measured while set up beside the others is kept.
+            res["first_s_beside"], res["first_s"] = res["first_s"], firsts[w.mode]
             out[w.mode] = res
         return out
     finally:
@@ -619,6 +656,7 @@ def main(argv=None) -> int:
         help="parameter dtype (default: float32; bfloat16 for 1b)",
     )
     p.add_argument("--worker", choices=ALL_MODES, help=argparse.SUPPRESS)
+    p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps is None:
@@ -654,7 +692,13 @@ def main(argv=None) -> int:
                 f"{args.blocks} interleaved blocks) ..."
             )
             res = run_round(
-                cfg, args.steps, args.blocks, timeout=900, zero_grad_after=args.zero_grad_after, dtype=args.dtype
+                cfg,
+                args.steps,
+                args.blocks,
+                timeout=900,
+                zero_grad_after=args.zero_grad_after,
+                dtype=args.dtype,
+                rnd=rnd,
             )
             for mode in MODES:
                 runs[mode].append(res[mode])

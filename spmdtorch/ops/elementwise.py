@@ -443,6 +443,11 @@ def _lerp(self, end, weight):
     # instead of computing both formulas for every element.
     lo = jnp.abs(w) < 0.5
     diff = b - a
+    if jnp.ndim(w) == 0 and jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b):
+        # lax.select takes a scalar predicate as it is: jnp.where would
+        # broadcast it to a and b's shape and trace a nested jit per shape (one
+        # per parameter in an optimizer step; a call op each in the program).
+        return lax.select(lo, a, b) + lax.select(lo, w, w - 1) * diff
     return jnp.where(lo, a, b) + jnp.where(lo, w, w - 1) * diff
 
 
