@@ -332,7 +332,6 @@ def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> _Sessio
     step()
     losses = [float(state["loss"])]
     first = now() - t0
-    mem = jitted.lower(state["params"], state["opt"], tok).compile().memory_analysis()
     for _ in range(warmup - 1):
         step()
         losses.append(float(state["loss"]))
@@ -352,6 +351,9 @@ def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> _Sessio
             step()
             host.append(now() - h)
         losses.append(float(state["loss"]))
+        # Compiled again (lower().compile() does not reuse the jit's executable),
+        # so only here: a first-step-only worker never pays it.
+        mem = jitted.lower(state["params"], state["opt"], tok).compile().memory_analysis()
         return {
             "host_ms": statistics.median(host) * 1e3,
             "aten_ops": 0,
@@ -498,8 +500,7 @@ class Worker:
         threading.Thread(target=self._pump, daemon=True).start()
         if first_only:
             self.first = self._expect("FIRST")["first_s"]
-            self.proc.wait(timeout=self.timeout)
-            self._err.close()
+            self._exited()
         else:
             self._expect("READY")
 
@@ -534,9 +535,19 @@ class Worker:
         self.proc.stdin.write("FINISH\n")
         self.proc.stdin.flush()
         res = self._expect("RESULT")
+        self._exited()
+        return res
+
+    def _exited(self) -> None:
+        """Wait for the worker to exit after its last message."""
         self.proc.wait(timeout=self.timeout)
         self._err.close()
-        return res
+
+
+def _rotated(modes: tuple, k: int) -> tuple:
+    """``modes`` starting at position ``k`` (mod its length): who goes first takes turns."""
+    k %= len(modes)
+    return modes[k:] + modes[:k]
 
 
 def run_round(
@@ -554,8 +565,7 @@ def run_round(
     each mode alike. ``rnd`` (the round's number) rotates who goes first in
     the first-step phase."""
     firsts = {}
-    order = MODES[rnd % len(MODES) :] + MODES[: rnd % len(MODES)]
-    for mode in order:  # alone: no other worker alive (see the module docstring)
+    for mode in _rotated(MODES, rnd):  # alone: no other worker alive (see the module docstring)
         firsts[mode] = Worker(mode, config, timeout, zero_grad_after, dtype, first_only=True).first
     workers = []
     try:
@@ -563,7 +573,7 @@ def run_round(
             workers.append(Worker(mode, config, timeout, zero_grad_after, dtype))
         times = {mode: [] for mode in MODES}
         for b in range(blocks):
-            order = MODES[b % len(MODES) :] + MODES[: b % len(MODES)]  # who goes first rotates
+            order = _rotated(MODES, b)
             for w in sorted(workers, key=lambda w: order.index(w.mode)):
                 times[w.mode].append(w.block(steps))
         out = {}
