@@ -49,5 +49,6 @@ def test_readme_assume_pure_snippet_runs(capsys):
     exec(compile(_block_after("### Lazy mode without re-recording: `assume_pure`"), "README.md", "exec"), {})
     lines = capsys.readouterr().out.strip().splitlines()[-3:]
     ops = [int(line.split()[1]) for line in lines]
-    # The first step records the layers once; later steps record one node per layer call instead.
-    assert ops[1] == ops[2] and ops[0] > 2 * ops[1], lines
+    # The first step records the layers once; later steps record one node per layer call instead
+    # (what is left: the model outside its layers and AdamW, whose foreach ops count per parameter).
+    assert ops[1] == ops[2] and ops[0] > 1.5 * ops[1], lines

@@ -6,6 +6,7 @@ Importing this package fills ``registry.LOWERINGS`` (and
 
 from spmdtorch.ops import (  # noqa: F401
     _batched_matmul,
+    _linear,
     activations,
     attention,
     conv,
@@ -25,6 +26,7 @@ from spmdtorch.ops import (  # noqa: F401
     special,
     views,
 )
+from spmdtorch.ops._linear import LinearFn  # noqa: F401  (the autograd function of F.linear on xla tensors)
 from spmdtorch.ops.registry import LOWERINGS, get_lowering, register, resolve_ops  # noqa: F401
 from spmdtorch.ops.views import VIEW_INVERSES, get_inverse, register_inverse  # noqa: F401
 

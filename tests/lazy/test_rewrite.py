@@ -89,9 +89,11 @@ def test_products_with_folded_transposes_match_eager(dtype):
         torch.testing.assert_close(got.cpu(), want, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_linear_backward_reads_the_forward_transpose_of_the_weight():
-    """torch's linear backward computes mm(grad, t(t(W))) and mm(t(x), grad): the program
-    transposes W once (shared with the forward), like jax.grad of x @ W.T."""
+@pytest.mark.parametrize("form", ["matmul", "F.linear"])
+def test_linear_backward_reads_the_forward_transpose_of_the_weight(form):
+    """torch's ``x @ W.t()`` backward computes mm(grad, t(t(W))) and mm(t(x), grad): the program
+    transposes W once (shared with the forward), like jax.grad of x @ W.T. ``F.linear`` is
+    one op each way (``ops/_linear.py``): its dots read W itself, no transpose at all."""
     w, w_cpu = _param(8, 6)
     w.requires_grad_(True)
     w_cpu.requires_grad_(True)
@@ -100,10 +102,11 @@ def test_linear_backward_reads_the_forward_transpose_of_the_weight():
     x.requires_grad_(True)
     x_cpu = x_cpu.clone().requires_grad_(True)
     for ww, xx in ((w, x), (w_cpu, x_cpu)):
-        (torch.nn.functional.linear(xx, ww) ** 2).sum().backward()
+        y = xx @ ww.t() if form == "matmul" else torch.nn.functional.linear(xx, ww)
+        (y**2).sum().backward()
     hlo = debug.get_hlo_text([w.grad, x.grad])
-    # One transpose: the shared t(W); the backward products fold theirs into the dot.
-    assert _count(hlo, "transpose") == 1, hlo
+    # matmul: one transpose, the shared t(W); the backward products fold theirs into the dot.
+    assert _count(hlo, "transpose") == (1 if form == "matmul" else 0), hlo
     assert _count(hlo, "dot") == 3
     torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
     torch.testing.assert_close(x.grad.cpu(), x_cpu.grad)

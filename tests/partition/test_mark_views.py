@@ -77,12 +77,18 @@ def test_every_kind_of_view_can_be_annotated(mesh, name, make, spec, sdy):
     torch.testing.assert_close(v.cpu(), make(torch.sin(src)))
 
 
-def test_output_of_a_3d_linear_is_annotated(mesh):
-    # linear on a 3-d input returns a view of a 2-d matmul: this raised before.
+@pytest.mark.parametrize("form", ["view of a 2-d product", "F.linear"])
+def test_output_of_a_3d_linear_is_annotated(mesh, form):
+    # torch's linear of a 3-d input returns a view of a 2-d matmul (annotating it raised
+    # before); spmdtorch's F.linear is one op, not a view: both annotate alike.
     lin = torch.nn.Linear(4, 6).to("xla")
     x = torch.randn(8, 5, 4).to("xla")
-    y = lin(x)
-    assert y._chain
+    if form == "F.linear":
+        y = lin(x)
+        assert not y._chain
+    else:
+        y = (x.flatten(0, 1) @ lin.weight.t() + lin.bias).view(8, 5, 6)
+        assert y._chain
     mark_sharding(y, mesh, ("data", None, "model"))
     assert get_sharding_spec(y) == "{devices=[4,1,2]0,1,2,3,4,5,6,7}"
     assert ("8,5,6", '[{"data"}, {}, {"model"}]') in constraints([y.sum()])

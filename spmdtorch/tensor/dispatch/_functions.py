@@ -19,9 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from spmdtorch.ops import LinearFn
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
-__all__ = ["FUNCTION_OVERRIDES", "matmul", "scaled_dot_product_attention", "under_saved_tensor_hooks"]
+__all__ = ["FUNCTION_OVERRIDES", "linear", "matmul", "scaled_dot_product_attention", "under_saved_tensor_hooks"]
 
 FUNCTION_OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {}
 
@@ -110,3 +111,37 @@ def matmul(input, other, *, out=None):
 FUNCTION_OVERRIDES[torch.matmul] = matmul
 FUNCTION_OVERRIDES[torch.Tensor.matmul] = matmul
 FUNCTION_OVERRIDES[torch.Tensor.__matmul__] = matmul
+
+
+def linear(input, weight, bias=None):
+    """``F.linear`` of xla tensors as one op each way (``spmdtorch.ops._linear``).
+
+    torch decomposes it into about four ATen calls forward and eight
+    backward (transposes, views and ``mm`` of the flattened input); the call
+    becomes ``spmdtorch::linear`` (through ``spmdtorch.ops.LinearFn``, its autograd
+    function), whose gradient is ``linear_input_grad`` and
+    ``linear_weight_grad``: the products ``jax.grad`` of ``x @ w.T`` has,
+    every leading dim kept. Anything else (a weight that is not 2-d,
+    mixed dtypes or devices, integer tensors, saved-tensor hooks) returns
+    ``NotImplemented`` and takes torch's path, which also reports shape
+    errors in torch's words.
+    """
+    if (
+        isinstance(input, XlaTensor)
+        and isinstance(weight, XlaTensor)
+        and weight.dim() == 2
+        and input.dim() >= 1
+        and input.shape[-1] == weight.shape[1]
+        and input.dtype == weight.dtype
+        and input.dtype.is_floating_point
+        and (
+            bias is None
+            or (isinstance(bias, XlaTensor) and bias.shape == weight.shape[:1] and bias.dtype == input.dtype)
+        )
+        and not under_saved_tensor_hooks()
+    ):
+        return LinearFn.apply(input, weight, bias)
+    return NotImplemented
+
+
+FUNCTION_OVERRIDES[F.linear] = linear
