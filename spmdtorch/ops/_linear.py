@@ -63,19 +63,27 @@ _LIB.impl(
 _LINEAR = torch.ops.spmdtorch.linear.default
 _INPUT_GRAD = torch.ops.spmdtorch.linear_input_grad.default
 _WEIGHT_GRAD = torch.ops.spmdtorch.linear_weight_grad.default
-# Inside a Function's forward the op must not reach its autograd kernel (the
-# Function itself) again.
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+def _forward(op):
+    """A Function's ``forward``: save the two operands, run ``op`` below autograd.
+
+    Below autograd: the op must not reach its autograd kernel (the Function
+    itself) again.
+    """
+
+    def forward(ctx, a, b, *rest):
+        ctx.save_for_backward(a, b)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(a, b, *rest)
+
+    return staticmethod(forward)
 
 
 class LinearFn(torch.autograd.Function):
     """``F.linear(x, w, b)`` as ``spmdtorch::linear``; gradient: ``LinearInputGradFn``, ``LinearWeightGradFn``."""
 
-    @staticmethod
-    def forward(ctx, x, w, b):
-        ctx.save_for_backward(x, w)
-        with _below_autograd():
-            return _LINEAR(x, w, b)
+    forward = _forward(_LINEAR)  # (x, w, b)
 
     @staticmethod
     def backward(ctx, grad):
@@ -91,11 +99,7 @@ class LinearFn(torch.autograd.Function):
 class LinearInputGradFn(torch.autograd.Function):
     """``g @ w`` as ``spmdtorch::linear_input_grad``."""
 
-    @staticmethod
-    def forward(ctx, g, w):
-        ctx.save_for_backward(g, w)
-        with _below_autograd():
-            return _INPUT_GRAD(g, w)
+    forward = _forward(_INPUT_GRAD)  # (g, w)
 
     @staticmethod
     def backward(ctx, up):
@@ -108,11 +112,7 @@ class LinearInputGradFn(torch.autograd.Function):
 class LinearWeightGradFn(torch.autograd.Function):
     """``g.T @ x`` over every leading dim as ``spmdtorch::linear_weight_grad``."""
 
-    @staticmethod
-    def forward(ctx, g, x):
-        ctx.save_for_backward(g, x)
-        with _below_autograd():
-            return _WEIGHT_GRAD(g, x)
+    forward = _forward(_WEIGHT_GRAD)  # (g, x)
 
     @staticmethod
     def backward(ctx, up):
