@@ -294,7 +294,8 @@ class _Record:
         mutated: ``(module type, attribute names)`` of the called modules whose
             plain attributes ``fn`` changed while traced (a counter: then no
             trace repeats the last, and the step is traced every call).
-        compare_key: equal for two traces that recorded the same program and roles.
+        compare_key: equal for two traces that recorded the same program and
+            roles, Python numbers aside (those are ``scalars``).
     """
 
     prog: Any
@@ -372,6 +373,11 @@ class CompiledFunction:
     def __init__(self, fn):
         self.fn = fn
         self._entries: dict = {}
+        # Trace with Python numbers compiled in as constants (executor._Layout)
+        # until two traces differ only in them: then they are program inputs,
+        # so that numbers changing every call (a float learning rate under a
+        # scheduler) do not compile a program per call.
+        self._bake = True
         functools.update_wrapper(self, fn)
         _install_optimizer_hook()
 
@@ -419,7 +425,25 @@ class CompiledFunction:
                     _, last_hp = entry.last.optimizers[key]
                     if last_hp != hp:
                         self._warn_changing_hparams(opt, last_hp, hp)
-        if record is not None and entry.last is not None and record.compare_key == entry.last.compare_key:
+        if (
+            self._bake
+            and record is not None
+            and entry.last is not None
+            and record.plan_key is not None
+            and record.plan_key == entry.last.plan_key
+            and record.scalars != entry.last.scalars
+        ):
+            # The same program but other numbers (a scheduled float learning
+            # rate, a module attribute changed every call): from now on they
+            # are inputs, so each new value reuses one program.
+            self._bake = False
+            metrics.inc("CompiledScalarsLifted")
+        if (
+            record is not None
+            and entry.last is not None
+            and record.compare_key == entry.last.compare_key
+            and record.scalars == entry.last.scalars
+        ):
             entry.streak += 1
         else:
             entry.streak = 1
@@ -427,7 +451,7 @@ class CompiledFunction:
                 self._warn_mutated_modules(record.mutated)
         entry.last = entry.ran = record
         if record is not None and entry.streak >= _STABLE_AFTER:
-            kept = [r for r in entry.stable if r.compare_key != record.compare_key]
+            kept = [r for r in entry.stable if (r.compare_key, r.scalars) != (record.compare_key, record.scalars)]
             entry.stable = [*kept[-(_MAX_STABLE - 1) :], record]
         return result
 
@@ -485,7 +509,7 @@ class CompiledFunction:
             for old, first, more in replaced.values():
                 for st in (first, *more):
                     recycle.setdefault(id(st), old)
-            executor.sync(_on_plan=on_plan, _recycle=recycle)
+            executor.sync(_on_plan=on_plan, _recycle=recycle, _bake=self._bake)
         finally:
             collector.remove()
             # Each called module's state after the trace, against its attributes when first called.
@@ -589,7 +613,6 @@ class CompiledFunction:
                 plan_key,
                 tuple(_role_key(r) for r in roles),
                 tuple(_target_key(t) for t in targets),
-                frozen_scalars,
                 res_spec,
                 tuple(_res_key(r) for r in res_leaves),
             ),
@@ -648,8 +671,8 @@ class CompiledFunction:
         warnings.warn(
             f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): the {name} hyperparameter "
             f"{key!r} changed between calls ({a!r} -> {b!r}, e.g. by an LR scheduler); a Python number is "
-            "part of the traced step, so every change traces the step again (no recompilation, but "
-            f"lazy-mode speed). Make it a tensor on the xla device, e.g. {name}(params, "
+            "part of the traced step, so every change traces the step again (after one more compilation, "
+            f"which makes such numbers program inputs: lazy-mode speed). Make it a tensor on the xla device, e.g. {name}(params, "
             f"{key}=torch.tensor({a!r}, device='xla')): schedulers then update it in place and the step replays.",
             RuntimeWarning,
             stacklevel=3,

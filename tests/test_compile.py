@@ -538,3 +538,74 @@ def test_a_returned_state_tensor_replaced_between_calls_runs_the_step_once():
     out = step()
     assert out.cpu().tolist() == [7.0, 7.0]
     assert counter.item() == 5.0
+
+
+@pytest.mark.filterwarnings("ignore:.*changed between calls:RuntimeWarning")
+def test_float_learning_rate_schedule_stops_baking_after_one_more_compile():
+    """Python numbers are compiled in as constants until two traces of one program differ in them; then
+    they are inputs, so a float LR schedule compiles as many programs for 12 steps as for 4."""
+    compiles = []
+    for steps in (4, 12):
+        debug.clear_caches()
+        debug.clear_metrics()
+        _adamw_lambda_lr_run(1e-2, steps=steps)  # matches eager, step by step
+        assert debug.counter_value("CompiledScalarsLifted") == 1
+        compiles.append(debug.counter_value("UncachedCompile"))
+    assert compiles[0] == compiles[1]
+
+
+def test_numbers_are_baked_into_a_stable_program():
+    """A stable step's Python numbers (AdamW's betas, eps, lr) are constants of its program, not inputs."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 2)
+    model = copy.deepcopy(ref).to("xla")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    x = torch.randn(3, 4)
+    xx = x.to("xla")
+
+    @spmdtorch.compile
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    debug.clear_metrics()
+    for _ in range(5):
+        step(xx)
+        ref_opt.zero_grad()
+        ref(x).pow(2).sum().backward()
+        ref_opt.step()
+    assert debug.counter_value("CompiledReplay") >= 2
+    assert debug.counter_value("CompiledScalarsLifted") == 0
+    (entry,) = step._entries.values()
+    layout = entry.stable[-1].prog.layout
+    assert layout.constants and not layout.groups  # baked numbers; no packed vector argument
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_module_attribute_changed_every_call_lifts_its_number():
+    """A module attribute the program reads as a number, changed between calls: one more program, then
+    every value reuses it (and each call computes with its own value)."""
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = 0.5
+
+        def forward(self, x):
+            return x * self.s
+
+    m = Scale()
+    f = spmdtorch.compile(lambda x: m(x))
+    x = torch.arange(4.0)
+    xx = x.to("xla")
+    debug.clear_metrics()
+    for i in range(8):
+        m.s = 0.5 + i
+        torch.testing.assert_close(f(xx).cpu(), x * m.s, rtol=0, atol=0)
+    assert debug.counter_value("CompiledScalarsLifted") == 1
+    assert debug.counter_value("UncachedCompile") == 3  # 0.5 and 1.5 baked, then one program for all

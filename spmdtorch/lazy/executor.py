@@ -119,6 +119,8 @@ class ProgramKey(NamedTuple):
         out_shardings: per output, its sharding (None: XLA's choice).
         matmul_precision: the float32 matmul precision the program is built with (``_precision``).
         recycle: positions of the outputs that take a buffer to reuse (see :class:`_Program`).
+        baked: ``(leaf index, kind, bytes)`` of each Python number compiled
+            into the program as a constant (``bake=True``, see :class:`_Layout`).
     """
 
     plan: PlanKey
@@ -127,6 +129,7 @@ class ProgramKey(NamedTuple):
     out_shardings: tuple
     matmul_precision: str
     recycle: tuple = ()
+    baked: tuple = ()
 
 
 class _Plan:
@@ -368,22 +371,38 @@ def _scalar_kind(value):
 
 
 class _Layout:
-    """Where each leaf of a plan goes in the program's argument list."""
+    """Where each leaf of a plan goes in the program's argument list.
 
-    __slots__ = ("n_leaves", "array_pos", "groups")
+    A Python-number leaf (bool, int, float) is packed into one vector per kind
+    (``pack``), or, with ``bake``, is no argument at all: the program holds
+    its value as a constant, as ``jax.jit`` holds a Python number it closes
+    over. ``spmdtorch.compile`` bakes (its traced recipe freezes numbers
+    anyway), so XLA folds the optimizer's scalar arithmetic instead of every
+    update kernel slicing its numbers out of the vector; lazy mode packs, so
+    a scheduled learning rate does not recompile. Other scalars (a numpy int:
+    a layer index read by ``dynamic_slice``) stay arguments either way, so
+    that layers share one kernel.
+    """
 
-    def __init__(self, plan, pack: bool = True):
+    __slots__ = ("n_leaves", "array_pos", "groups", "constants")
+
+    def __init__(self, plan, pack: bool = True, bake: bool = False):
         kinds: dict = {}
         array_pos = []
+        constants = []
         for i, leaf in enumerate(plan.leaves):
             kind = _scalar_kind(leaf.value) if pack and type(leaf) is Scalar else None
             if kind is None:
                 array_pos.append(i)
+            elif bake:
+                constants.append((i, *_baked(kind, leaf.value)))
             else:
                 kinds.setdefault(kind, []).append(i)
         self.n_leaves = len(plan.leaves)
         self.array_pos = tuple(array_pos)
         self.groups = tuple((k, tuple(kinds[k])) for k, *_ in _SCALAR_KINDS if k in kinds)
+        # (leaf index, numpy value, dtype, weak) per baked number.
+        self.constants = tuple(constants)
 
     def unpack(self, args):
         """Program side: the per-leaf values from ``(*arrays, *vectors)``."""
@@ -395,6 +414,9 @@ class _Layout:
             _, _, dtype, weak = next(k for k in _SCALAR_KINDS if k[0] == kind)
             for j, p in enumerate(positions):
                 vals[p] = _convert_element_type(vec[j], dtype, weak_type=weak)
+        for p, value, dtype, weak in self.constants:
+            # The same value, dtype and weak type as the packed element.
+            vals[p] = _convert_element_type(value, dtype, weak_type=weak)
         return vals
 
     def pack(self, leaf_args, mesh):
@@ -406,6 +428,25 @@ class _Layout:
         for kind, positions in self.groups:
             out.append(_packed_array(kind, tuple(leaf_args[p].value for p in positions), mesh))
         return out
+
+
+def _baked(kind, value) -> tuple:
+    """``(numpy value, dtype, weak)`` of a Python number as the program holds it (see :class:`_Layout`)."""
+    _, np_type, dtype, weak = next(k for k in _SCALAR_KINDS if k[0] == kind)
+    if kind == "i" and not -(2**31) <= value < 2**31:
+        raise OverflowError(f"Python int {value} too large to convert to int32")
+    return np.array(value, dtype=np_type), dtype, weak
+
+
+def _baked_key(plan) -> tuple:
+    """``ProgramKey.baked`` of ``plan`` compiled with ``bake=True``: which numbers, bit for bit."""
+    key = []
+    for i, leaf in enumerate(plan.leaves):
+        if type(leaf) is Scalar:
+            kind = _scalar_kind(leaf.value)
+            if kind is not None:
+                key.append((i, kind, _baked(kind, leaf.value)[0].tobytes()))
+    return tuple(key)
 
 
 def _packed_array(kind, values, mesh):
@@ -534,9 +575,10 @@ class _Program:
         return _program_args(self.layout, self.n_leaves, self.mesh, leaf_args)
 
 
-def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None, recycle: tuple = ()):
+def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None, recycle: tuple = (), bake=False):
     leaf_sigs = tuple([_leaf_sig(leaf) for leaf in plan.leaves])
-    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current(), recycle)
+    baked = _baked_key(plan) if bake else ()
+    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current(), recycle, baked)
     cache = ENGINE.compile_cache
     prog = cache.get(key)
     if prog is not None:
@@ -548,7 +590,7 @@ def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None, re
     ENGINE.last_key = key
     name = f"spmdtorch.program_{next(_PROGRAM_NUMBERS)}"
     with _profiling.annotate("spmdtorch.compile", program=name, nodes=len(plan.nodes)):
-        prog = _compile_program(plan, donate, out_shardings, mesh, name, key.matmul_precision, recycle)
+        prog = _compile_program(plan, donate, out_shardings, mesh, name, key.matmul_precision, recycle, bake)
     cache.put(key, prog)
     return prog, key
 
@@ -565,9 +607,10 @@ def _compile_program(
     name: str,
     matmul_precision: str = "highest",
     recycle: tuple = (),
+    bake: bool = False,
 ) -> _Program:
     start = time.perf_counter()
-    layout = _Layout(plan)
+    layout = _Layout(plan, bake=bake)
     # Storages whose values are the same output with the same placement get
     # one buffer (the program returns it once; execute() hands it to each).
     unique: dict = {}
@@ -774,7 +817,7 @@ def _run(refs, storages):
     return run_plan(_Plan(refs), storages)[0]
 
 
-def run_plan(plan: _Plan, storages, recycle=None):
+def run_plan(plan: _Plan, storages, recycle=None, bake: bool = False):
     """Compile (or reuse) and run ``plan``; ``storages[i]`` receives output i.
 
     ``recycle``: ``{id(storage): the array it held before (None: none)}`` for
@@ -784,7 +827,8 @@ def run_plan(plan: _Plan, storages, recycle=None):
     it overwrote). An output takes one when its storage's old array is not
     read by this program, its sharding is known, and it shares its buffer
     with no other storage; this call donates the old array when nothing else
-    holds it and it fits, else a blank one.
+    holds it and it fits, else a blank one. ``bake``: compile the plan's
+    Python numbers into the program as constants (see :class:`_Layout`).
 
     Returns ``(outputs, program)``; the program can be called again with new
     leaf values (``spmdtorch.compile`` replays it without re-tracing).
@@ -814,7 +858,7 @@ def run_plan(plan: _Plan, storages, recycle=None):
         for i, leaf in enumerate(plan.leaves)
     )
     slots = _recycle_slots(plan, storages, out_shardings, recycle, read_ids) if recycle else ()
-    prog, _ = _program_for(plan, donate, out_shardings, mesh, slots)
+    prog, _ = _program_for(plan, donate, out_shardings, mesh, slots, bake)
     buffers = []
     given: set[int] = set()
     for r in prog.recycle:  # empty without ``recycle``
@@ -942,7 +986,7 @@ def pending_storages() -> list:
     return live
 
 
-def sync(wait: bool = False, _on_plan=None, _recycle=None) -> None:
+def sync(wait: bool = False, _on_plan=None, _recycle=None, _bake: bool = False) -> None:
     """Compute every pending live tensor in one compiled program.
 
     Args:
@@ -952,12 +996,12 @@ def sync(wait: bool = False, _on_plan=None, _recycle=None) -> None:
         contract.check_not_tracing("calls spmdtorch.sync()/mark_step()")
     if _profiling.STATE.active:
         with jax.profiler.TraceAnnotation("spmdtorch.sync"):
-            _sync(wait, _on_plan, _recycle)
+            _sync(wait, _on_plan, _recycle, _bake)
     else:
-        _sync(wait, _on_plan, _recycle)
+        _sync(wait, _on_plan, _recycle, _bake)
 
 
-def _sync(wait: bool, _on_plan, _recycle=None) -> None:
+def _sync(wait: bool, _on_plan, _recycle=None, _bake: bool = False) -> None:
     metrics.inc("MarkStep")
     rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
     storages = pending_storages()
@@ -966,7 +1010,7 @@ def _sync(wait: bool, _on_plan, _recycle=None) -> None:
         plan = _Plan([_padded_output(st) for st in storages])
         storages = plan.pair_outputs(storages)
         try:
-            outs, prog = run_plan(plan, storages, _recycle)
+            outs, prog = run_plan(plan, storages, _recycle, _bake)
         except Exception:
             # The tensors keep their pending values (reading one retries and
             # shows the error again), but they leave the pending set: one

@@ -15,6 +15,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from spmdtorch.ops._util import is_float, is_int, upcast
@@ -431,18 +432,29 @@ def _clamp_max(self, max):
     return jnp.minimum(self, max)
 
 
-@register("lerp.Scalar", "lerp.Tensor")
-def _lerp(self, end, weight):
+def _lerp_branch(self, end, weight):
+    """``|weight| < 0.5`` for a Python-number weight (as the float32 the program computes with), else None."""
+    if type(weight) is float or type(weight) is int:
+        return bool(abs(np.float32(weight)) < 0.5)
+    return None
+
+
+@register("lerp.Scalar", "lerp.Tensor", branch=_lerp_branch)
+def _lerp(self, end, weight, branch=None):
     a, b = _bin_operands(self, end)
     w = _f32_if_low(weight)
     # torch switches formula at |w| < 0.5 for accuracy at both ends:
     #   a + w * (b - a)   or   b - (b - a) * (1 - w).
-    # The second is b + (w - 1) * (b - a) bit for bit (negation is exact), so
-    # both are base + c * (b - a) and only (base, c) depend on the branch:
-    # with a scalar weight (AdamW's 1 - beta1) the choice of c is scalar work
-    # instead of computing both formulas for every element.
-    lo = jnp.abs(w) < 0.5
     diff = b - a
+    if branch is not None:
+        # A Python-number weight (AdamW's 1 - beta1, an EMA's 1 - decay):
+        # the host picked the formula; the weight stays a runtime input.
+        return a + w * diff if branch else b - diff * (1 - w)
+    # The second formula is b + (w - 1) * (b - a) bit for bit (negation is
+    # exact), so both are base + c * (b - a) and only (base, c) depend on the
+    # branch: with a 0-d tensor weight the choice of c is scalar work instead
+    # of computing both formulas for every element.
+    lo = jnp.abs(w) < 0.5
     if jnp.ndim(w) == 0 and jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b):
         # lax.select takes a scalar predicate as it is: jnp.where would
         # broadcast it to a and b's shape and trace a nested jit per shape (one

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Lowering", "register", "register_meta", "get_lowering", "resolve_ops", "LOWERINGS"]
+__all__ = ["Lowering", "register", "register_meta", "get_lowering", "get_branch", "resolve_ops", "LOWERINGS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,14 @@ class Lowering:
             kernel rejects calls the lowering supports (``_grouped_mm``'s
             enforces CUDA's bfloat16-only rule, while the CPU kernel and
             ``jax.lax.ragged_dot`` take every float type). None: torch's.
+        branch: ``branch(*args, **kwargs)`` on the op's arguments as the
+            caller passed them (numbers not yet lifted), returning a hashable
+            value that reaches ``fn`` as the keyword ``branch`` (None: not
+            passed). For a lowering whose *formula* depends on a number whose
+            *value* stays a runtime input: ``lerp`` switches formula at
+            ``|weight| < 0.5``, and deciding that on the host spares the
+            program a per-element select between both formulas. Each branch
+            value compiles its own program; the number itself does not.
     """
 
     fn: Callable
@@ -43,9 +51,14 @@ class Lowering:
     lift_scalars: bool = True
     static_scalars: frozenset = frozenset()
     meta: Callable | None = None
+    branch: Callable | None = None
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
+
+# Lowering.branch of each op and of its in-place variant (``lerp_.Scalar``
+# has no lowering of its own: it runs ``lerp.Scalar``'s on the same arguments).
+_BRANCHES: dict[torch._ops.OpOverload, Callable] = {}
 
 
 def resolve_ops(name: str) -> list[torch._ops.OpOverload]:
@@ -70,7 +83,12 @@ def resolve_ops(name: str) -> list[torch._ops.OpOverload]:
 
 
 def register(
-    *names: str, random: bool = False, lift_scalars: bool = True, static_scalars=(), meta: Callable | None = None
+    *names: str,
+    random: bool = False,
+    lift_scalars: bool = True,
+    static_scalars=(),
+    meta: Callable | None = None,
+    branch: Callable | None = None,
 ):
     """Register the decorated function as the lowering of ATen ops ``names``.
 
@@ -80,6 +98,8 @@ def register(
         lift_scalars: see ``Lowering.lift_scalars``.
         static_scalars: see ``Lowering.static_scalars``.
         meta: see ``Lowering.meta``.
+        branch: see ``Lowering.branch``; it applies to the in-place variants
+            of ``names`` (``lerp_.Scalar`` for ``lerp.Scalar``) too.
 
     Example:
         >>> import jax.numpy as jnp
@@ -94,11 +114,23 @@ def register(
 
     def deco(fn):
         low = Lowering(
-            fn, random=random, lift_scalars=lift_scalars, static_scalars=frozenset(static_scalars), meta=meta
+            fn,
+            random=random,
+            lift_scalars=lift_scalars,
+            static_scalars=frozenset(static_scalars),
+            meta=meta,
+            branch=branch,
         )
         for name in names:
             for op in resolve_ops(name):
                 LOWERINGS[op] = low
+            # A lowering registered again without a branch must not be passed one.
+            packet, _, overload = name.partition(".")
+            for op in resolve_ops(name) + resolve_ops(f"{packet}_.{overload}" if overload else f"{packet}_"):
+                if branch is None:
+                    _BRANCHES.pop(op, None)
+                else:
+                    _BRANCHES[op] = branch
         return fn
 
     return deco
@@ -137,3 +169,8 @@ def register_meta(name: str):
 def get_lowering(op: torch._ops.OpOverload) -> Lowering | None:
     """Return the lowering registered for ``op``, or None."""
     return LOWERINGS.get(op)
+
+
+def get_branch(op: torch._ops.OpOverload) -> Callable | None:
+    """``Lowering.branch`` of ``op``'s lowering, or of the lowering its in-place variant runs; else None."""
+    return _BRANCHES.get(op)

@@ -61,6 +61,8 @@ class OpFacts:
         lift_pos: positions of (positional) numbers that become runtime inputs.
         lift_names: names of the arguments whose numbers become runtime inputs.
         static_scalars: numbers the lowering wants as Python numbers.
+        branch: ``registry.get_branch(op)``: the static branch its lowering
+            takes from the arguments (``Lowering.branch``), or None.
         mutable_pos: positions of the arguments the op writes.
         mutable_names: their names.
         is_view: the first result aliases an input (and nothing is written).
@@ -80,6 +82,7 @@ class OpFacts:
     lift_pos: frozenset
     lift_names: frozenset
     static_scalars: frozenset
+    branch: Callable[..., Any] | None
     mutable_pos: tuple
     mutable_names: tuple
     is_view: bool
@@ -110,6 +113,7 @@ def op_facts(func) -> OpFacts:
         lift_pos=frozenset(i for i, a in enumerate(args) if lift and not a.kwarg_only and str(a.type) in _SCALAR_TYPES),
         lift_names=frozenset(a.name for a in args if lift and str(a.type) in _SCALAR_TYPES),
         static_scalars=frozenset() if lowering is None else lowering.static_scalars,
+        branch=registry.get_branch(func),
         mutable_pos=mutable_pos,
         mutable_names=tuple(args[i].name for i in mutable_pos),
         is_view=bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write and not mutable_pos,

@@ -160,7 +160,7 @@ def test_a_failed_program_does_not_poison_later_syncs(monkeypatch):
     bad = torch.ones(3, device="xla") * 5
     real = executor.run_plan
 
-    def boom(plan, storages, recycle=frozenset()):
+    def boom(plan, storages, recycle=frozenset(), bake=False):
         raise RuntimeError("injected compile failure")
 
     monkeypatch.setattr(executor, "run_plan", boom)

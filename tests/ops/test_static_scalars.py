@@ -149,3 +149,58 @@ def test_static_numbers_equal_in_python_are_different_programs():
     i = torch.arange(-2, 3, dtype=torch.int32)
     assert i.to("xla").pow(2).dtype == torch.int32
     assert i.to("xla").pow(2.0).dtype == torch.float32
+
+
+def test_lerp_number_weight_picks_one_formula_on_the_host():
+    """A Python-number weight (AdamW's ``1 - beta1``): one formula, no per-element select between two."""
+    from spmdtorch import debug
+
+    a, b = torch.randn(64), torch.randn(64)
+    xa, xb = a.to("xla"), b.to("xla")
+    for w in (0.1, 0.9):
+        hlo = debug.get_stablehlo([torch.lerp(xa, xb, w)])
+        assert "select" not in hlo, w
+        assert "abs" not in hlo, w
+    # A 0-d tensor weight is only known on the device: both formulas, selected there.
+    assert "select" in debug.get_stablehlo([torch.lerp(xa, xb, torch.tensor(0.1).to("xla"))])
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_lerp_number_weight_stays_a_runtime_input(inplace):
+    """Weights on the same side of 0.5 share one program (an EMA's changing decay does not recompile);
+    crossing 0.5 compiles the other formula once. Bit for bit with eager on both sides."""
+    from spmdtorch import debug
+
+    a, b = torch.randn(32), torch.randn(32) * 10
+
+    def run(w):
+        xa = a.to("xla")
+        out = xa.lerp_(b.to("xla"), w) if inplace else torch.lerp(xa, b.to("xla"), w)
+        torch.testing.assert_close(out.cpu(), a.clone().lerp_(b, w), rtol=0, atol=0)
+
+    run(0.1)
+    before = debug.counter_value("UncachedCompile")
+    run(0.2)
+    run(-0.3)
+    assert debug.counter_value("UncachedCompile") == before
+    run(0.7)
+    assert debug.counter_value("UncachedCompile") == before + 1
+    run(0.95)
+    run(0.1)
+    assert debug.counter_value("UncachedCompile") == before + 1
+
+
+def test_lowering_registered_again_without_branch_is_not_passed_one():
+    """``Lowering.branch`` belongs to the lowering: replacing it drops the branch (its in-place variant's too)."""
+    from spmdtorch.ops.registry import LOWERINGS, get_branch, register
+
+    op, inplace = aten.lerp.Scalar, aten.lerp_.Scalar
+    saved = LOWERINGS[op]
+    assert get_branch(op) is saved.branch and get_branch(inplace) is saved.branch
+    try:
+        register("lerp.Scalar")(lambda self, end, weight: self + weight * (end - self))
+        assert get_branch(op) is None and get_branch(inplace) is None
+    finally:
+        register("lerp.Scalar", branch=saved.branch)(saved.fn)
+        LOWERINGS[op] = saved
+    assert get_branch(op) is saved.branch and get_branch(inplace) is saved.branch

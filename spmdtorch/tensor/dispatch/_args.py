@@ -90,6 +90,12 @@ class Args:
             t_kwargs = tuple((k, self._leaf(a, k in lift_names, key, func, facts)) for k, a in kwargs.items())
         else:
             t_kwargs = ()
+        if facts.branch is not None:
+            # Decided from the numbers as passed (before lifting); in the
+            # template, so it is part of the node's signature and key.
+            branch = facts.branch(*args, **kwargs)
+            if branch is not None:
+                t_kwargs += (("branch", branch),)
         self.template = (tuple(t_args), t_kwargs)
         key.append(self.template)
         self.key = tuple(key)
