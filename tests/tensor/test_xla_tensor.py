@@ -190,9 +190,9 @@ def _program_outputs(monkeypatch):
     seen = []
     orig = executor.run_plan
 
-    def spy(plan, storages, recycle=None):
+    def spy(plan, storages, recycle=None, bake=False):
         seen.append(len(storages))
-        return orig(plan, storages, recycle)
+        return orig(plan, storages, recycle, bake)
 
     monkeypatch.setattr(executor, "run_plan", spy)
     spmdtorch.sync()
