@@ -43,6 +43,7 @@ __all__ = [
     "ViewStep",
     "holder_of",
     "holders_of",
+    "sole_holder",
 ]
 
 # id(jax.Array) -> a Storage currently holding it. Buffer donation rests on
@@ -129,14 +130,18 @@ class Storage:
         self.set(value)
 
     def set(self, value: jax.Array | LazyRef) -> None:
+        # Runs once per program output on every step (a replayed decoder step
+        # sets ~100): one id() per array, the trace hook read once.
         old = self.value
-        if TRACE_HOOK[0] is not None:
-            TRACE_HOOK[0](self, old)
+        hook = TRACE_HOOK[0]
+        if hook is not None:
+            hook(self, old)
         if old is not None and not isinstance(old, LazyRef):
-            r = HOLDERS.get(id(old))
+            old_id = id(old)
+            r = HOLDERS.get(old_id)
             if r is not None and r() is self:
-                del HOLDERS[id(old)]
-            if CO_HOLDERS and id(old) in CO_HOLDERS:
+                del HOLDERS[old_id]
+            if CO_HOLDERS and old_id in CO_HOLDERS:
                 _release_shared(self, old)
             # An in-place update keeps the placement the data had (parameters
             # keep their sharding across steps).
@@ -148,8 +153,8 @@ class Storage:
         # drop them now rather than when next read, so they pin no old graph.
         self.vcache = None
         self.unpadded = None
-        if isinstance(value, LazyRef):
-            if old is not None and not isinstance(old, LazyRef):
+        if type(value) is LazyRef:
+            if old is not None and type(old) is not LazyRef:
                 self.prev = id(old)
             # Program outputs are ordered by when their value was last set, so
             # the same step gives the same graph key every time.
@@ -157,10 +162,11 @@ class Storage:
             PENDING.add(self)
         else:
             self.prev = None
-            r = HOLDERS.get(id(value))
+            value_id = id(value)
+            r = HOLDERS.get(value_id)
             cur = None if r is None else r()
             if cur is None or cur is self or cur.value is not value:
-                HOLDERS[id(value)] = weakref.ref(self)
+                HOLDERS[value_id] = weakref.ref(self)
                 if len(HOLDERS) > _HOLDERS_SWEEP_AT[0]:
                     _sweep_holders()
             else:
@@ -228,6 +234,21 @@ def holder_of(array) -> Storage | None:
 def holders_of(array) -> list:
     """Every storage that currently holds ``array`` (several when they share one program output)."""
     return list(_live_holders(array))
+
+
+def sole_holder(array, st: Storage) -> bool:
+    """Whether ``st`` is the only storage holding ``array`` (``holders_of(array) == [st]``, without the list)."""
+    if st.value is not array:
+        return False
+    r = HOLDERS.get(id(array))
+    if r is None or r() is not st:
+        return False
+    if CO_HOLDERS:
+        for r in CO_HOLDERS.get(id(array), {}).values():
+            s = r()
+            if s is not None and s is not st and s.value is array:
+                return False
+    return True
 
 
 class ViewStep:

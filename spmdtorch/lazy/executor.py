@@ -677,10 +677,11 @@ class Recycled(NamedTuple):
 
     def fits(self, array) -> bool:
         """Whether ``array`` can be this buffer (same shape, dtype and sharding, not deleted)."""
+        sharding = array.sharding  # usually the very object the last replay's output had
         return (
-            tuple(array.shape) == self.shape
+            array.shape == self.shape
             and array.dtype == self.dtype
-            and array.sharding == self.sharding
+            and (sharding is self.sharding or sharding == self.sharding)
             and not array.is_deleted()
         )
 
@@ -716,12 +717,7 @@ def recycled_buffers(prog: _Program, targets, args) -> list:
     for r in prog.recycle:
         st = targets[r.output]
         value = None if st is None else st.value
-        if (
-            value is not None
-            and not isinstance(value, LazyRef)
-            and _storage.holders_of(value) == [st]
-            and r.fits(value)
-        ):
+        if value is not None and type(value) is not LazyRef and _storage.sole_holder(value, st) and r.fits(value):
             if arg_ids is None:
                 arg_ids = {id(a) for a in args}
             if id(value) not in arg_ids:
