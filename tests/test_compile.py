@@ -82,6 +82,20 @@ def test_contract_violation_raises_clear_error(body):
         f(torch.ones(3, device="xla"))
 
 
+def _compiled_square_loss_step(model, opt):
+    """``spmdtorch.compile`` of the usual step: ``zero_grad()`` first, the squared output as the loss."""
+
+    @spmdtorch.compile
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
 @pytest.mark.filterwarnings("ignore:.*changed between calls:RuntimeWarning")
 def test_changing_learning_rate_is_not_silently_frozen():
     model = torch.nn.Linear(4, 1, bias=False).to("xla")
@@ -93,13 +107,7 @@ def test_changing_learning_rate_is_not_silently_frozen():
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=3, gamma=0.1)
     x = torch.randn(2, 4)
 
-    @spmdtorch.compile
-    def step(x):
-        opt.zero_grad()
-        loss = model(x).pow(2).sum()
-        loss.backward()
-        opt.step()
-        return loss
+    step = _compiled_square_loss_step(model, opt)
 
     for _ in range(10):
         step(x)
@@ -564,13 +572,7 @@ def test_numbers_are_baked_into_a_stable_program():
     x = torch.randn(3, 4)
     xx = x.to("xla")
 
-    @spmdtorch.compile
-    def step(x):
-        opt.zero_grad()
-        loss = model(x).pow(2).sum()
-        loss.backward()
-        opt.step()
-        return loss
+    step = _compiled_square_loss_step(model, opt)
 
     debug.clear_metrics()
     for _ in range(5):
