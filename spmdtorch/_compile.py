@@ -311,6 +311,10 @@ class _Record:
     mutated: tuple
     compare_key: tuple
 
+    def same_trace(self, other: _Record) -> bool:
+        """Whether ``other`` recorded the same program and roles with the same Python numbers."""
+        return self.compare_key == other.compare_key and self.scalars == other.scalars
+
     def modes_match(self) -> bool:
         """Every module the trace called is alive and as it was: training mode, trainable parameters, hooks."""
         # Runs before every replay: the parameters' requires_grad is read
@@ -438,12 +442,7 @@ class CompiledFunction:
             # are inputs, so each new value reuses one program.
             self._bake = False
             metrics.inc("CompiledScalarsLifted")
-        if (
-            record is not None
-            and entry.last is not None
-            and record.compare_key == entry.last.compare_key
-            and record.scalars == entry.last.scalars
-        ):
+        if record is not None and entry.last is not None and record.same_trace(entry.last):
             entry.streak += 1
         else:
             entry.streak = 1
@@ -451,7 +450,7 @@ class CompiledFunction:
                 self._warn_mutated_modules(record.mutated)
         entry.last = entry.ran = record
         if record is not None and entry.streak >= _STABLE_AFTER:
-            kept = [r for r in entry.stable if (r.compare_key, r.scalars) != (record.compare_key, record.scalars)]
+            kept = [r for r in entry.stable if not r.same_trace(record)]
             entry.stable = [*kept[-(_MAX_STABLE - 1) :], record]
         return result
 

@@ -238,17 +238,8 @@ def holders_of(array) -> list:
 
 def sole_holder(array, st: Storage) -> bool:
     """Whether ``st`` is the only storage holding ``array`` (``holders_of(array) == [st]``, without the list)."""
-    if st.value is not array:
-        return False
-    r = HOLDERS.get(id(array))
-    if r is None or r() is not st:
-        return False
-    if CO_HOLDERS:
-        for r in CO_HOLDERS.get(id(array), {}).values():
-            s = r()
-            if s is not None and s is not st and s.value is array:
-                return False
-    return True
+    live = _live_holders(array)
+    return next(live, None) is st and next(live, None) is None
 
 
 class ViewStep:

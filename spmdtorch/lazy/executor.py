@@ -433,9 +433,15 @@ class _Layout:
 def _baked(kind, value) -> tuple:
     """``(numpy value, dtype, weak)`` of a Python number as the program holds it (see :class:`_Layout`)."""
     _, np_type, dtype, weak = next(k for k in _SCALAR_KINDS if k[0] == kind)
-    if kind == "i" and not -(2**31) <= value < 2**31:
-        raise OverflowError(f"Python int {value} too large to convert to int32")
+    if kind == "i":
+        _check_int32(value)
     return np.array(value, dtype=np_type), dtype, weak
+
+
+def _check_int32(value: int) -> None:
+    """Python ints become int32 in the program (x64 is off): one too large is an error, not a wrap."""
+    if not -(2**31) <= value < 2**31:
+        raise OverflowError(f"Python int {value} too large to convert to int32")
 
 
 def _baked_key(plan) -> tuple:
@@ -463,8 +469,7 @@ def _packed_array(kind, values, mesh):
         np_dtype = next(k[1] for k in _SCALAR_KINDS if k[0] == kind)
         if kind == "i":
             for v in values:
-                if not -(2**31) <= v < 2**31:
-                    raise OverflowError(f"Python int {v} too large to convert to int32")
+                _check_int32(v)
 
         sharding = (
             replicated_sharding() if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

@@ -122,11 +122,12 @@ def register(
             branch=branch,
         )
         for name in names:
-            for op in resolve_ops(name):
+            ops = resolve_ops(name)
+            for op in ops:
                 LOWERINGS[op] = low
             # A lowering registered again without a branch must not be passed one.
             packet, _, overload = name.partition(".")
-            for op in resolve_ops(name) + resolve_ops(f"{packet}_.{overload}" if overload else f"{packet}_"):
+            for op in ops + resolve_ops(f"{packet}_.{overload}" if overload else f"{packet}_"):
                 if branch is None:
                     _BRANCHES.pop(op, None)
                 else:
