@@ -41,7 +41,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _guards
+from spmdtorch import _guards, config
 from spmdtorch.lazy import (
     TRACE_HOOK,
     Storage,
@@ -360,6 +360,14 @@ def _own_grads(m: torch.nn.Module) -> tuple[bool, ...] | None:
 # train and eval, say); a new one beyond this drops the oldest.
 _MAX_STABLE = 4
 
+# Distinct values of one Python-number argument (the rest of the signature
+# equal) after which a compiled function says that each value compiles again.
+_WARN_NUMBER_VALUES = 4
+
+# Where a signature's per-argument entries start (``_signature``: the
+# arguments' structure, matmul precision, grad mode and autocast come first).
+_SIG_ARGS = 4
+
 
 @dataclasses.dataclass(slots=True)
 class _Entry:
@@ -369,6 +377,17 @@ class _Entry:
     streak: int = 0
     stable: list[_Record] = dataclasses.field(default_factory=list)
     ran: _Record | None = None  # the program the last call ran (traced or replayed)
+    used: int = 0  # the function's call count at this signature's latest call (least recently used goes first)
+
+
+def _is_number_entry(item) -> bool:
+    """Whether a signature entry is a Python int or float argument's ``("V", type, value)``."""
+    return type(item) is tuple and len(item) == 3 and item[0] == "V" and item[1] in (int, float)
+
+
+def _without_numbers(sig: tuple) -> tuple:
+    """``sig`` with its Python-number arguments' values left out (their types kept)."""
+    return tuple(item[:2] if _is_number_entry(item) else item for item in sig)
 
 
 class CompiledFunction:
@@ -376,7 +395,13 @@ class CompiledFunction:
 
     def __init__(self, fn):
         self.fn = fn
+        # Input signature -> _Entry, bounded by SPMDTORCH_COMPILE_CACHE_SIZE
+        # (each holds compiled programs): least recently used evicted.
         self._entries: dict = {}
+        self._calls = 0
+        # Signature without its numbers -> the distinct signatures seen with
+        # it (up to _WARN_NUMBER_VALUES), until the warning has been given.
+        self._number_sigs: dict | None = {}
         # Trace with Python numbers compiled in as constants (executor._Layout)
         # until two traces differ only in them: then they are program inputs,
         # so that numbers changing every call (a float learning rate under a
@@ -401,8 +426,10 @@ class CompiledFunction:
         executor.sync()  # inputs and state must be concrete
         sig = _signature(flat, spec_key)
         entry = self._entries.get(sig)
+        self._calls += 1
         if entry is None:
-            entry = self._entries[sig] = _Entry()
+            entry = self._new_entry(sig)
+        entry.used = self._calls
         for rec in entry.stable:
             if rec.modes_match():
                 # Only a drop between two runs of the same program is the user's
@@ -453,6 +480,53 @@ class CompiledFunction:
             kept = [r for r in entry.stable if not r.same_trace(record)]
             entry.stable = [*kept[-(_MAX_STABLE - 1) :], record]
         return result
+
+    def _new_entry(self, sig: tuple) -> _Entry:
+        """A new input signature's entry; the least recently used is evicted beyond the cache size."""
+        if self._number_sigs is not None:
+            self._count_number_arguments(sig, self._number_sigs)
+        entry = self._entries[sig] = _Entry(used=self._calls)  # the newest: never the one evicted
+        limit = config.settings().compile_cache_size
+        while len(self._entries) > limit:
+            oldest = min(self._entries, key=lambda k: self._entries[k].used)
+            del self._entries[oldest]
+            metrics.inc("CompiledSignatureEvictions")
+        return entry
+
+    def _count_number_arguments(self, sig: tuple, number_sigs: dict) -> None:
+        """Warn once when one Python-number argument keeps taking new values (a step counter).
+
+        A Python number argument is part of the input signature, as a
+        static argument of ``jax.jit`` (``fn`` may branch on it, and a
+        branch must not be frozen), so each new value traces and compiles
+        ``fn`` again: a value that changes every call compiles every call.
+        """
+        if not any(_is_number_entry(item) for item in sig[_SIG_ARGS:]):
+            return
+        seen = number_sigs.setdefault(_without_numbers(sig), [])
+        seen.append(sig)
+        if len(seen) < _WARN_NUMBER_VALUES:
+            return
+        self._number_sigs = None  # said once; nothing more to count
+        changing = [
+            i for i in range(_SIG_ARGS, len(sig)) if _is_number_entry(sig[i]) and len({s[i][2] for s in seen}) > 1
+        ]
+        flat = isinstance(sig[0], int)  # positional arguments only: leaf k is argument k
+        where = ", ".join(
+            f"{'argument' if flat else 'leaf'} {i - _SIG_ARGS} ({sig[i][1].__name__}: "
+            + ", ".join(repr(float.fromhex(s[i][2]) if sig[i][1] is float else s[i][2]) for s in seen)
+            + ")"
+            for i in changing
+        )
+        warnings.warn(
+            f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): Python number arguments took "
+            f"{len(seen)} values so far, {where}{'' if flat else ' of the flattened arguments'}; a Python "
+            "number argument is part of the input signature, like a static argument of jax.jit (the function may branch on it), so each new value "
+            "traces and compiles the function again. Pass a number that changes every call as a 0-d tensor "
+            "on the xla device, e.g. torch.tensor(step, device='xla'): then it is an input and the step replays.",
+            RuntimeWarning,
+            stacklevel=5,
+        )
 
     def executable(self):
         """The XLA executable (``jax.stages.Compiled``) of the latest call, or None before one.

@@ -256,7 +256,8 @@ KNOBS: tuple[Knob, ...] = (
         1024,
         f"{_COUNT} >= 1",
         "Compiled programs kept by the lazy engine; the least recently used is evicted beyond it "
-        "(counter CompileCacheEvictions). 1024 is PyTorch/XLA's XLA_COMPILATION_CACHE_SIZE default.",
+        "(counter CompileCacheEvictions). 1024 is PyTorch/XLA's XLA_COMPILATION_CACHE_SIZE default. "
+        "Also the input signatures each spmdtorch.compile function keeps (counter CompiledSignatureEvictions).",
     ),
     Knob(
         "log_recompiles",

@@ -611,3 +611,80 @@ def test_module_attribute_changed_every_call_lifts_its_number():
         torch.testing.assert_close(f(xx).cpu(), x * m.s, rtol=0, atol=0)
     assert debug.counter_value("CompiledScalarsLifted") == 1
     assert debug.counter_value("UncachedCompile") == 3  # 0.5 and 1.5 baked, then one program for all
+
+
+def _counted_step():
+    """A compiled ``x * i + lr`` summed, with a parameter updated in place (and its eager twin)."""
+    w = torch.zeros(3, device="xla")
+
+    def body(x, i, lr):
+        w.add_(x * i)
+        return (w + lr).sum()
+
+    return spmdtorch.compile(body), w
+
+
+def test_a_number_argument_changing_every_call_warns_once_and_computes_each_value():
+    """A step counter passed as a Python int is part of the signature (fn may branch
+    on it), so each value compiles: say so once, with the fix, and never freeze it."""
+    f, w = _counted_step()
+    x = torch.ones(3, device="xla")
+    total = 0.0
+    with pytest.warns(
+        RuntimeWarning, match=r"argument 1 \(int: 0, 1, 2, 3\).*torch.tensor\(step, device='xla'\)"
+    ) as rec:
+        for i in range(6):
+            total += 3 * i
+            assert f(x, i, 0.5).item() == pytest.approx(total + 1.5)
+    assert sum("Python number arguments" in str(m.message) for m in rec) == 1
+    torch.testing.assert_close(w.cpu(), torch.full((3,), total / 3))
+
+
+def test_the_fix_a_0d_tensor_argument_replays():
+    f, w = _counted_step()
+    x = torch.ones(3, device="xla")
+    debug.clear_metrics()
+    total = 0.0
+    for i in range(6):
+        total += 3 * i
+        assert f(x, torch.tensor(float(i), device="xla"), 0.5).item() == pytest.approx(total + 1.5)
+    assert debug.counter_value("CompiledReplay") >= 3
+    assert debug.counter_value("CompiledTrace") <= 3
+
+
+def test_a_number_argument_with_a_few_values_replays_each_without_a_warning(recwarn):
+    """A flag or a mode passed as a number (two values, alternating) is what the signature is for."""
+    f, _ = _counted_step()
+    x = torch.ones(3, device="xla")
+    debug.clear_metrics()
+    for i in range(10):
+        f(x, i % 2, 0.5)
+    assert debug.counter_value("CompiledReplay") >= 6
+    assert not [m for m in recwarn if "Python number arguments" in str(m.message)]
+
+
+@pytest.fixture
+def compile_cache_of_3(monkeypatch):
+    from spmdtorch import config
+
+    monkeypatch.setenv("SPMDTORCH_COMPILE_CACHE_SIZE", "3")
+    config.reload()
+    yield 3
+    monkeypatch.delenv("SPMDTORCH_COMPILE_CACHE_SIZE")
+    config.reload()
+
+
+def test_input_signatures_kept_are_bounded_least_recently_used_first(compile_cache_of_3):
+    """Each signature holds compiled programs: a number argument taking a new value
+    every call must not keep them all. The least recently used goes first."""
+    f, _ = _counted_step()
+    x = torch.ones(3, device="xla")
+    debug.clear_metrics()
+    with pytest.warns(RuntimeWarning, match="Python number arguments"):
+        for i in range(6):
+            f(x, i, 0.5)
+            f(x, 0, 0.5)  # kept in use
+    assert len(f._entries) == 3
+    assert debug.counter_value("CompiledSignatureEvictions") == 3
+    sigs = [sig[-2][2] for sig in f._entries]  # each kept signature's value of i
+    assert sorted(sigs) == [0, 4, 5]
