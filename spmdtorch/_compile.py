@@ -503,6 +503,8 @@ class CompiledFunction:
         """
         if not any(_is_number_entry(item) for item in sig[_SIG_ARGS:]):
             return
+        if len(number_sigs) >= config.settings().compile_cache_size:
+            number_sigs.clear()  # bounded as the signatures are (new shapes every call, say)
         seen = number_sigs.setdefault(_without_numbers(sig), [])
         seen.append(sig)
         if len(seen) < _WARN_NUMBER_VALUES:
@@ -521,9 +523,10 @@ class CompiledFunction:
         warnings.warn(
             f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): Python number arguments took "
             f"{len(seen)} values so far, {where}{'' if flat else ' of the flattened arguments'}; a Python "
-            "number argument is part of the input signature, like a static argument of jax.jit (the function may branch on it), so each new value "
-            "traces and compiles the function again. Pass a number that changes every call as a 0-d tensor "
-            "on the xla device, e.g. torch.tensor(step, device='xla'): then it is an input and the step replays.",
+            "number argument is part of the input signature, like a static argument of jax.jit (the "
+            "function may branch on it), so each new value traces and compiles the function again. Pass "
+            "a number that changes every call as a 0-d tensor on the xla device, e.g. "
+            "torch.tensor(step, device='xla'): then it is an input and the step replays.",
             RuntimeWarning,
             stacklevel=5,
         )

@@ -640,6 +640,14 @@ def test_a_number_argument_changing_every_call_warns_once_and_computes_each_valu
     torch.testing.assert_close(w.cpu(), torch.full((3,), total / 3))
 
 
+def test_a_keyword_number_argument_is_named_by_its_leaf():
+    f, _ = _counted_step()
+    x = torch.ones(3, device="xla")
+    with pytest.warns(RuntimeWarning, match=r"leaf 2 \(float: 0.0, 0.5, 1.0, 1.5\) of the flattened arguments"):
+        for k in range(4):
+            assert f(x, 1, lr=0.5 * k).item() == pytest.approx(3 * (k + 1) + 3 * 0.5 * k)
+
+
 def test_the_fix_a_0d_tensor_argument_replays():
     f, w = _counted_step()
     x = torch.ones(3, device="xla")
