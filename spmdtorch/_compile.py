@@ -54,7 +54,7 @@ from spmdtorch.lazy import (
     paused_gc,
     rng,
 )
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy._engine import ENGINE, CompileCache
 from spmdtorch.lazy._trace_records import (
     AliasResult,
     ArgInput,
@@ -232,9 +232,15 @@ def _flatten(args, kwargs):
     return flat, spec, spec
 
 
+# Where a signature's per-argument entries start: ``_signature``'s header is
+# the arguments' structure, matmul precision, grad mode and autocast.
+_SIG_ARGS = 4
+
+
 def _signature(flat_args, spec):
     # torch's float32 matmul precision is built into the program (lazy/_precision.py),
-    # and grad mode and autocast decide what torch code records.
+    # and grad mode and autocast decide what torch code records. The header
+    # is _SIG_ARGS entries long; one entry per argument leaf follows.
     autocast = torch.is_autocast_enabled("xla")
     sig: list[Any] = [
         spec,
@@ -364,10 +370,6 @@ _MAX_STABLE = 4
 # equal) after which a compiled function says that each value compiles again.
 _WARN_NUMBER_VALUES = 4
 
-# Where a signature's per-argument entries start (``_signature``: the
-# arguments' structure, matmul precision, grad mode and autocast come first).
-_SIG_ARGS = 4
-
 
 @dataclasses.dataclass(slots=True)
 class _Entry:
@@ -377,7 +379,6 @@ class _Entry:
     streak: int = 0
     stable: list[_Record] = dataclasses.field(default_factory=list)
     ran: _Record | None = None  # the program the last call ran (traced or replayed)
-    used: int = 0  # the function's call count at this signature's latest call (least recently used goes first)
 
 
 def _is_number_entry(item) -> bool:
@@ -397,8 +398,7 @@ class CompiledFunction:
         self.fn = fn
         # Input signature -> _Entry, bounded by SPMDTORCH_COMPILE_CACHE_SIZE
         # (each holds compiled programs): least recently used evicted.
-        self._entries: dict = {}
-        self._calls = 0
+        self._entries = CompileCache(counter="CompiledSignatureEvictions")
         # Signature without its numbers -> the distinct signatures seen with
         # it (up to _WARN_NUMBER_VALUES), until the warning has been given.
         self._number_sigs: dict | None = {}
@@ -426,10 +426,11 @@ class CompiledFunction:
         executor.sync()  # inputs and state must be concrete
         sig = _signature(flat, spec_key)
         entry = self._entries.get(sig)
-        self._calls += 1
         if entry is None:
-            entry = self._new_entry(sig)
-        entry.used = self._calls
+            if self._number_sigs is not None:
+                self._count_number_arguments(sig, self._number_sigs)
+            entry = _Entry()
+            self._entries.put(sig, entry)
         for rec in entry.stable:
             if rec.modes_match():
                 # Only a drop between two runs of the same program is the user's
@@ -480,18 +481,6 @@ class CompiledFunction:
             kept = [r for r in entry.stable if not r.same_trace(record)]
             entry.stable = [*kept[-(_MAX_STABLE - 1) :], record]
         return result
-
-    def _new_entry(self, sig: tuple) -> _Entry:
-        """A new input signature's entry; the least recently used is evicted beyond the cache size."""
-        if self._number_sigs is not None:
-            self._count_number_arguments(sig, self._number_sigs)
-        entry = self._entries[sig] = _Entry(used=self._calls)  # the newest: never the one evicted
-        limit = config.settings().compile_cache_size
-        while len(self._entries) > limit:
-            oldest = min(self._entries, key=lambda k: self._entries[k].used)
-            del self._entries[oldest]
-            metrics.inc("CompiledSignatureEvictions")
-        return entry
 
     def _count_number_arguments(self, sig: tuple, number_sigs: dict) -> None:
         """Warn once when one Python-number argument keeps taking new values (a step counter).

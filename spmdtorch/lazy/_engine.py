@@ -60,7 +60,11 @@ class _Entry:
 
 
 class CompileCache:
-    """Compiled programs by graph key, least recently used evicted beyond ``maxsize``.
+    """Compiled programs by key, least recently used evicted beyond ``maxsize``.
+
+    The engine's cache (programs by graph key) is one; each
+    ``spmdtorch.compile`` function keeps its input signatures' histories in
+    another (its own ``counter``).
 
     Recency is a tick counter stored in the entry: a hit is one dict lookup
     and two attribute writes. (An ``OrderedDict.move_to_end`` hashed the key
@@ -74,17 +78,18 @@ class CompileCache:
         >>> c = CompileCache(maxsize=2)
         >>> for k in "abc":
         ...     c.put(k, k.upper())
-        >>> c.get("a"), c.get("c"), len(c), c.evictions
-        (None, 'C', 2, 1)
+        >>> c.get("a"), c.get("c"), len(c), c.evictions, list(c)
+        (None, 'C', 2, 1, ['b', 'c'])
     """
 
-    __slots__ = ("_data", "_maxsize", "_tick", "evictions")
+    __slots__ = ("_data", "_maxsize", "_tick", "evictions", "_counter")
 
-    def __init__(self, maxsize: int | None = None):
+    def __init__(self, maxsize: int | None = None, counter: str = EVICTION_COUNTER):
         self._data: dict[Hashable, _Entry] = {}
         self._maxsize = maxsize  # None: config's SPMDTORCH_COMPILE_CACHE_SIZE
         self._tick = 0
         self.evictions = 0
+        self._counter = counter  # the metrics counter each eviction increments
 
     @property
     def maxsize(self) -> int:
@@ -114,16 +119,23 @@ class CompileCache:
             # function's record, a running execution); the cache just forgets it.
             del data[min(data, key=lambda k: data[k].tick)]
             self.evictions += 1
-            metrics.inc(EVICTION_COUNTER)
+            metrics.inc(self._counter)
 
     def clear(self) -> None:
         self._data.clear()
+
+    def values(self) -> list:
+        """The cached values, oldest insertion first, without making any recent."""
+        return [entry.prog for entry in self._data.values()]
 
     def __len__(self) -> int:
         return len(self._data)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
+
+    def __iter__(self):
+        return iter(self._data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
