@@ -57,6 +57,15 @@ Usage:
     python benchmarks/train_step.py --configs tiny
     python benchmarks/train_step.py --zero-grad-after   # the loop that ends with opt.zero_grad()
     JAX_PLATFORMS=cuda python benchmarks/train_step.py --configs 1b   # a GPU: the 1.1B decoder in bf16
+    python benchmarks/train_step.py --modes lazy,lazy_pure,compiled,ptxla --ptxla-python /tmp/ptxla/bin/python
+
+``ptxla`` adds the same step under PyTorch/XLA 2.9's lazy tensors
+(``_ptxla_worker.py``: its ``SpmdFullyShardedDataParallel`` per decoder layer,
+``torch.optim.AdamW``, one ``torch_xla.sync()`` per step) as one more worker
+taking turns with the others, and a column with each lazy mode's ratio to it
+(issue 19's target: at most 0.5). PyTorch/XLA 2.9 needs torch 2.9, so it runs
+in an interpreter of its own: ``python -m venv /tmp/ptxla && /tmp/ptxla/bin/pip
+install torch==2.9.0 torch_xla==2.9.0 numpy``.
 
 On an accelerator every mode runs on all its devices (each process takes an
 equal share of their memory), and the table adds tokens/s, MFU (PaLM's FLOP
@@ -87,44 +96,42 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-CONFIGS = {"tiny": (8, 64), "small": (8, 128), "deep": (8, 64), "1b": (4, 1024)}  # batch, sequence length
-# Each config's LlamaConfig preset and field overrides: "deep" is tiny's sizes
-# at 32 layers (depth without width: the per-layer costs of tracing,
-# compiling, recording and the optimizer dominate); "1b" is TinyLlama-1.1B's
-# shape (1.1e9 parameters), for an accelerator.
-PRESETS = {
-    "tiny": ("tiny", {}),
-    "small": ("small", {}),
-    "deep": ("tiny", {"n_layers": 32}),
-    "1b": (
-        "tiny",
-        {"vocab_size": 32000, "dim": 2048, "n_layers": 22, "n_heads": 32, "n_kv_heads": 4, "ffn_dim": 5632},
-    ),
-}
-# Parameter dtype per config unless --dtype says otherwise.
-DTYPES = {"1b": "bfloat16"}
+from _train_setup import (  # noqa: E402  (shared with the PyTorch/XLA worker, which has no jax)
+    BETAS,
+    CONFIGS,
+    EPS,
+    HOST_STEPS,
+    LR,
+    WARMUP_STEPS,
+    WD,
+    Session,
+    model_flops,
+    now,
+    serve,
+    setup,
+)
+from _train_setup import dtype_name as _dtype_name  # noqa: E402
+
 # Dense bf16 peak by device kind (vendor datasheets, SXM parts), for MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 # *_pure: every decoder layer marked `spmdtorch.assume_pure` (recorded once,
 # then one node per layer call and one per its backward, differentiated by jax.vjp).
-ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure")
+# ptxla: the same step under PyTorch/XLA 2.9's lazy tensors (_ptxla_worker.py), run by the
+# interpreter --ptxla-python names (PyTorch/XLA needs its own torch).
+ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "ptxla")
 MODES = ALL_MODES  # the driver narrows it with --modes ("jax" always runs)
+PTXLA_PYTHON: str | None = None  # --ptxla-python
 TARGETS = {"compiled": 1.00, "compiled_pure": 1.00, "lazy": 1.25, "lazy_pure": 1.25, "first": 1.1}  # issue 19
-LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
-HOST_STEPS = 5
+# Issue 19: a lazy step at most half of PyTorch/XLA's (both ratios to the same round's twin).
+PTXLA_TARGET = 0.5
 # The steady state is timed as blocks of N steps, the three modes' blocks
 # interleaved (run_round), and a ratio is the median over blocks of a block's
 # time over the twin's block next to it: on a shared 2-core machine the twin
 # alone moved 15-20% between runs minutes apart, and one hiccup (another
 # process waking up) moved a single ~20 ms tiny block by up to 25%.
 BLOCKS = 5
-
-
-def now() -> float:
-    return time.perf_counter()
 
 
 # =============================================================================
@@ -144,42 +151,9 @@ def _num_devices() -> int:
     return jax.device_count()
 
 
-def _dtype_name(cfg_name: str, dtype: str | None) -> str:
-    return dtype or DTYPES.get(cfg_name, "float32")
-
-
 def _setup(cfg_name: str, seq: int | None = None, dtype: str | None = None):
-    """The config, the torch model (seed 0, in ``dtype``) and a token batch; ``seq`` overrides the sequence length."""
-    import torch
-
-    from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM
-
-    preset, overrides = PRESETS[cfg_name]
-    cfg = dataclasses.replace(getattr(LlamaConfig, preset)(), **overrides)
-    # JAX cannot shard a dim 8 ways unless 8 divides it (spmdtorch pads it):
-    # tiny's ffn_dim 172 becomes 176 so that both sides shard identically.
-    n = _num_devices()
-    cfg = dataclasses.replace(cfg, ffn_dim=-(-cfg.ffn_dim // n) * n)
-    batch, seq_len = CONFIGS[cfg_name]
-    seq_len = seq or seq_len
-    cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq_len))
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(getattr(torch, _dtype_name(cfg_name, dtype)))
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(1))
-    return cfg, model, tokens
-
-
-def model_flops(cfg, batch: int, seq: int) -> float:
-    """Matmul FLOPs of one training step (forward + backward), PaLM's count.
-
-    6 per matmul weight per token, plus attention's two (seq x seq) products,
-    12 * layers * dim * seq per token, counted whole as the model computes
-    them (the causal mask is applied after the product).
-    """
-    per_layer = cfg.dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + 3 * cfg.dim * cfg.ffn_dim
-    weights = cfg.n_layers * per_layer + cfg.dim * cfg.vocab_size  # the embedding lookup is no matmul
-    tokens = batch * seq
-    return 6.0 * weights * tokens + 12.0 * cfg.n_layers * cfg.dim * seq * tokens
+    """The config, the torch model (seed 0, in ``dtype``) and a token batch for the devices jax sees."""
+    return setup(cfg_name, _num_devices(), seq=seq, dtype=dtype)
 
 
 def _device_info(cfg, tokens) -> dict:
@@ -294,24 +268,7 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after
     return model, opt, tok, train_step
 
 
-class _Session:
-    """One mode set up in this process: first step and warm-up done, ready to time blocks."""
-
-    def __init__(self, first, warm, losses, run_block, finish):
-        self.first, self.warm, self.losses = first, warm, losses
-        self._run_block, self._finish = run_block, finish
-
-    def block(self, steps: int) -> tuple[float, float]:
-        """``steps`` steps launched back to back, then one wait: (wall s, process CPU s) per step."""
-        t0, c0 = now(), time.process_time()
-        self._run_block(steps)
-        return (now() - t0) / steps, (time.process_time() - c0) / steps
-
-    def finish(self) -> dict:
-        return {"first_s": self.first, "warmup_s": self.warm, **self._finish(), "losses": self.losses}
-
-
-def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> _Session:
+def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> Session:
     sys.path.insert(0, str(Path(__file__).parent))
     import jax
     import step_time  # noqa: F401  (first: it checks that jax has not started)
@@ -365,12 +322,12 @@ def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> _Sessio
             **info,
         }
 
-    return _Session(first, warm, losses, run_block, finish)
+    return Session(first, warm, losses, run_block, finish)
 
 
 def session_spmdtorch(
     cfg_name: str, mode: str, warmup: int, zero_grad_after: bool = False, dtype: str | None = None
-) -> _Session:
+) -> Session:
     import spmdtorch
     from spmdtorch import debug
     from spmdtorch.tensor.xla_tensor import XlaTensor
@@ -434,33 +391,20 @@ def session_spmdtorch(
             **info,
         }
 
-    return _Session(first, warm, losses, run_block, finish)
+    return Session(first, warm, losses, run_block, finish)
 
 
 def worker_main(args) -> None:
     """Serve the driver on stdin/stdout: set up, print READY, then time a block of
     steps per ``BLOCK`` line, and on ``FINISH`` print the RESULT and exit."""
-    # Lazy mode compiles twice (AdamW's state appears after step 1);
-    # spmdtorch.compile replays from its fourth call.
-    warmup = 1 if args.first_only else 4  # the same number of steps everywhere, so the final losses agree too
+    warmup = 1 if args.first_only else WARMUP_STEPS
     if args.worker == "jax":
         sess = session_jax(args.config, warmup, dtype=args.dtype)
     else:
         sess = session_spmdtorch(
             args.config, args.worker, warmup, zero_grad_after=args.zero_grad_after, dtype=args.dtype
         )
-    if args.first_only:  # the first step alone (run_round's first phase): report it and exit
-        print("FIRST " + json.dumps({"first_s": sess.first}), flush=True)
-        return
-    print("READY", flush=True)
-    for line in sys.stdin:
-        cmd = line.split()
-        if cmd and cmd[0] == "BLOCK":
-            wall, cpu = sess.block(int(cmd[1]))
-            print("BLOCK " + json.dumps([wall, cpu]), flush=True)
-        elif cmd and cmd[0] == "FINISH":
-            print("RESULT " + json.dumps(sess.finish()), flush=True)
-            return
+    serve(sess, args.first_only)
 
 
 # =============================================================================
@@ -482,7 +426,13 @@ class Worker:
     ):
         self.mode, self.timeout = mode, timeout
         self._err = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and stall the worker
-        cmd = [sys.executable, __file__, "--worker", mode, "--config", config]
+        if mode == "ptxla":
+            if PTXLA_PYTHON is None:
+                raise ValueError("mode 'ptxla' needs --ptxla-python: an interpreter with torch_xla")
+            cmd = [PTXLA_PYTHON, str(Path(__file__).with_name("_ptxla_worker.py")), "--worker", mode]
+        else:
+            cmd = [sys.executable, __file__, "--worker", mode]
+        cmd += ["--config", config]
         if zero_grad_after:
             cmd.append("--zero-grad-after")
         if first_only:
@@ -612,13 +562,32 @@ def accel_cells(r: dict) -> tuple[str, str, str]:
     return f"{r['tokens'] / step_s:,.0f}", mfu, f"{r['host_ms'] / r['step_ms']:.0%}"
 
 
-def ratio_cell(rounds: list[float], target: float) -> str:
-    """The median of the rounds' ratios to the twin, marked against its target.
+_MODE_LABELS = {"jax": "JAX twin", "ptxla": "PyTorch/XLA lazy"}
+
+
+def _first_target(mode: str) -> float | None:
+    """The first-step target of a spmdtorch mode (PyTorch/XLA's row has none)."""
+    return None if mode == "ptxla" else TARGETS["first"]
+
+
+def _vs_ptxla_cell(rounds: list[float] | None, mode: str) -> str:
+    """A lazy mode's ratio to PyTorch/XLA's lazy step (target PTXLA_TARGET), every round's in brackets."""
+    if mode == "ptxla":
+        return "1.00x"
+    if rounds is None:
+        return "-"
+    return f"{ratio_cell(rounds, PTXLA_TARGET)} [{' '.join(f'{x:.2f}' for x in rounds)}]"
+
+
+def ratio_cell(rounds: list[float], target: float | None) -> str:
+    """The median of the rounds' ratios, marked against its target (None: no target).
 
     A target counts as met only when every round meets it; a median under the
     target with a round over it is marked as such.
     """
     median = statistics.median(rounds)
+    if target is None:
+        return f"{median:.2f}x"
     if max(rounds) <= target:
         mark = "[green]ok[/]"
     elif median <= target:
@@ -665,7 +634,12 @@ def main(argv=None) -> int:
         default=None,
         help="parameter dtype (default: float32; bfloat16 for 1b)",
     )
-    p.add_argument("--worker", choices=ALL_MODES, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--ptxla-python",
+        metavar="PYTHON",
+        help="for mode ptxla: a Python interpreter with torch_xla 2.9 and its torch (e.g. a venv's bin/python)",
+    )
+    p.add_argument("--worker", choices=ALL_MODES[:-1], help=argparse.SUPPRESS)
     p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -674,17 +648,21 @@ def main(argv=None) -> int:
     if args.worker:
         worker_main(args)
         return 0
-    global MODES
+    global MODES, PTXLA_PYTHON
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
         if m not in ALL_MODES[1:]:
             p.error(f"--modes: unknown mode {m!r}; choose from {', '.join(ALL_MODES[1:])}")
+    if "ptxla" in modes and not args.ptxla_python:
+        p.error("--modes ptxla: name PyTorch/XLA's interpreter with --ptxla-python (it needs its own torch)")
     MODES = ("jax", *(m for m in ALL_MODES[1:] if m in modes))
+    PTXLA_PYTHON = args.ptxla_python
 
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 190))  # the tables are wide; don't wrap them in a pipe
+    # The tables are wide; don't wrap them in a pipe (PyTorch/XLA's adds a column).
+    console = Console(width=max(Console().width, 230 if "ptxla" in MODES else 190))
     console.print(f"[bold]machine:[/] {machine_line()}")
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
@@ -721,6 +699,15 @@ def main(argv=None) -> int:
             for mode in MODES
         }
         cpu_ratios = {mode: [r["cpu_ms"] / j["cpu_ms"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
+        # The lazy modes against PyTorch/XLA's lazy step, block by block as against the twin.
+        vs_ptxla = {
+            mode: [
+                statistics.median(b / x for b, x in zip(r["blocks_ms"], q["blocks_ms"]))
+                for r, q in zip(runs[mode], runs["ptxla"])
+            ]
+            for mode in MODES
+            if "ptxla" in MODES and mode.startswith("lazy")
+        }
         first_ratios = {mode: [r["first_s"] / j["first_s"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
         # Each row shows the round whose step-time ratio is the median one.
         res = {
@@ -753,6 +740,7 @@ def main(argv=None) -> int:
             "ATen ops, us/op",
             "CPU ms/step",
             "CPU x twin",
+            *(("x PyTorch/XLA [rounds]",) if "ptxla" in MODES else ()),
             "param+opt /device",
             "args / temp MiB",
             "compiles",
@@ -762,39 +750,52 @@ def main(argv=None) -> int:
         for mode in MODES:
             r = res[mode]
             table.add_row(
-                "JAX twin" if mode == "jax" else f"spmdtorch {mode}",
+                _MODE_LABELS.get(mode, f"spmdtorch {mode}"),
                 f"{r['step_ms']:.1f}",
-                "1.00x" if mode == "jax" else ratio_cell(ratios[mode], TARGETS[mode]),
+                "1.00x" if mode == "jax" else ratio_cell(ratios[mode], TARGETS.get(mode)),
                 " ".join(f"{x:.2f}" for x in ratios[mode]),
                 f"{r['first_s']:.2f}",
-                "1.00x" if mode == "jax" else ratio_cell(first_ratios[mode], TARGETS["first"]),
+                "1.00x" if mode == "jax" else ratio_cell(first_ratios[mode], _first_target(mode)),
                 f"{r['warmup_s']:.2f}",
                 f"{r['host_ms']:.2f}",
                 *(accel_cells(r) if accel else ()),
                 f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "-",
                 f"{r['cpu_ms']:.1f}",
                 "1.00x" if mode == "jax" else f"{statistics.median(cpu_ratios[mode]):.2f}x",
+                *((_vs_ptxla_cell(vs_ptxla.get(mode), mode),) if "ptxla" in MODES else ()),
                 f"{r['per_device'] / 2**20:.3f} MiB = 1/{r['total'] / r['per_device']:.2f}",
-                f"{r['args'] / 2**20:.2f} / {r['temp'] / 2**20:.2f}",
+                "-" if r["args"] is None else f"{r['args'] / 2**20:.2f} / {r['temp'] / 2**20:.2f}",
                 str(r["compiles"]),
                 f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}",
             )
         console.print(table)
         raw[cfg] = runs
-        summary.append((cfg, res, ratios, first_ratios))
+        summary.append((cfg, res, ratios, first_ratios, vs_ptxla))
     if len(summary) > 1:
         table = Table(title="Summary: ratio to the JAX twin, median over rounds (every round's in brackets)")
         shown = MODES[1:]
-        cols = ("config", "twin ms/step", *shown, f"first step: {', '.join(shown)}", "host ms: " + ", ".join(shown))
+        lazy = [m for m in shown if m.startswith("lazy")] if "ptxla" in MODES else []
+        cols = (
+            "config",
+            "twin ms/step",
+            *shown,
+            f"first step: {', '.join(shown)}",
+            "host ms: " + ", ".join(shown),
+            *((f"{', '.join(lazy)} x PyTorch/XLA",) if lazy else ()),
+        )
         for col in cols:
             table.add_column(col, justify="left" if col == "config" else "right")
-        for cfg, res, ratios, first_ratios in summary:
+        for cfg, res, ratios, first_ratios, vs_ptxla in summary:
             table.add_row(
                 cfg,
                 f"{res['jax']['step_ms']:.1f}",
-                *(f"{ratio_cell(ratios[m], TARGETS[m])} [{' '.join(f'{x:.2f}' for x in ratios[m])}]" for m in shown),
-                ", ".join(ratio_cell(first_ratios[m], TARGETS["first"]) for m in shown),
+                *(
+                    f"{ratio_cell(ratios[m], TARGETS.get(m))} [{' '.join(f'{x:.2f}' for x in ratios[m])}]"
+                    for m in shown
+                ),
+                ", ".join(ratio_cell(first_ratios[m], _first_target(m)) for m in shown),
                 ", ".join(f"{res[m]['host_ms']:.1f}" for m in shown),
+                *((", ".join(_vs_ptxla_cell(vs_ptxla[m], m) for m in lazy),) if lazy else ()),
             )
         console.print(table)
     if args.json:
