@@ -56,6 +56,8 @@ Usage:
     python benchmarks/train_step.py --quick    # fewer steps
     python benchmarks/train_step.py --configs tiny
     python benchmarks/train_step.py --zero-grad-after   # the loop that ends with opt.zero_grad()
+    python benchmarks/train_step.py --json /tmp/ts.json --markdown   # also benchmarks/README.md's table
+    python benchmarks/train_step.py --from-json /tmp/ts.json         # that table again, from the results
     JAX_PLATFORMS=cuda python benchmarks/train_step.py --configs 1b   # a GPU: the 1.1B decoder in bf16
     python benchmarks/train_step.py --modes lazy,lazy_pure,compiled,ptxla --ptxla-python /tmp/ptxla/bin/python
 
@@ -544,6 +546,53 @@ def run_round(
                 w.proc.kill()
 
 
+def block_ratios(runs: list[dict], base: list[dict]) -> list[float]:
+    """Per round, the median over blocks of a block's time over ``base``'s block beside it."""
+    return [statistics.median(b / t for b, t in zip(r["blocks_ms"], j["blocks_ms"])) for r, j in zip(runs, base)]
+
+
+def markdown_table(raw: dict) -> str:
+    """The Markdown table of ``benchmarks/README.md`` from ``--json``'s ``configs`` (every round's results).
+
+    One row per config and mode: the round with the median step-time ratio,
+    ratios as medians over rounds with every round's in brackets.
+    """
+    names = {"jax": "JAX twin", "ptxla": "PyTorch/XLA 2.9 lazy"}
+    header = (
+        "| config | mode | step ms | × twin [rounds] | × PyTorch/XLA [rounds] | first step s (× twin) [rounds] "
+        "| host ms/step | ATen ops/step, µs/op | CPU ms/step (× twin) | compiles |"
+    )
+    lines = [header, "|---|---|---:|---|---|---|---:|---|---|---:|"]
+
+    def med(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} [{' '.join(f'{x:.2f}' for x in xs)}]"
+
+    for cfg, runs in raw.items():
+        twin = runs["jax"]
+        for mode in (m for m in ALL_MODES if m in runs):
+            ratios = block_ratios(runs[mode], twin)
+            r = runs[mode][sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]]
+            firsts = [x["first_s"] / j["first_s"] for x, j in zip(runs[mode], twin)]
+            cpu = statistics.median(x["cpu_ms"] / j["cpu_ms"] for x, j in zip(runs[mode], twin))
+            if mode == "jax":
+                ratio, first = "1.00", f"{r['first_s']:.2f} (1.00)"
+            else:
+                ratio = med(ratios)
+                first = f"{r['first_s']:.2f} ({statistics.median(firsts):.2f}) [{' '.join(f'{x:.2f}' for x in firsts)}]"
+            if mode == "ptxla":
+                vs = "1.00"
+            elif mode.startswith("lazy") and "ptxla" in runs:
+                vs = med(block_ratios(runs[mode], runs["ptxla"]))
+            else:
+                vs = "–"
+            ops = f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "–"
+            lines.append(
+                f"| {cfg} | {names.get(mode, mode)} | {r['step_ms']:.1f} | {ratio} | {vs} | {first} "
+                f"| {r['host_ms']:.2f} | {ops} | {r['cpu_ms']:.0f} ({cpu:.2f}) | {r['compiles']} |"
+            )
+    return "\n".join(lines)
+
+
 def machine_line() -> str:
     import jax
     import torch
@@ -639,10 +688,19 @@ def main(argv=None) -> int:
         metavar="PYTHON",
         help="for mode ptxla: a Python interpreter with torch_xla 2.9 and its torch (e.g. a venv's bin/python)",
     )
+    p.add_argument(
+        "--markdown", action="store_true", help="also print the results as benchmarks/README.md's Markdown table"
+    )
+    p.add_argument(
+        "--from-json", metavar="PATH", help="print the Markdown table of an earlier run's --json results and exit"
+    )
     p.add_argument("--worker", choices=ALL_MODES[:-1], help=argparse.SUPPRESS)
     p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.from_json:
+        print(markdown_table(json.loads(Path(args.from_json).read_text())["configs"]))
+        return 0
     if args.steps is None:
         args.steps = 5 if args.quick else 20
     if args.worker:
@@ -691,20 +749,11 @@ def main(argv=None) -> int:
             for mode in MODES:
                 runs[mode].append(res[mode])
         # A round's ratio: the median over blocks of (block / the twin's block beside it).
-        ratios = {
-            mode: [
-                statistics.median(b / t for b, t in zip(r["blocks_ms"], j["blocks_ms"]))
-                for r, j in zip(runs[mode], runs["jax"])
-            ]
-            for mode in MODES
-        }
+        ratios = {mode: block_ratios(runs[mode], runs["jax"]) for mode in MODES}
         cpu_ratios = {mode: [r["cpu_ms"] / j["cpu_ms"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
         # The lazy modes against PyTorch/XLA's lazy step, block by block as against the twin.
         vs_ptxla = {
-            mode: [
-                statistics.median(b / x for b, x in zip(r["blocks_ms"], q["blocks_ms"]))
-                for r, q in zip(runs[mode], runs["ptxla"])
-            ]
+            mode: block_ratios(runs[mode], runs["ptxla"])
             for mode in MODES
             if "ptxla" in MODES and mode.startswith("lazy")
         }
@@ -800,6 +849,8 @@ def main(argv=None) -> int:
         console.print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine_line(), "configs": raw}, indent=1))
+    if args.markdown:
+        print(markdown_table(raw))
     return 0
 
 
