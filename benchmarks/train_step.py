@@ -94,6 +94,7 @@ import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import queue  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -675,7 +676,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--modes",
         default="lazy,lazy_pure,compiled",
-        help=f"comma-separated spmdtorch modes beside the twin: {', '.join(ALL_MODES[1:])}",
+        help=f"comma-separated modes beside the twin: {', '.join(ALL_MODES[1:])} (ptxla: PyTorch/XLA, "
+        "with --ptxla-python)",
     )
     p.add_argument(
         "--dtype",
@@ -713,6 +715,8 @@ def main(argv=None) -> int:
             p.error(f"--modes: unknown mode {m!r}; choose from {', '.join(ALL_MODES[1:])}")
     if "ptxla" in modes and not args.ptxla_python:
         p.error("--modes ptxla: name PyTorch/XLA's interpreter with --ptxla-python (it needs its own torch)")
+    if args.ptxla_python and shutil.which(args.ptxla_python) is None:
+        p.error(f"--ptxla-python {args.ptxla_python}: no such executable (a Python with torch_xla 2.9)")
     MODES = ("jax", *(m for m in ALL_MODES[1:] if m in modes))
     PTXLA_PYTHON = args.ptxla_python
 
