@@ -40,6 +40,9 @@ def _shard_numel(t, spec: str) -> int:
 
 
 def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dtype: str | None = None) -> Session:
+    # Before torch_xla's import, which picks the PJRT client from these; the
+    # driver's environment simulates 8 CPU devices for JAX, CPU_NUM_DEVICES
+    # is PyTorch/XLA's name for the same.
     if os.environ.get("PJRT_DEVICE", "CPU") == "CPU":
         os.environ["PJRT_DEVICE"] = "CPU"
         os.environ.setdefault("CPU_NUM_DEVICES", str(_CPU_DEVICES))
