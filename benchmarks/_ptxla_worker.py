@@ -23,7 +23,20 @@ import re
 import statistics
 import time
 
-from _train_setup import BETAS, EPS, HOST_STEPS, LR, WARMUP_STEPS, WD, Session, llama_module, model_flops, serve, setup
+from _train_setup import (
+    BETAS,
+    EPS,
+    HOST_STEPS,
+    LR,
+    WARMUP_STEPS,
+    WD,
+    Session,
+    llama_module,
+    make_train_step,
+    model_flops,
+    serve,
+    setup,
+)
 
 _CPU_DEVICES = 8  # as train_step.py's workers simulate
 
@@ -70,14 +83,10 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
     tok = tokens.to(device)
     xs.mark_sharding(tok, mesh, ("fsdp", None))
 
+    train_step = make_train_step(model, opt, zero_grad_after)
+
     def step():
-        if not zero_grad_after:
-            opt.zero_grad()
-        loss = llama.causal_lm_loss(model(tok), tok)
-        loss.backward()
-        opt.step()
-        if zero_grad_after:
-            opt.zero_grad()
+        loss = train_step(tok)
         torch_xla.sync()
         return loss
 
@@ -111,6 +120,7 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
         ]
         per_device = sum(_shard_numel(t, torch_xla._XLAC._get_xla_sharding_spec(t)) * t.element_size() for t in state)
         total = sum(t.numel() * t.element_size() for t in state)
+        hw = xm.xla_device_hw(device)
         return {
             "host_ms": statistics.median(host) * 1e3,
             "aten_ops": 0,  # not counted: PyTorch/XLA records in C++
@@ -120,8 +130,8 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
             "temp": None,
             "compiles": compiles(),
             "devices": n,
-            "device_kind": xm.xla_device_hw(device),
-            "platform": xm.xla_device_hw(device).lower(),
+            "device_kind": hw,
+            "platform": hw.lower(),
             "peak_flops": None,
             "flops": model_flops(cfg, *tokens.shape),
             "tokens": int(tokens.numel()),

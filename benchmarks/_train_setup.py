@@ -100,6 +100,28 @@ def setup(cfg_name: str, n_devices: int, seq: int | None = None, dtype: str | No
     return cfg, model, tokens
 
 
+def make_train_step(model, opt, zero_grad_after: bool = False):
+    """The step every torch implementation times: ``step(tokens) -> loss``, without the barrier.
+
+    ``zero_grad_after``: the step ends with ``opt.zero_grad()`` (as Hugging
+    Face's ``Trainer`` does) instead of starting with it: the gradients then
+    die inside the step, so a compiled program need not return them.
+    """
+    loss_fn = llama_module().causal_lm_loss
+
+    def train_step(tokens):
+        if not zero_grad_after:
+            opt.zero_grad()
+        loss = loss_fn(model(tokens), tokens)
+        loss.backward()
+        opt.step()
+        if zero_grad_after:
+            opt.zero_grad()
+        return loss
+
+    return train_step
+
+
 def model_flops(cfg, batch: int, seq: int) -> float:
     """Matmul FLOPs of one training step (forward + backward), PaLM's count.
 

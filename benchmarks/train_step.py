@@ -100,6 +100,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 from _train_setup import (  # noqa: E402  (shared with the PyTorch/XLA worker, which has no jax)
     BETAS,
@@ -110,6 +111,7 @@ from _train_setup import (  # noqa: E402  (shared with the PyTorch/XLA worker, w
     WARMUP_STEPS,
     WD,
     Session,
+    make_train_step,
     model_flops,
     now,
     serve,
@@ -240,15 +242,13 @@ def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
 def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after: bool = False):
     """The model under FSDPv2 per decoder layer, its AdamW, the sharded tokens and the (uncompiled) step.
 
-    ``zero_grad_after``: the step ends with ``opt.zero_grad()`` (as Hugging
-    Face's ``Trainer`` does) instead of starting with it: the gradients then
-    die inside the step, so the program need not return them.
+    ``zero_grad_after``: see ``_train_setup.make_train_step``.
     """
     import numpy as np
     import torch
 
     from spmdtorch.mesh import Mesh
-    from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
+    from spmdtorch.models.llama import DecoderLayer
     from spmdtorch.partition import FSDPv2, mark_sharding, transformer_auto_wrap_policy
 
     n = _num_devices()
@@ -257,18 +257,7 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after
     model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy, auto_wrapper_callable=auto_wrapper_callable)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
-
-    def train_step(tokens):
-        if not zero_grad_after:
-            opt.zero_grad()
-        loss = causal_lm_loss(model(tokens), tokens)
-        loss.backward()
-        opt.step()
-        if zero_grad_after:
-            opt.zero_grad()
-        return loss
-
-    return model, opt, tok, train_step
+    return model, opt, tok, make_train_step(model, opt, zero_grad_after)
 
 
 def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> Session:
@@ -547,9 +536,52 @@ def run_round(
                 w.proc.kill()
 
 
+# Row labels of the modes that are not spmdtorch's (the rich tables prefix the others with "spmdtorch").
+_MODE_LABELS = {"jax": "JAX twin", "ptxla": "PyTorch/XLA 2.9 lazy"}
+
+
 def block_ratios(runs: list[dict], base: list[dict]) -> list[float]:
     """Per round, the median over blocks of a block's time over ``base``'s block beside it."""
     return [statistics.median(b / t for b, t in zip(r["blocks_ms"], j["blocks_ms"])) for r, j in zip(runs, base)]
+
+
+class ModeStats(NamedTuple):
+    """One mode of one config over its rounds (each list: one value per round).
+
+    Attributes:
+        ratios: step time over the twin's (``block_ratios``).
+        first: first step over the twin's.
+        cpu: whole-process CPU per step over the twin's.
+        vs_ptxla: a lazy mode's step time over PyTorch/XLA's (None: not a lazy mode, or no ptxla run).
+        shown: the round whose step-time ratio is the median one (the upper of two middles), as the tables show it.
+    """
+
+    ratios: list[float]
+    first: list[float]
+    cpu: list[float]
+    vs_ptxla: list[float] | None
+    shown: dict
+
+
+def mode_stats(runs: dict) -> dict[str, ModeStats]:
+    """Every mode's ``ModeStats`` from one config's results (mode -> one result per round)."""
+    twin = runs["jax"]
+    out = {}
+    for mode, rounds in runs.items():
+        ratios = block_ratios(rounds, twin)
+        out[mode] = ModeStats(
+            ratios=ratios,
+            first=[r["first_s"] / j["first_s"] for r, j in zip(rounds, twin)],
+            cpu=[r["cpu_ms"] / j["cpu_ms"] for r, j in zip(rounds, twin)],
+            vs_ptxla=block_ratios(rounds, runs["ptxla"]) if "ptxla" in runs and mode.startswith("lazy") else None,
+            shown=rounds[sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]],
+        )
+    return out
+
+
+def rounds_text(xs: list[float]) -> str:
+    """Every round's value, as the tables print them in brackets."""
+    return " ".join(f"{x:.2f}" for x in xs)
 
 
 def markdown_table(raw: dict) -> str:
@@ -558,7 +590,6 @@ def markdown_table(raw: dict) -> str:
     One row per config and mode: the round with the median step-time ratio,
     ratios as medians over rounds with every round's in brackets.
     """
-    names = {"jax": "JAX twin", "ptxla": "PyTorch/XLA 2.9 lazy"}
     header = (
         "| config | mode | step ms | × twin [rounds] | × PyTorch/XLA [rounds] | first step s (× twin) [rounds] "
         "| host ms/step | ATen ops/step, µs/op | CPU ms/step (× twin) | compiles |"
@@ -566,30 +597,24 @@ def markdown_table(raw: dict) -> str:
     lines = [header, "|---|---|---:|---|---|---|---:|---|---|---:|"]
 
     def med(xs: list[float]) -> str:
-        return f"{statistics.median(xs):.2f} [{' '.join(f'{x:.2f}' for x in xs)}]"
+        return f"{statistics.median(xs):.2f} [{rounds_text(xs)}]"
 
     for cfg, runs in raw.items():
-        twin = runs["jax"]
+        stats = mode_stats(runs)
         for mode in (m for m in ALL_MODES if m in runs):
-            ratios = block_ratios(runs[mode], twin)
-            r = runs[mode][sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]]
-            firsts = [x["first_s"] / j["first_s"] for x, j in zip(runs[mode], twin)]
-            cpu = statistics.median(x["cpu_ms"] / j["cpu_ms"] for x, j in zip(runs[mode], twin))
+            st = stats[mode]
+            r = st.shown
             if mode == "jax":
                 ratio, first = "1.00", f"{r['first_s']:.2f} (1.00)"
             else:
-                ratio = med(ratios)
-                first = f"{r['first_s']:.2f} ({statistics.median(firsts):.2f}) [{' '.join(f'{x:.2f}' for x in firsts)}]"
-            if mode == "ptxla":
-                vs = "1.00"
-            elif mode.startswith("lazy") and "ptxla" in runs:
-                vs = med(block_ratios(runs[mode], runs["ptxla"]))
-            else:
-                vs = "–"
+                ratio = med(st.ratios)
+                first = f"{r['first_s']:.2f} ({statistics.median(st.first):.2f}) [{rounds_text(st.first)}]"
+            vs = "1.00" if mode == "ptxla" else "–" if st.vs_ptxla is None else med(st.vs_ptxla)
             ops = f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "–"
             lines.append(
-                f"| {cfg} | {names.get(mode, mode)} | {r['step_ms']:.1f} | {ratio} | {vs} | {first} "
-                f"| {r['host_ms']:.2f} | {ops} | {r['cpu_ms']:.0f} ({cpu:.2f}) | {r['compiles']} |"
+                f"| {cfg} | {_MODE_LABELS.get(mode, mode)} | {r['step_ms']:.1f} | {ratio} | {vs} | {first} "
+                f"| {r['host_ms']:.2f} | {ops} | {r['cpu_ms']:.0f} ({statistics.median(st.cpu):.2f}) "
+                f"| {r['compiles']} |"
             )
     return "\n".join(lines)
 
@@ -612,9 +637,6 @@ def accel_cells(r: dict) -> tuple[str, str, str]:
     return f"{r['tokens'] / step_s:,.0f}", mfu, f"{r['host_ms'] / r['step_ms']:.0%}"
 
 
-_MODE_LABELS = {"jax": "JAX twin", "ptxla": "PyTorch/XLA lazy"}
-
-
 def _first_target(mode: str) -> float | None:
     """The first-step target of a spmdtorch mode (PyTorch/XLA's row has none)."""
     return None if mode == "ptxla" else TARGETS["first"]
@@ -626,7 +648,7 @@ def _vs_ptxla_cell(rounds: list[float] | None, mode: str) -> str:
         return "1.00x"
     if rounds is None:
         return "-"
-    return f"{ratio_cell(rounds, PTXLA_TARGET)} [{' '.join(f'{x:.2f}' for x in rounds)}]"
+    return f"{ratio_cell(rounds, PTXLA_TARGET)} [{rounds_text(rounds)}]"
 
 
 def ratio_cell(rounds: list[float], target: float | None) -> str:
@@ -752,24 +774,12 @@ def main(argv=None) -> int:
             )
             for mode in MODES:
                 runs[mode].append(res[mode])
-        # A round's ratio: the median over blocks of (block / the twin's block beside it).
-        ratios = {mode: block_ratios(runs[mode], runs["jax"]) for mode in MODES}
-        cpu_ratios = {mode: [r["cpu_ms"] / j["cpu_ms"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
-        # The lazy modes against PyTorch/XLA's lazy step, block by block as against the twin.
-        vs_ptxla = {
-            mode: block_ratios(runs[mode], runs["ptxla"])
-            for mode in MODES
-            if "ptxla" in MODES and mode.startswith("lazy")
-        }
-        first_ratios = {mode: [r["first_s"] / j["first_s"] for r, j in zip(runs[mode], runs["jax"])] for mode in MODES}
-        # Each row shows the round whose step-time ratio is the median one.
-        res = {
-            mode: runs[mode][sorted(range(args.rounds), key=lambda i: ratios[mode][i])[args.rounds // 2]]
-            for mode in MODES
-        }
+        # A round's ratio: the median over blocks of (block / the twin's block beside it);
+        # each row shows the round whose ratio is the median one.
+        stats = mode_stats(runs)
         batch, seq = CONFIGS[cfg]
         loop = "zero_grad() after opt.step()" if args.zero_grad_after else "zero_grad() first"
-        twin = res["jax"]
+        twin = stats["jax"].shown
         devices = f"{twin['devices']} {twin['device_kind']}" + ("s" if twin["devices"] > 1 else "")
         table = Table(
             title=f"Llama {cfg} ({_dtype_name(cfg, args.dtype)}), batch {batch}x{seq}, FSDPv2 over {devices}, "
@@ -801,21 +811,22 @@ def main(argv=None) -> int:
         ):
             table.add_column(col, justify="left" if col == "mode" else "right")
         for mode in MODES:
-            r = res[mode]
+            st = stats[mode]
+            r = st.shown
             table.add_row(
                 _MODE_LABELS.get(mode, f"spmdtorch {mode}"),
                 f"{r['step_ms']:.1f}",
-                "1.00x" if mode == "jax" else ratio_cell(ratios[mode], TARGETS.get(mode)),
-                " ".join(f"{x:.2f}" for x in ratios[mode]),
+                "1.00x" if mode == "jax" else ratio_cell(st.ratios, TARGETS.get(mode)),
+                rounds_text(st.ratios),
                 f"{r['first_s']:.2f}",
-                "1.00x" if mode == "jax" else ratio_cell(first_ratios[mode], _first_target(mode)),
+                "1.00x" if mode == "jax" else ratio_cell(st.first, _first_target(mode)),
                 f"{r['warmup_s']:.2f}",
                 f"{r['host_ms']:.2f}",
                 *(accel_cells(r) if accel else ()),
                 f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "-",
                 f"{r['cpu_ms']:.1f}",
-                "1.00x" if mode == "jax" else f"{statistics.median(cpu_ratios[mode]):.2f}x",
-                *((_vs_ptxla_cell(vs_ptxla.get(mode), mode),) if "ptxla" in MODES else ()),
+                "1.00x" if mode == "jax" else f"{statistics.median(st.cpu):.2f}x",
+                *((_vs_ptxla_cell(st.vs_ptxla, mode),) if "ptxla" in MODES else ()),
                 f"{r['per_device'] / 2**20:.3f} MiB = 1/{r['total'] / r['per_device']:.2f}",
                 "-" if r["args"] is None else f"{r['args'] / 2**20:.2f} / {r['temp'] / 2**20:.2f}",
                 str(r["compiles"]),
@@ -823,7 +834,7 @@ def main(argv=None) -> int:
             )
         console.print(table)
         raw[cfg] = runs
-        summary.append((cfg, res, ratios, first_ratios, vs_ptxla))
+        summary.append((cfg, stats))
     if len(summary) > 1:
         table = Table(title="Summary: ratio to the JAX twin, median over rounds (every round's in brackets)")
         shown = MODES[1:]
@@ -838,17 +849,14 @@ def main(argv=None) -> int:
         )
         for col in cols:
             table.add_column(col, justify="left" if col == "config" else "right")
-        for cfg, res, ratios, first_ratios, vs_ptxla in summary:
+        for cfg, stats in summary:
             table.add_row(
                 cfg,
-                f"{res['jax']['step_ms']:.1f}",
-                *(
-                    f"{ratio_cell(ratios[m], TARGETS.get(m))} [{' '.join(f'{x:.2f}' for x in ratios[m])}]"
-                    for m in shown
-                ),
-                ", ".join(ratio_cell(first_ratios[m], _first_target(m)) for m in shown),
-                ", ".join(f"{res[m]['host_ms']:.1f}" for m in shown),
-                *((", ".join(_vs_ptxla_cell(vs_ptxla[m], m) for m in lazy),) if lazy else ()),
+                f"{stats['jax'].shown['step_ms']:.1f}",
+                *(f"{ratio_cell(stats[m].ratios, TARGETS.get(m))} [{rounds_text(stats[m].ratios)}]" for m in shown),
+                ", ".join(ratio_cell(stats[m].first, _first_target(m)) for m in shown),
+                ", ".join(f"{stats[m].shown['host_ms']:.1f}" for m in shown),
+                *((", ".join(_vs_ptxla_cell(stats[m].vs_ptxla, m) for m in lazy),) if lazy else ()),
             )
         console.print(table)
     if args.json:
