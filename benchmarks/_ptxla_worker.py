@@ -23,20 +23,7 @@ import re
 import statistics
 import time
 
-from _train_setup import (
-    BETAS,
-    EPS,
-    HOST_STEPS,
-    LR,
-    WARMUP_STEPS,
-    WD,
-    Session,
-    llama_module,
-    make_train_step,
-    model_flops,
-    serve,
-    setup,
-)
+import _train_setup as ts
 
 _CPU_DEVICES = 8  # as train_step.py's workers simulate
 
@@ -52,7 +39,7 @@ def _shard_numel(t, spec: str) -> int:
     return math.prod(-(-size // n) for size, n in zip(t.shape, tiles))
 
 
-def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dtype: str | None = None) -> Session:
+def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dtype: str | None = None) -> ts.Session:
     # Before torch_xla's import, which picks the PJRT client from these; the
     # driver's environment simulates 8 CPU devices for JAX, CPU_NUM_DEVICES
     # is PyTorch/XLA's name for the same.
@@ -73,17 +60,17 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
 
     xr.use_spmd()
     n = xr.global_runtime_device_count()
-    llama = llama_module()
-    cfg, model, tokens = setup(cfg_name, n, dtype=dtype)
+    llama = ts.llama_module()
+    cfg, model, tokens = ts.setup(cfg_name, n, dtype=dtype)
     device = torch_xla.device()
     mesh = xs.Mesh(np.arange(n), (n,), ("fsdp",))
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={llama.DecoderLayer})
     model = SpmdFullyShardedDataParallel(model.to(device), mesh=mesh, auto_wrap_policy=policy)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt = torch.optim.AdamW(model.parameters(), lr=ts.LR, betas=ts.BETAS, eps=ts.EPS, weight_decay=ts.WD)
     tok = tokens.to(device)
     xs.mark_sharding(tok, mesh, ("fsdp", None))
 
-    train_step = make_train_step(model, opt, zero_grad_after)
+    train_step = ts.make_train_step(model, opt, zero_grad_after)
 
     def step():
         loss = train_step(tok)
@@ -109,7 +96,7 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
 
     def finish():
         host = []
-        for _ in range(HOST_STEPS):  # an idle device: tracing + graph hash + launch, no back-pressure
+        for _ in range(ts.HOST_STEPS):  # an idle device: tracing + graph hash + launch, no back-pressure
             xm.wait_device_ops()
             h = time.perf_counter()
             loss = step()
@@ -133,11 +120,11 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
             "device_kind": hw,
             "platform": hw.lower(),
             "peak_flops": None,
-            "flops": model_flops(cfg, *tokens.shape),
+            "flops": ts.model_flops(cfg, *tokens.shape),
             "tokens": int(tokens.numel()),
         }
 
-    return Session(first, warm, losses, run_block, finish)
+    return ts.Session(first, warm, losses, run_block, finish)
 
 
 def main(argv=None) -> None:
@@ -148,8 +135,8 @@ def main(argv=None) -> None:
     p.add_argument("--zero-grad-after", action="store_true")
     p.add_argument("--dtype", default=None)
     args = p.parse_args(argv)
-    warmup = 1 if args.first_only else WARMUP_STEPS
-    serve(session_ptxla(args.config, warmup, args.zero_grad_after, args.dtype), args.first_only)
+    warmup = 1 if args.first_only else ts.WARMUP_STEPS
+    ts.serve(session_ptxla(args.config, warmup, args.zero_grad_after, args.dtype), args.first_only)
 
 
 if __name__ == "__main__":
