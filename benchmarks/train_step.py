@@ -40,6 +40,14 @@ Columns (host wall-clock, ``time.perf_counter``):
 * ``host ms/step``: host time of one steady-state step launched on an idle
   device (median of 5), i.e. without back-pressure from the steps in flight
   (lazy: recording + graph key + launch; compiled and JAX: the call);
+* ``device idle``: the share of the time the devices sat idle, read off a
+  profiler trace of ``TRACE_STEPS`` more steps launched back to back
+  (``spmdtorch.debug.device_activity``: from the first program work to the
+  last, what no work covers; on an accelerator its kernels and copies, on
+  simulated CPU devices XLA's CPU client's threads as a whole). It is the
+  host-bound share: the time the devices waited for the next launch (and for
+  transfers). Tracing costs the host a little, so it is not taken from the
+  timed blocks;
 * ``CPU ms/step``: CPU time of the whole process (every thread: Python and
   the simulated devices) per steady-state step. On CPU the "devices" and the
   host share the machine's cores, so host work is not hidden behind device
@@ -73,7 +81,8 @@ On an accelerator every mode runs on all its devices (each process takes an
 equal share of their memory), and the table adds tokens/s, MFU (PaLM's FLOP
 count, ``model_flops``, over the device kind's dense bf16 peak) and the
 host's share of a step: under 100%, each step is launched before the device
-finishes the one before, so the device never waits for the host.
+finishes the one before; ``device idle`` says how long the device waited
+nonetheless.
 """
 
 from __future__ import annotations
@@ -137,6 +146,9 @@ PTXLA_TARGET = 0.5
 # alone moved 15-20% between runs minutes apart, and one hiccup (another
 # process waking up) moved a single ~20 ms tiny block by up to 25%.
 BLOCKS = 5
+# Steps launched back to back under a profiler trace (apart from the timed
+# blocks: tracing costs the host time) for the device idle share.
+TRACE_STEPS = 5
 
 
 # =============================================================================
@@ -260,6 +272,24 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after
     return model, opt, tok, make_train_step(model, opt, zero_grad_after)
 
 
+def device_idle(run_block, capture) -> float | None:
+    """The share of the time devices sat idle over ``TRACE_STEPS`` steps launched back to back.
+
+    Read off a profiler trace of the block (``capture(logdir)``: a context
+    manager that writes one) by ``spmdtorch.debug.device_activity``: from the
+    first program work to the last, the part no work covers, averaged over the
+    devices (on simulated CPU devices, XLA's CPU client as a whole). None when
+    the trace shows no device work.
+    """
+    from spmdtorch.debug import device_activity
+
+    with tempfile.TemporaryDirectory() as logdir:
+        with capture(logdir):
+            run_block(TRACE_STEPS)
+        acts = device_activity(logdir)
+    return statistics.mean(a.idle_fraction for a in acts) if acts else None
+
+
 def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> Session:
     sys.path.insert(0, str(Path(__file__).parent))
     import jax
@@ -305,6 +335,7 @@ def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> Session
         mem = jitted.lower(state["params"], state["opt"], tok).compile().memory_analysis()
         return {
             "host_ms": statistics.median(host) * 1e3,
+            "device_idle": device_idle(run_block, jax.profiler.trace),
             "aten_ops": 0,
             "per_device": per_device,
             "total": total,
@@ -373,6 +404,7 @@ def session_spmdtorch(
         mem = exe.memory_analysis()
         return {
             "host_ms": statistics.median(host) * 1e3,
+            "device_idle": device_idle(run_block, debug.profile),
             # ATen ops recorded per step (0 for a compiled replay: no op is dispatched).
             "aten_ops": statistics.median(ops),
             "per_device": per_device,
@@ -592,9 +624,9 @@ def markdown_table(raw: dict) -> str:
     """
     header = (
         "| config | mode | step ms | × twin [rounds] | × PyTorch/XLA [rounds] | first step s (× twin) [rounds] "
-        "| host ms/step | ATen ops/step, µs/op | CPU ms/step (× twin) | compiles |"
+        "| host ms/step | device idle | ATen ops/step, µs/op | CPU ms/step (× twin) | compiles |"
     )
-    lines = [header, "|---|---|---:|---|---|---|---:|---|---|---:|"]
+    lines = [header, "|---|---|---:|---|---|---|---:|---:|---|---|---:|"]
 
     def med(xs: list[float]) -> str:
         return f"{statistics.median(xs):.2f} [{rounds_text(xs)}]"
@@ -613,10 +645,17 @@ def markdown_table(raw: dict) -> str:
             ops = f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "–"
             lines.append(
                 f"| {cfg} | {_MODE_LABELS.get(mode, mode)} | {r['step_ms']:.1f} | {ratio} | {vs} | {first} "
-                f"| {r['host_ms']:.2f} | {ops} | {r['cpu_ms']:.0f} ({statistics.median(st.cpu):.2f}) "
+                f"| {r['host_ms']:.2f} | {idle_text(r, '–')} | {ops} | {r['cpu_ms']:.0f} ({statistics.median(st.cpu):.2f}) "
                 f"| {r['compiles']} |"
             )
     return "\n".join(lines)
+
+
+def idle_text(r: dict, missing: str = "-") -> str:
+    """A result's device idle share (``device_idle``), or ``missing`` where none was traced
+    (PyTorch/XLA's worker, and runs from before it was measured)."""
+    idle = r.get("device_idle")
+    return missing if idle is None else f"{idle:.0%}"
 
 
 def machine_line() -> str:
@@ -799,6 +838,7 @@ def main(argv=None) -> int:
             "x twin (first)",
             "warm-up s",
             "host ms/step",
+            "device idle",
             *(("tokens/s", "MFU", "host % of step") if accel else ()),
             "ATen ops, us/op",
             "CPU ms/step",
@@ -822,6 +862,7 @@ def main(argv=None) -> int:
                 "1.00x" if mode == "jax" else ratio_cell(st.first, _first_target(mode)),
                 f"{r['warmup_s']:.2f}",
                 f"{r['host_ms']:.2f}",
+                idle_text(r),
                 *(accel_cells(r) if accel else ()),
                 f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "-",
                 f"{r['cpu_ms']:.1f}",

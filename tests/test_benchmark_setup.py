@@ -61,8 +61,8 @@ def test_ptxla_shard_numel_reads_the_tile_assignment(shape, spec, expected):
     assert _ptxla_worker._shard_numel(torch.empty(shape), spec) == expected
 
 
-def _run(step_ms: float, blocks: list[float], first_s: float, aten_ops: float = 0) -> dict:
-    return {
+def _run(step_ms: float, blocks: list[float], first_s: float, aten_ops: float = 0, idle: float | None = None) -> dict:
+    run = {
         "step_ms": step_ms,
         "blocks_ms": blocks,
         "first_s": first_s,
@@ -71,6 +71,9 @@ def _run(step_ms: float, blocks: list[float], first_s: float, aten_ops: float = 
         "cpu_ms": 2 * step_ms,
         "compiles": 1,
     }
+    if idle is not None:  # PyTorch/XLA's worker, and runs from before it was measured, have none
+        run["device_idle"] = idle
+    return run
 
 
 def test_markdown_table_ratios_against_the_twin_and_pytorch_xla():
@@ -79,14 +82,15 @@ def test_markdown_table_ratios_against_the_twin_and_pytorch_xla():
     raw = {
         "tiny": {
             "jax": [_run(10, [10, 10, 10], 2.0), _run(20, [20, 20, 20], 2.0)],
-            "lazy": [_run(15, [15, 16, 14], 3.0, aten_ops=100), _run(22, [22, 22, 22], 2.0, aten_ops=100)],
+            "lazy": [_run(15, [15, 16, 14], 3.0, 100, idle=0.334), _run(22, [22, 22, 22], 2.0, 100, idle=0.2)],
             "ptxla": [_run(30, [30, 32, 28], 2.0), _run(40, [40, 40, 40], 4.0)],
         }
     }
     rows = {line.split(" | ")[1]: line for line in train_step.markdown_table(raw).splitlines()[2:]}
     # lazy: round ratios 1.50 and 1.10 against the twin (median 1.30), 0.50 and 0.55 against PyTorch/XLA.
     assert "| 1.30 [1.50 1.10] | 0.53 [0.50 0.55] |" in rows["lazy"]
-    assert "| 100, 20.0 |" in rows["lazy"]  # 2 ms of host over 100 ops
+    assert "| 2.00 | 33% | 100, 20.0 |" in rows["lazy"]  # the shown round's idle share; 2 ms of host over 100 ops
+    assert "| 2.00 | – |" in rows["PyTorch/XLA 2.9 lazy"]  # not traced
     assert rows["lazy"].startswith("| tiny | lazy | 15.0 |")  # of two rounds, the upper median (ratio 1.50)
     assert rows["PyTorch/XLA 2.9 lazy"].startswith("| tiny | PyTorch/XLA 2.9 lazy | 30.0 | 2.50 [3.00 2.00] | 1.00 |")
     assert rows["JAX twin"].startswith("| tiny | JAX twin | 20.0 | 1.00 | – |")  # equal ratios: the later round

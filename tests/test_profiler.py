@@ -137,3 +137,110 @@ def test_server_and_detached_capture_of_this_process(devices8, tmp_path):
     assert not _profiling.STATE.active
     names = _events(xp.trace_files(tmp_path))
     assert "spmdtorch.step" in names, sorted(set(names))
+
+
+# -- device_activity: busy and idle time read off a trace ---------------------------------
+
+
+def _plane(name, lines):
+    """A stand-in for a ``jax.profiler.ProfileData`` plane: ``{line name: [(event name, start, end)]}``."""
+    from types import SimpleNamespace as NS
+
+    return NS(
+        name=name,
+        lines=[NS(name=ln, events=[NS(name=n, start_ns=s, end_ns=e) for n, s, e in evs]) for ln, evs in lines.items()],
+    )
+
+
+def test_summarize_merges_overlaps_and_counts_gaps():
+    from spmdtorch.debug._activity import summarize
+
+    a = summarize("d", [(50, 60), (0, 10), (5, 20), (20, 30), (40, 45)])  # unordered; 20 touches 20: no gap
+    assert (a.start_ns, a.end_ns, a.busy_ns) == (0, 60, 30 + 5 + 10)
+    assert (a.gaps, a.longest_gap_ns, a.idle_ns, a.window_ns) == (2, 10, 15, 60)
+    assert a.idle_fraction == pytest.approx(15 / 60)
+    nested = summarize("d", [(0, 100), (10, 20), (30, 40)])  # kernels inside a longer one count once
+    assert (nested.busy_ns, nested.gaps, nested.idle_ns) == (100, 0, 0)
+    assert summarize("d", []) is None
+    point = summarize("d", [(7, 7)])
+    assert (point.window_ns, point.idle_fraction) == (0, 0.0)
+
+
+def test_activity_reads_the_device_planes_and_ignores_derived_lines():
+    from types import SimpleNamespace as NS
+
+    gpu = _plane(
+        "/device:GPU:0",
+        {
+            "Stream #13(Kernel,MemcpyH2D)": [("fusion_1", 0, 40), ("memcpy", 100, 110)],
+            "Stream #14(Kernel)": [("gemm", 30, 60)],
+            "XLA Modules": [("jit_spmdtorch_program", 0, 110)],  # derived: spans the gaps, not work
+            "CUPTI overhead": [("overhead", 60, 100)],
+        },
+    )
+    tpu = _plane("/device:TPU:0", {"XLA Ops": [("fusion", 0, 5), ("dot", 15, 20)], "Steps": [("0", 0, 20)]})
+    host = _plane("/host:CPU", {"tf_XLAPjRtCpuClient/1": [("ynn_fusion", 0, 1000)]})
+    acts = xp.device_activity(NS(planes=[host, gpu, tpu]))
+    assert [a.device for a in acts] == ["/device:GPU:0", "/device:TPU:0"]  # the host's threads are not a device here
+    g, t = acts
+    assert (g.busy_ns, g.idle_ns, g.gaps, g.longest_gap_ns) == (70, 40, 1, 40)
+    assert (t.busy_ns, t.idle_ns, t.gaps) == (10, 10, 1)
+
+
+def test_activity_of_cpu_devices_is_the_cpu_clients_threads():
+    from types import SimpleNamespace as NS
+
+    host = _plane(
+        "/host:CPU",
+        {
+            "python": [("PjitFunction(step)", 0, 500)],  # the host's own work is not the devices'
+            "tf_XLAPjRtCpuClient/77": [("ThreadpoolListener::StartRegion", 0, 0), ("all-gather", 100, 150)],
+            "tf_XLAEigen/5": [("ynn_fusion", 140, 200), ("ThreadpoolListener::Record", 250, 260)],
+            "tf_XLAPjRtCpuClient/78": [("wrapped_copy", 300, 320)],
+        },
+    )
+    [a] = xp.device_activity(NS(planes=[_plane("/host:metadata", {}), host]))
+    assert (a.device, a.start_ns, a.end_ns, a.busy_ns, a.gaps, a.longest_gap_ns) == ("cpu", 100, 320, 120, 1, 100)
+    assert xp.device_activity(NS(planes=[_plane("/host:CPU", {"python": [("x", 0, 9)]})])) == []
+
+
+def test_device_activity_of_a_captured_cpu_trace_sees_the_host_waits(devices8, tmp_path):
+    """Steps with a host pause between them: the CPU devices sit idle at least that long, each time."""
+    import time
+
+    w = torch.ones(512, 512, device="xla")
+
+    def step():
+        nonlocal w
+        with spmdtorch.step():
+            w = torch.tanh(w @ w)
+
+    step()
+    spmdtorch.wait_device_ops()  # compiled before the trace
+    pause = 0.15
+    with xp.profile(tmp_path):
+        for _ in range(3):
+            step()
+            spmdtorch.wait_device_ops()
+            time.sleep(pause)  # the host keeps the devices waiting
+        step()
+        spmdtorch.wait_device_ops()
+    [a] = xp.device_activity(tmp_path)
+    [xspace] = [f for f in xp.trace_files(tmp_path) if f.name.endswith(".xplane.pb")]
+    assert xp.device_activity(xspace) == [a]  # the file itself reads the same
+    assert a.device == "cpu" and a.busy_ns > 0
+    assert a.idle_ns >= 3 * pause * 1e9 and a.longest_gap_ns >= pause * 1e9, a
+    assert a.idle_ns < a.window_ns and a.gaps >= 3
+
+
+def test_device_activity_errors(tmp_path):
+    with pytest.raises(xp.ProfilerArgumentError, match=r"device_activity: trace must be a directory holding"):
+        xp.device_activity(tmp_path)  # nothing captured there
+    with pytest.raises(xp.ProfilerArgumentError, match="spmdtorch.debug.profile"):
+        xp.device_activity(tmp_path / "missing")
+    with pytest.raises(xp.ProfilerArgumentTypeError, match="device_activity: trace must be"):
+        xp.device_activity(3)
+    bogus = tmp_path / "host.xplane.pb"
+    bogus.write_bytes(b"not a trace")
+    with pytest.raises(xp.ProfilerArgumentError, match="does not parse as one"):
+        xp.device_activity(tmp_path)

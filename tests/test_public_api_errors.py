@@ -65,6 +65,7 @@ NOT_WALKED: dict[str, str] = {
     "MemoryInfo": "result of runtime.memory_info",
     "PretrainedLoad": "NamedTuple result of checkpoint.load_pretrained",
     "HfLayout": "result of checkpoint.save_pretrained (read_layout builds it from a directory)",
+    "DeviceActivity": "result of debug.device_activity",
     # Built by the dispatcher from a storage, never by user code.
     "XlaTensor": "internal constructor (user code gets XlaTensors from torch with device='xla')",
     "PerDeviceLoader": "built by ParallelLoader.per_device_loader",
@@ -158,6 +159,15 @@ def _server(tmp: str) -> dict[str, Any]:
 def _tracing(tmp: str) -> dict[str, Any]:
     debug.start_trace(os.path.join(tmp, "profile"))
     return {}
+
+
+def _captured(tmp: str) -> dict[str, Any]:
+    """A trace of one small program, captured into ``tmp/captured`` (once)."""
+    path = os.path.join(tmp, "captured")
+    if not os.path.exists(path):
+        with debug.profile(path):
+            (_xt(2) * 2).cpu()
+    return {"trace": path}
 
 
 #: A valid call of every walked callable (tmp: a fresh temporary directory).
@@ -337,6 +347,7 @@ VALID: dict[str, Case] = {
     "trace": Case(lambda tmp: {"logdir": os.path.join(tmp, "trace"), "duration_ms": 10}, setup=_server),
     "trace_detached": Case(lambda tmp: {"logdir": os.path.join(tmp, "trace"), "duration_ms": 10}, setup=_server),
     "trace_me": Case(lambda tmp: {"name": "walk"}),
+    "device_activity": Case(lambda tmp: {}, setup=_captured),
     "Trace": Case(lambda tmp: {"name": "walk"}),
     "StepTrace": Case(lambda tmp: {"name": "walk"}),
     # launch

@@ -11,7 +11,8 @@ Profiling: ``profile(logdir)`` captures a trace of its block (TensorBoard,
 Perfetto) with spmdtorch's step and program names on it;
 :mod:`spmdtorch.debug.profiler` has PyTorch/XLA's ``torch_xla.debug.profiler``
 names (``start_server``, ``trace``, ``trace_detached``, ``Trace``,
-``StepTrace``...).
+``StepTrace``...); ``device_activity(logdir)`` reads how busy each device was
+over a captured trace and how long it sat idle waiting for the host.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from spmdtorch import _checks
 from spmdtorch._checks import ArgumentTypeError, check_bool, check_str
 from spmdtorch.debug import profiler
 from spmdtorch.debug.profiler import (
+    DeviceActivity,
     ProfilerArgumentError,
     ProfilerArgumentTypeError,
     ProfilerError,
     StepTrace,
     Trace,
+    device_activity,
     profile,
     start_server,
     start_trace,
@@ -63,6 +66,8 @@ __all__ = [
     "log_recompiles",
     "profile",
     "profiler",
+    "DeviceActivity",
+    "device_activity",
     # torch_xla.debug.profiler's names (also in spmdtorch.debug.profiler)
     "ProfilerArgumentError",
     "ProfilerArgumentTypeError",

@@ -41,18 +41,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
+from jax.profiler import ProfileData
 
 from spmdtorch import _checks
 from spmdtorch._checks import ArgumentError, ArgumentTypeError
 from spmdtorch._step import mark_step
+from spmdtorch.debug._activity import DeviceActivity, activity_of, newest_xspace
 from spmdtorch.lazy import _profiling, executor
 
 __all__ = [
+    "DeviceActivity",
     "ProfilerArgumentError",
     "ProfilerArgumentTypeError",
     "ProfilerError",
     "StepTrace",
     "Trace",
+    "device_activity",
     "is_tracing",
     "profile",
     "start_server",
@@ -299,6 +303,66 @@ def trace_files(logdir: str | os.PathLike[str]) -> list[Path]:
         return []
     runs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
     return [f for run in runs for f in sorted(run.iterdir()) if f.is_file()]
+
+
+def device_activity(trace: Any) -> list[DeviceActivity]:
+    """How busy each device was over a captured trace, and how long it sat idle waiting for the host.
+
+    Read off the trace rather than inferred from timings: a GPU's kernels and
+    copies on its streams, a TPU's XLA ops; simulated CPU devices run on host
+    threads, so they give one entry, ``"cpu"``, for XLA's CPU client as a whole
+    (busy while any of them runs program work). Idle time is the part of the
+    window from a device's first work to its last that no work covers: capture
+    N steps launched back to back, and ``idle_ns / N`` is what each step left
+    the device waiting (host-bound when it is a large part of the step).
+
+    Args:
+        trace: the ``logdir`` of :func:`profile` / :func:`start_trace` (its
+            newest ``*.xplane.pb``), an ``.xplane.pb`` file, or a loaded
+            ``jax.profiler.ProfileData``.
+
+    Returns:
+        One :class:`DeviceActivity` per device that did work, in the trace's
+        order (empty when none did).
+
+    Raises:
+        ProfilerArgumentError: ``trace`` names no trace file, or a file that is
+            not one (a ``ValueError``).
+
+    Example:
+        >>> import torch, spmdtorch, tempfile
+        >>> w = torch.ones(256, 256, device="xla")
+        >>> logdir = tempfile.mkdtemp()
+        >>> with spmdtorch.debug.profile(logdir):
+        ...     for _ in range(3):
+        ...         with spmdtorch.step():
+        ...             w = torch.tanh(w @ w)
+        ...     spmdtorch.wait_device_ops()
+        >>> [cpu] = device_activity(logdir)  # simulated CPU devices: one entry
+        >>> cpu.device, cpu.busy_ns > 0, cpu.busy_ns + cpu.idle_ns == cpu.window_ns
+        ('cpu', True, True)
+    """
+    if hasattr(trace, "planes"):  # a jax.profiler.ProfileData
+        return activity_of(trace)
+    path = _logdir(trace, "device_activity", "trace")
+    found = newest_xspace(path)
+    if found is None:
+        _checks.fail(
+            ProfilerArgumentError,
+            "device_activity",
+            "trace",
+            "a directory holding a captured trace (*.xplane.pb), such a file, or a jax.profiler.ProfileData",
+            path,
+            "capture one with spmdtorch.debug.profile(logdir) and pass that logdir",
+        )
+    try:
+        profile = ProfileData.from_file(str(found))
+    except RuntimeError as e:  # jaxlib's parser: "Failed to parse XSpace from array"
+        raise ProfilerArgumentError(
+            f"device_activity: trace must be an XSpace trace file (*.xplane.pb), got {str(found)!r}, "
+            f"which does not parse as one ({e}); pass the capture's directory or its .xplane.pb file"
+        ) from e
+    return activity_of(profile)
 
 
 # -- a profiler server and on-demand captures (TensorBoard's "capture profile") ------------
