@@ -21,6 +21,7 @@ import math
 import os
 import re
 import statistics
+import tempfile
 import time
 
 import _train_setup as ts
@@ -53,6 +54,7 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
+    import torch_xla.debug.profiler as xp
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
     from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -108,8 +110,15 @@ def session_ptxla(cfg_name: str, warmup: int, zero_grad_after: bool = False, dty
         per_device = sum(_shard_numel(t, torch_xla._XLAC._get_xla_sharding_spec(t)) * t.element_size() for t in state)
         total = sum(t.numel() * t.element_size() for t in state)
         hw = xm.xla_device_hw(device)
+        # A trace of a few more steps (PyTorch/XLA's profiler writes the same
+        # XSpace as JAX's): the driver reads the devices' idle share off it.
+        trace_dir = tempfile.mkdtemp(prefix="ptxla-trace-")
+        xp.start_trace(trace_dir)
+        run_block(ts.TRACE_STEPS)
+        xp.stop_trace()
         return {
             "host_ms": statistics.median(host) * 1e3,
+            "trace_dir": trace_dir,
             "aten_ops": 0,  # not counted: PyTorch/XLA records in C++
             "per_device": per_device,
             "total": total,

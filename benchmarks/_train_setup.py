@@ -41,6 +41,9 @@ PRESETS = {
 DTYPES = {"1b": "bfloat16"}
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
 HOST_STEPS = 5  # steps whose host time ``finish`` takes, each launched on an idle device
+# Steps launched back to back under a profiler trace, apart from the timed
+# blocks (tracing costs the host time), for the devices' idle share.
+TRACE_STEPS = 5
 # Steps before the timed blocks, the same in every worker so that the final losses agree too
 # (lazy modes compile twice, once AdamW's state exists; spmdtorch.compile replays from its fourth call).
 WARMUP_STEPS = 4

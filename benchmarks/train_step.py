@@ -117,6 +117,7 @@ from _train_setup import (  # noqa: E402  (shared with the PyTorch/XLA worker, w
     EPS,
     HOST_STEPS,
     LR,
+    TRACE_STEPS,
     WARMUP_STEPS,
     WD,
     Session,
@@ -146,9 +147,6 @@ PTXLA_TARGET = 0.5
 # alone moved 15-20% between runs minutes apart, and one hiccup (another
 # process waking up) moved a single ~20 ms tiny block by up to 25%.
 BLOCKS = 5
-# Steps launched back to back under a profiler trace (apart from the timed
-# blocks: tracing costs the host time) for the device idle share.
-TRACE_STEPS = 5
 
 
 # =============================================================================
@@ -272,22 +270,27 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after
     return model, opt, tok, make_train_step(model, opt, zero_grad_after)
 
 
-def device_idle(run_block, capture) -> float | None:
-    """The share of the time devices sat idle over ``TRACE_STEPS`` steps launched back to back.
+def idle_share(logdir: str) -> float | None:
+    """The share of the time the devices sat idle over the trace in ``logdir``.
 
-    Read off a profiler trace of the block (``capture(logdir)``: a context
-    manager that writes one) by ``spmdtorch.debug.device_activity``: from the
-    first program work to the last, the part no work covers, averaged over the
-    devices (on simulated CPU devices, XLA's CPU client as a whole). None when
-    the trace shows no device work.
+    ``spmdtorch.debug.device_activity``: from the first program work to the
+    last, the part no work covers, averaged over the devices (on simulated CPU
+    devices, XLA's CPU client as a whole). None when the trace shows no device
+    work.
     """
     from spmdtorch.debug import device_activity
 
+    acts = device_activity(logdir)
+    return statistics.mean(a.idle_fraction for a in acts) if acts else None
+
+
+def device_idle(run_block, capture) -> float | None:
+    """``idle_share`` of ``TRACE_STEPS`` steps launched back to back, traced by ``capture(logdir)``
+    (a context manager that writes a trace there)."""
     with tempfile.TemporaryDirectory() as logdir:
         with capture(logdir):
             run_block(TRACE_STEPS)
-        acts = device_activity(logdir)
-    return statistics.mean(a.idle_fraction for a in acts) if acts else None
+        return idle_share(logdir)
 
 
 def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> Session:
@@ -510,6 +513,10 @@ class Worker:
         self.proc.stdin.flush()
         res = self._expect("RESULT")
         self._exited()
+        trace_dir = res.pop("trace_dir", None)
+        if trace_dir is not None:  # PyTorch/XLA's worker has no jax to read its trace with
+            res["device_idle"] = idle_share(trace_dir)
+            shutil.rmtree(trace_dir, ignore_errors=True)
         return res
 
     def _exited(self) -> None:
@@ -653,7 +660,7 @@ def markdown_table(raw: dict) -> str:
 
 def idle_text(r: dict, missing: str = "-") -> str:
     """A result's device idle share (``device_idle``), or ``missing`` where none was traced
-    (PyTorch/XLA's worker, and runs from before it was measured)."""
+    (a run from before it was measured, or a trace with no device work)."""
     idle = r.get("device_idle")
     return missing if idle is None else f"{idle:.0%}"
 

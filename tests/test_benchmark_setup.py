@@ -71,7 +71,7 @@ def _run(step_ms: float, blocks: list[float], first_s: float, aten_ops: float = 
         "cpu_ms": 2 * step_ms,
         "compiles": 1,
     }
-    if idle is not None:  # PyTorch/XLA's worker, and runs from before it was measured, have none
+    if idle is not None:  # runs from before it was measured have none
         run["device_idle"] = idle
     return run
 
@@ -90,7 +90,7 @@ def test_markdown_table_ratios_against_the_twin_and_pytorch_xla():
     # lazy: round ratios 1.50 and 1.10 against the twin (median 1.30), 0.50 and 0.55 against PyTorch/XLA.
     assert "| 1.30 [1.50 1.10] | 0.53 [0.50 0.55] |" in rows["lazy"]
     assert "| 2.00 | 33% | 100, 20.0 |" in rows["lazy"]  # the shown round's idle share; 2 ms of host over 100 ops
-    assert "| 2.00 | – |" in rows["PyTorch/XLA 2.9 lazy"]  # not traced
+    assert "| 2.00 | – |" in rows["PyTorch/XLA 2.9 lazy"]  # not traced in this run
     assert rows["lazy"].startswith("| tiny | lazy | 15.0 |")  # of two rounds, the upper median (ratio 1.50)
     assert rows["PyTorch/XLA 2.9 lazy"].startswith("| tiny | PyTorch/XLA 2.9 lazy | 30.0 | 2.50 [3.00 2.00] | 1.00 |")
     assert rows["JAX twin"].startswith("| tiny | JAX twin | 20.0 | 1.00 | – |")  # equal ratios: the later round
