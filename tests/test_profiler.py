@@ -202,6 +202,9 @@ def test_activity_of_cpu_devices_is_the_cpu_clients_threads():
     [a] = xp.device_activity(NS(planes=[_plane("/host:metadata", {}), host]))
     assert (a.device, a.start_ns, a.end_ns, a.busy_ns, a.gaps, a.longest_gap_ns) == ("cpu", 100, 320, 120, 1, 100)
     assert xp.device_activity(NS(planes=[_plane("/host:CPU", {"python": [("x", 0, 9)]})])) == []
+    # Beside an accelerator that did nothing, the CPU client's threads ran host work: not a device.
+    idle_gpu = _plane("/device:GPU:0", {"Stream #7(Kernel)": []})
+    assert xp.device_activity(NS(planes=[idle_gpu, host])) == []
 
 
 def test_device_activity_of_a_captured_cpu_trace_sees_the_host_waits(devices8, tmp_path):

@@ -5,7 +5,8 @@
 #   1. tests/accelerator (float32 matmul precision mapping, bf16 products,
 #      cuDNN attention, .cpu() of an xla tensor on the GPU);
 #   2. benchmarks/train_step.py --configs 1b (the 1.1B decoder in bf16,
-#      spmdtorch compiled vs the JAX twin, 2 rounds);
+#      spmdtorch compiled vs the JAX twin, 2 rounds; tokens/s, MFU, and the
+#      GPU's idle share read off a profiler trace, "device idle");
 #   3. benchmarks/train_step.py --configs tiny (host-bound size), if time is left.
 #
 # Runs from the repository root on the device machine, in its own Python
@@ -31,9 +32,9 @@ tail -4 "$OUT/accel.log"
 export JAX_PLATFORMS=cuda PJRT_DEVICE=CUDA
 echo "== train_step 1b ($MODES)"
 timeout 330 python3 benchmarks/train_step.py --configs 1b --rounds 2 --blocks 5 --steps 10 \
-    --modes "$MODES" --json "$OUT/1b.json" >"$OUT/bench1b.log" 2>&1
+    --modes "$MODES" --json "$OUT/1b.json" --markdown >"$OUT/bench1b.log" 2>&1
 echo "rc=$?"
-cut -c1-400 "$OUT/bench1b.log" | tail -14
+cut -c1-400 "$OUT/bench1b.log" | tail -20
 
 echo "== train_step tiny"
 timeout 90 python3 benchmarks/train_step.py --configs tiny --rounds 1 --blocks 5 --steps 20 \

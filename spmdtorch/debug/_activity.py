@@ -125,14 +125,18 @@ def activity_of(profile: Any) -> list[DeviceActivity]:
     """:func:`device_activity` of a loaded ``jax.profiler.ProfileData``."""
     out: list[DeviceActivity] = []
     host = None
+    accelerators = False
     for plane in profile.planes:
         if plane.name.startswith(_ACCELERATOR_PLANES):
+            accelerators = True
             a = summarize(plane.name, _accelerator_work(plane))
             if a is not None:
                 out.append(a)
         elif plane.name == _HOST_PLANE:
             host = plane
-    if not out and host is not None:  # no accelerator did work: CPU devices, on host threads
+    # No accelerator in the trace: the devices are CPU devices, on host threads
+    # (beside an accelerator, XLA's CPU client runs host work, not the devices').
+    if not accelerators and host is not None:
         a = summarize("cpu", _cpu_client_work(host))
         if a is not None:
             out.append(a)

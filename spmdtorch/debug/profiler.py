@@ -356,13 +356,13 @@ def device_activity(trace: Any) -> list[DeviceActivity]:
             "capture one with spmdtorch.debug.profile(logdir) and pass that logdir",
         )
     try:
-        profile = ProfileData.from_file(str(found))
+        data = ProfileData.from_file(str(found))
     except RuntimeError as e:  # jaxlib's parser: "Failed to parse XSpace from array"
         raise ProfilerArgumentError(
             f"device_activity: trace must be an XSpace trace file (*.xplane.pb), got {str(found)!r}, "
             f"which does not parse as one ({e}); pass the capture's directory or its .xplane.pb file"
         ) from e
-    return activity_of(profile)
+    return activity_of(data)
 
 
 # -- a profiler server and on-demand captures (TensorBoard's "capture profile") ------------
