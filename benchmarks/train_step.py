@@ -525,7 +525,12 @@ class Worker:
         self._exited()
         trace_dir = res.pop("trace_dir", None)
         if trace_dir is not None:  # PyTorch/XLA's worker has no jax to read its trace with
-            res["device_idle"] = idle_share(trace_dir)
+            from spmdtorch.debug import ProfilerArgumentError
+
+            try:
+                res["device_idle"] = idle_share(trace_dir)
+            except ProfilerArgumentError as e:  # it wrote no readable trace: the column says "-"
+                print(f"device idle of {self.mode}: {e}", file=sys.stderr, flush=True)
             shutil.rmtree(trace_dir, ignore_errors=True)
         return res
 
