@@ -101,8 +101,14 @@ def summarize(device: str, intervals: Iterable[tuple[int, int]]) -> DeviceActivi
     return DeviceActivity(device, ordered[0][0], end, busy, gaps, longest)
 
 
-def _events(lines) -> list[tuple[int, int]]:
-    return [(int(e.start_ns), int(e.end_ns)) for line in lines for e in line.events]
+def _events(lines, skip: str | None = None) -> list[tuple[int, int]]:
+    """``(start_ns, end_ns)`` of the events on ``lines``, less those whose name starts with ``skip``."""
+    return [
+        (int(e.start_ns), int(e.end_ns))
+        for line in lines
+        for e in line.events
+        if skip is None or not e.name.startswith(skip)
+    ]
 
 
 def _accelerator_work(plane) -> list[tuple[int, int]]:
@@ -114,11 +120,8 @@ def _accelerator_work(plane) -> list[tuple[int, int]]:
 
 
 def _cpu_client_work(plane) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for line in plane.lines:
-        if any(name in line.name for name in _CPU_CLIENT_THREADS):
-            out.extend((int(e.start_ns), int(e.end_ns)) for e in line.events if not e.name.startswith(_CPU_BOOKKEEPING))
-    return out
+    threads = [line for line in plane.lines if any(name in line.name for name in _CPU_CLIENT_THREADS)]
+    return _events(threads, skip=_CPU_BOOKKEEPING)
 
 
 def activity_of(profile: Any) -> list[DeviceActivity]:
