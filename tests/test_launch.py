@@ -163,8 +163,22 @@ def test_interrupt_stops_every_process_and_propagates(monkeypatch, tmp_path):
 
 
 def test_cli_runs_a_script_and_returns_its_status(tmp_path, capfd):
+    # Rank 1 fails, which makes the launcher stop rank 0: so rank 1 waits until
+    # rank 0 has printed (it leaves a marker file) to keep the test free of a race.
     script = tmp_path / "job.py"
-    script.write_text("import os, sys\nprint('args', sys.argv[1:])\nsys.exit(int(os.environ['RANK']) * 5)\n")
+    marker = tmp_path / "rank0_printed"
+    script.write_text(
+        "import os, sys, time\n"
+        "rank = int(os.environ['RANK'])\n"
+        "print('args', sys.argv[1:], flush=True)\n"
+        f"marker = {str(marker)!r}\n"
+        "if rank == 0:\n"
+        "    open(marker, 'w').close()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while rank and not os.path.exists(marker) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(rank * 5)\n"
+    )
     assert cli.main(["--nprocs", "2", "--grace-period", "0.5", str(script), "--flag", "x"]) == 5
     out = capfd.readouterr().out
     assert "[rank 0] args ['--flag', 'x']" in out and "[rank 1] args ['--flag', 'x']" in out
