@@ -78,17 +78,22 @@ def test_a_stderr_write_never_splits_an_output_line():
     assert sorted(lines) == ["[rank 0] RESULT {}", "[rank 0] noise from C++"], lines
 
 
-def test_failure_stops_the_others_with_sigkill_after_the_grace_period():
+def test_failure_stops_the_others_with_sigkill_after_the_grace_period(tmp_path):
     # Rank 0 ignores SIGTERM (as JAX does in a multi-process job) and would
-    # sleep for a minute; rank 1 fails.
+    # sleep for a minute; rank 1 fails, once rank 0's marker file says that
+    # it ignores SIGTERM (a fixed sleep raced a slow start under load).
+    marker = str(tmp_path / "ignoring_sigterm")
     start = time.monotonic()
     result, lines = run(
-        """
+        f"""
         import os, signal, sys, time
         if os.environ["RANK"] == "1":
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30
+            while not os.path.exists({marker!r}) and time.monotonic() < deadline:
+                time.sleep(0.01)
             sys.exit(3)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({marker!r}, "w").close()
         print("ready", flush=True)
         time.sleep(60)
         """,
