@@ -101,6 +101,7 @@ def _measure(directory, hold_all: bool) -> dict:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc peak-RSS reset")
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_peak_host_memory_is_about_one_shard(checkpoint_dir):
     model_bytes = LAYERS * WIDTH * WIDTH * 4  # 64 MiB; FSDP-sharded: stored once across the 8 devices
     total_ckpt = model_bytes

@@ -25,6 +25,7 @@ LAUNCH_TIMEOUT_S = 150
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 60)
+@pytest.mark.slow
 def test_two_processes_load_their_blocks_and_save_back(devices8, tmp_path):
     config = transformers.LlamaConfig(
         vocab_size=128,

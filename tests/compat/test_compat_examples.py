@@ -56,6 +56,7 @@ def _first_last(out: str) -> tuple[float, float]:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.slow
 def test_fsdpv2_decoder_script_trains():
     out = _run("train_fsdpv2_decoder.py", "--steps", "6", "--batch-size", "8", "--seq", "16", "--dim", "32")
     first, last = _first_last(out)

@@ -208,6 +208,7 @@ def test_pt_xla_debug_level_logs_compilations(monkeypatch, caplog):
         spmdtorch.debug.log_recompiles(False)
 
 
+@pytest.mark.slow
 def test_python_m_spmdtorch_compat_runs_a_script_with_its_argv(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(

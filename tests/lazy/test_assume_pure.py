@@ -109,7 +109,10 @@ def _llama(n_layers=2):
     return LlamaForCausalLM(cfg), torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("remat", [False, True], ids=["plain", "checkpoint_module"])
+# Without checkpoint_module in the slow tier (13 s); the default case covers both together.
+@pytest.mark.parametrize(
+    "remat", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "checkpoint_module"]
+)
 def test_fsdpv2_llama_trains_like_eager_with_fewer_ops(devices8, remat):
     model, tokens = _llama()
     ref = copy.deepcopy(model)

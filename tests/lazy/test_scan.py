@@ -131,7 +131,8 @@ def train_eager(model, batches):
     return losses
 
 
-@pytest.mark.parametrize("mode", ["lazy", "compiled"])
+# Lazily in the slow tier (23 s); the Hugging Face scan tests run lazily by default.
+@pytest.mark.parametrize("mode", [pytest.param("lazy", marks=pytest.mark.slow), "compiled"])
 def test_scanned_llama_trains_like_eager(devices8, mode):
     ref = make_llama()
     model = copy.deepcopy(ref).to("xla")
@@ -162,6 +163,7 @@ def test_scanned_llama_trains_like_eager(devices8, mode):
     assert debug.counter_value("UncachedCompile") - before <= 2
 
 
+@pytest.mark.slow
 def test_fsdpv2_scanned_llama_matches_eager_and_keeps_shardings(devices8):
     mesh = Mesh(np.arange(8), (8,), ("fsdp",))
     ref = make_llama()
@@ -213,6 +215,7 @@ def count_ops(text):
     return sum(1 for line in text.splitlines() if "stablehlo." in line)
 
 
+@pytest.mark.slow
 def test_program_does_not_grow_with_depth(devices8):
     unrolled = [count_ops(lowered_step_text(n, scanned=False)) for n in (2, 4)]
     scanned = [count_ops(lowered_step_text(n, scanned=True)) for n in (2, 8)]
@@ -226,6 +229,7 @@ def test_program_does_not_grow_with_depth(devices8):
     assert per_layer_unrolled > 5 * per_layer_scanned, (unrolled, scanned)
 
 
+@pytest.mark.slow
 def test_remat_with_checkpoint_module_matches_eager(devices8):
     text = lowered_step_text(2, scanned=True, remat=True)
     assert "optimization_barrier" in text  # jax.checkpoint's barrier inside the loop
@@ -405,6 +409,7 @@ def make_fsdp_llama(ref, mesh, stack_parameters):
     return model
 
 
+@pytest.mark.slow
 def test_stacked_parameters_fsdpv2_train_like_eager(devices8):
     mesh = Mesh(np.arange(8), (8,), ("fsdp",))
     ref = make_llama()

@@ -182,6 +182,7 @@ def test_repetition_penalty_matches_eager(llama_pair):
     assert torch.equal(out.cpu(), ref)
 
 
+@pytest.mark.slow
 def test_greedy_processors_match_eager(llama_pair):
     cpu, xla = llama_pair
     ids, mask = _prompts(7)

@@ -155,6 +155,7 @@ def test_bert_with_padding_mask_trains_like_eager():
     check_training_parity(make_bert, adamw, batches, bert_loss, "lazy")
 
 
+@pytest.mark.slow
 def test_llama_fsdpv2_on_8_devices_trains_like_eager():
     mesh = Mesh(np.arange(8), (8,), ("fsdp",))
     policy = functools.partial(

@@ -76,7 +76,8 @@ def loss_fn(model, batch):
     return F.cross_entropy(model(x), y)
 
 
-@pytest.mark.parametrize("mode", ["lazy", "compiled"])
+# Lazily in the slow tier (10 s): the lowerings are the same in both modes.
+@pytest.mark.parametrize("mode", [pytest.param("lazy", marks=pytest.mark.slow), "compiled"])
 def test_resnet_trains_like_eager(mode):
     ref, model = check_training_parity(
         make_resnet,

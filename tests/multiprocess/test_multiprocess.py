@@ -48,6 +48,7 @@ def _tail(text: str, n: int = 40) -> str:
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 60)
+@pytest.mark.slow
 def test_fsdp_training_two_processes_matches_one_process_and_eager(devices8):
     result, text, reports = run_job("fsdp_train.py")
     assert result.returncode == 0, _tail(text)
@@ -160,6 +161,7 @@ def _check_restored(saved, *restored):
 
 
 @pytest.mark.timeout(3 * LAUNCH_TIMEOUT_S + 30)
+@pytest.mark.slow
 def test_checkpoint_saved_by_two_processes_restores_in_one_and_back(devices8, tmp_path):
     a, b = str(tmp_path / "A"), str(tmp_path / "B")
     expected = a + ".expected.pt"  # the saved values as CPU tensors, written by the saver's process 0
@@ -182,6 +184,7 @@ def test_checkpoint_saved_by_two_processes_restores_on_fewer_devices(devices8, t
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+@pytest.mark.slow
 def test_sigterm_to_one_process_saves_the_same_step_everywhere(devices8, tmp_path):
     result, text, reports = run_job("preemption.py", str(tmp_path / "ckpt"))
     assert result.returncode == 0, _tail(text)

@@ -65,6 +65,7 @@ def _check_restores(directory: Path, step: int) -> None:
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 60)
+@pytest.mark.slow
 def test_peer_killed_during_async_save_leaves_the_previous_step_restorable(devices8, tmp_path):
     directory = tmp_path / "ckpt"
     result, text, _ = run_job(
@@ -110,6 +111,7 @@ def test_after_a_peer_lost_during_save_a_two_process_job_resumes(devices8, tmp_p
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_coordinator_address_leading_nowhere_fails_fast_naming_it():
     # Both processes of a 2-process job are given an address of another host (TEST-NET-1,
     # RFC 5737: never routed). Process 0 listens on the port but cannot reach itself

@@ -243,6 +243,7 @@ def test_bad_inputs_raise_named_errors(devices8):
     assert lin.weight.is_meta
 
 
+@pytest.mark.slow
 def test_large_model_init_train_checkpoint_memory(devices8, tmp_path):
     """~256 MB of parameters, 8-way FSDP, in a fresh process measuring its peak RSS.
 
