@@ -118,6 +118,36 @@ def test_failure_stops_the_others_with_sigkill_after_the_grace_period(tmp_path):
     )
 
 
+def test_a_rank_killed_from_outside_is_the_cause_even_when_its_peer_is_seen_ending_first(tmp_path):
+    # Rank 0 dies of a SIGKILL the launcher never sends (the OOM killer's, a
+    # test's) just after its peer reported losing it: the launcher sees the
+    # peer end first and sends rank 0 SIGTERM, which rank 0 answers by dying
+    # of SIGKILL (standing in for the outside kill that raced it). Rank 0 is
+    # the cause, not "stopped by the launcher" (a race a CI run hit).
+    from spmdtorch.runtime import PEER_LOST_EXIT_STATUS
+
+    marker = str(tmp_path / "rank0_ready")
+    result, lines = run(
+        f"""
+        import os, signal, sys, time
+        if os.environ["RANK"] == "1":
+            deadline = time.monotonic() + 30
+            while not os.path.exists({marker!r}) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            sys.exit({PEER_LOST_EXIT_STATUS})
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
+        open({marker!r}, "w").close()
+        time.sleep(60)
+        """,
+        grace_period_s=10.0,
+    )
+    r0, r1 = result.ranks
+    assert r1.returncode == PEER_LOST_EXIT_STATUS and r0.returncode == -signal.SIGKILL
+    assert not r0.stopped_by_launcher and r0.elapsed_s - r1.elapsed_s < 5  # within the grace period: no escalation
+    assert result.first_failure == 0 and result.returncode == 128 + signal.SIGKILL, lines
+    assert any(line.startswith("[launch] first failure: rank 0 (killed by SIGKILL)") for line in lines), lines
+
+
 def test_a_rank_killed_by_a_signal_gives_a_shell_style_status():
     result, lines = run(
         """

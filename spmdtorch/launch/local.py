@@ -51,7 +51,8 @@ class RankResult:
         rank: The process index.
         returncode: Its exit status (negative: killed by that signal number).
         stopped_by_launcher: The launcher signalled it because another process
-            failed (or the launch was interrupted).
+            failed (or the launch was interrupted); False when it died of a
+            SIGKILL that the launcher did not send (it only sent SIGTERM).
         elapsed_s: Seconds from the start of the launch to its exit.
     """
 
@@ -86,7 +87,8 @@ class LaunchResult:
         first_failure: Rank of the first process that failed, or None. A
             process that stopped because it lost a peer (status 75,
             ``PeerLostError``) is a consequence: when another process
-            failed by itself (not killed by the launcher), that one is named.
+            failed by itself (not killed by the launcher; killed by someone
+            else counts, e.g. the OOM killer's SIGKILL), that one is named.
         timed_out: The launch hit ``timeout_s`` and stopped the processes.
     """
 
@@ -284,7 +286,8 @@ def launch(
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     ended: dict[int, float] = {}
-    stopped: set[int] = set()
+    stopped: set[int] = set()  # ranks the launcher signalled
+    sigkilled: set[int] = set()  # ... and of those, the ones it sent SIGKILL
     first_failure: int | None = None
     kill_at: float | None = None
     timed_out = False
@@ -348,6 +351,7 @@ def launch(
                 for rank, proc in enumerate(procs):
                     if rank not in ended and proc.poll() is None:
                         stopped.add(rank)
+                        sigkilled.add(rank)
                         _signal_group(proc, signal.SIGKILL)
             time.sleep(_POLL_S)
     except BaseException:
@@ -367,14 +371,19 @@ def launch(
     finally:
         for pump in pumps:
             pump.join(timeout=5.0)
-    ranks = tuple(RankResult(rank, proc.returncode, rank in stopped, ended[rank]) for rank, proc in enumerate(procs))
+    # A rank signalled only with SIGTERM that died of SIGKILL was killed by
+    # someone else (the OOM killer, a scheduler, a test) before or while the
+    # launcher stopped it: not the launcher's doing, so it may be the cause.
+    by_launcher = {r for r in stopped if not (procs[r].returncode == -signal.SIGKILL and r not in sigkilled)}
+    ranks = tuple(RankResult(rank, proc.returncode, rank in by_launcher, ended[rank]) for rank, proc in enumerate(procs))
     if first_failure is not None and procs[first_failure].returncode == runtime.PEER_LOST_EXIT_STATUS:
-        # The peers of a failing process may end first (they are told at once): name the cause.
+        # The peers of a failing process may end first (they are told at once,
+        # sometimes before the launcher has seen the failing process end): name the cause.
         causes = [
             r
             for r in sorted(ended, key=ended.__getitem__)
             if procs[r].returncode not in (0, runtime.PEER_LOST_EXIT_STATUS)
-            and not (r in stopped and procs[r].returncode < 0)
+            and not (r in by_launcher and procs[r].returncode < 0)
         ]
         first_failure = causes[0] if causes else first_failure
     if first_failure is not None:
