@@ -25,6 +25,21 @@ def run(code: str, nprocs: int = 2, **kwargs):
     return result, out.getvalue().splitlines()
 
 
+def waiter(marker) -> str:
+    """Child code (imports included) defining ``wait_for_marker()``: returns once ``marker`` exists, at most 30 s.
+
+    A rank that must fail only after another rank reached a point waits for
+    that rank's marker file: a fixed sleep races a slow start under load.
+    """
+    return (
+        "import os, time\n"
+        "def wait_for_marker():\n"
+        "    deadline = time.monotonic() + 30\n"
+        f"    while not os.path.exists({str(marker)!r}) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+    )
+
+
 def test_every_rank_runs_with_its_environment_and_prefixed_output():
     result, lines = run(
         """
@@ -85,18 +100,17 @@ def test_failure_stops_the_others_with_sigkill_after_the_grace_period(tmp_path):
     marker = str(tmp_path / "ignoring_sigterm")
     start = time.monotonic()
     result, lines = run(
-        f"""
+        waiter(marker)
+        + textwrap.dedent(f"""
         import os, signal, sys, time
         if os.environ["RANK"] == "1":
-            deadline = time.monotonic() + 30
-            while not os.path.exists({marker!r}) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for_marker()
             sys.exit(3)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         open({marker!r}, "w").close()
         print("ready", flush=True)
         time.sleep(60)
-        """,
+        """),
         grace_period_s=1.0,
     )
     elapsed = time.monotonic() - start
@@ -128,17 +142,16 @@ def test_a_rank_killed_from_outside_is_the_cause_even_when_its_peer_is_seen_endi
 
     marker = str(tmp_path / "rank0_ready")
     result, lines = run(
-        f"""
+        waiter(marker)
+        + textwrap.dedent(f"""
         import os, signal, sys, time
         if os.environ["RANK"] == "1":
-            deadline = time.monotonic() + 30
-            while not os.path.exists({marker!r}) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for_marker()
             sys.exit({PEER_LOST_EXIT_STATUS})
         signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
         open({marker!r}, "w").close()
         time.sleep(60)
-        """,
+        """),
         grace_period_s=10.0,
     )
     r0, r1 = result.ranks
@@ -203,15 +216,11 @@ def test_cli_runs_a_script_and_returns_its_status(tmp_path, capfd):
     script = tmp_path / "job.py"
     marker = tmp_path / "rank0_printed"
     script.write_text(
-        "import os, sys, time\n"
+        waiter(marker) + "import sys\n"
         "rank = int(os.environ['RANK'])\n"
         "print('args', sys.argv[1:], flush=True)\n"
-        f"marker = {str(marker)!r}\n"
-        "if rank == 0:\n"
-        "    open(marker, 'w').close()\n"
-        "deadline = time.monotonic() + 60\n"
-        "while rank and not os.path.exists(marker) and time.monotonic() < deadline:\n"
-        "    time.sleep(0.01)\n"
+        f"if rank == 0:\n    open({str(marker)!r}, 'w').close()\n"
+        "else:\n    wait_for_marker()\n"
         "sys.exit(rank * 5)\n"
     )
     assert cli.main(["--nprocs", "2", "--grace-period", "0.5", str(script), "--flag", "x"]) == 5
