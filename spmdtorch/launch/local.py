@@ -375,7 +375,9 @@ def launch(
     # someone else (the OOM killer, a scheduler, a test) before or while the
     # launcher stopped it: not the launcher's doing, so it may be the cause.
     by_launcher = {r for r in stopped if not (procs[r].returncode == -signal.SIGKILL and r not in sigkilled)}
-    ranks = tuple(RankResult(rank, proc.returncode, rank in by_launcher, ended[rank]) for rank, proc in enumerate(procs))
+    ranks = tuple(
+        RankResult(rank, proc.returncode, rank in by_launcher, ended[rank]) for rank, proc in enumerate(procs)
+    )
     if first_failure is not None and procs[first_failure].returncode == runtime.PEER_LOST_EXIT_STATUS:
         # The peers of a failing process may end first (they are told at once,
         # sometimes before the launcher has seen the failing process end): name the cause.
