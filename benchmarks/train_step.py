@@ -271,17 +271,22 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after
     return model, opt, tok, make_train_step(model, opt, zero_grad_after)
 
 
-def idle_share(logdir: str) -> float | None:
+def idle_share(logdir: str, mode: str = "") -> float | None:
     """The share of the time the devices sat idle over the trace in ``logdir``.
 
     ``spmdtorch.debug.device_activity``: from the first program work to the
     last, the part no work covers, averaged over the devices (on simulated CPU
     devices, XLA's CPU client as a whole). None when the trace shows no device
-    work.
+    work, or when no readable trace was written there (said on stderr, naming
+    ``mode``: the column reads "-" and the run goes on).
     """
-    from spmdtorch.debug import device_activity
+    from spmdtorch.debug import ProfilerArgumentError, device_activity
 
-    acts = device_activity(logdir)
+    try:
+        acts = device_activity(logdir)
+    except ProfilerArgumentError as e:
+        print(f"device idle{f' of {mode}' if mode else ''}: {e}", file=sys.stderr, flush=True)
+        return None
     return statistics.mean(a.idle_fraction for a in acts) if acts else None
 
 
@@ -525,12 +530,7 @@ class Worker:
         self._exited()
         trace_dir = res.pop("trace_dir", None)
         if trace_dir is not None:  # PyTorch/XLA's worker has no jax to read its trace with
-            from spmdtorch.debug import ProfilerArgumentError
-
-            try:
-                res["device_idle"] = idle_share(trace_dir)
-            except ProfilerArgumentError as e:  # it wrote no readable trace: the column says "-"
-                print(f"device idle of {self.mode}: {e}", file=sys.stderr, flush=True)
+            res["device_idle"] = idle_share(trace_dir, self.mode)
             shutil.rmtree(trace_dir, ignore_errors=True)
         return res
 

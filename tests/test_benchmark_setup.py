@@ -94,3 +94,13 @@ def test_markdown_table_ratios_against_the_twin_and_pytorch_xla():
     assert rows["lazy"].startswith("| tiny | lazy | 15.0 |")  # of two rounds, the upper median (ratio 1.50)
     assert rows["PyTorch/XLA 2.9 lazy"].startswith("| tiny | PyTorch/XLA 2.9 lazy | 30.0 | 2.50 [3.00 2.00] | 1.00 |")
     assert rows["JAX twin"].startswith("| tiny | JAX twin | 20.0 | 1.00 | – |")  # equal ratios: the later round
+
+
+def test_an_unreadable_trace_leaves_the_idle_column_empty_and_says_why(tmp_path, capsys):
+    import train_step
+
+    (tmp_path / "x.xplane.pb").write_bytes(b"not an XSpace")
+    assert train_step.idle_share(str(tmp_path), "ptxla") is None  # the run goes on: the column reads "-"
+    err = capsys.readouterr().err
+    assert err.startswith("device idle of ptxla: ") and "does not parse as one" in err, err
+    assert train_step.idle_text({"device_idle": None}) == "-"
