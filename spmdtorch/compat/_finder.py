@@ -52,6 +52,13 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.utils": None,
     "torch_xla.utils.serialization": "spmdtorch.compat._serialization",
     "torch_xla.utils.checkpoint": "spmdtorch.compat._utils_checkpoint",
+    "torch_xla.utils.utils": "spmdtorch.compat._utils",
+    "torch_xla.core.xla_env_vars": "spmdtorch.compat._xla_env_vars",
+    "torch_xla.core.xla_builder": "spmdtorch.compat._xla_builder",
+    "torch_xla.distributed.spmd.xla_sharded_tensor": "spmdtorch.compat._sharded_tensor",
+    "torch_xla.distributed.spmd.api": "spmdtorch.compat._dtensor",
+    "torch_xla.experimental.distributed_checkpoint._helpers": "spmdtorch.compat._dcp_helpers",
+    "torch_xla.experimental.gradient_accumulation": "spmdtorch.compat._gradient_accumulation",
 }
 
 _PACKAGES = frozenset(name.rpartition(".")[0] for name in ALIASES if "." in name)
