@@ -13,8 +13,10 @@ which "xla" lacks without torch_xla); ``.device`` reports ``xla:0``.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import jax
 import torch
@@ -36,6 +38,7 @@ __all__ = [
     "forget_meta_key",
     "is_xla_tensor",
     "new_base",
+    "storage_stand_in",
     "view_tensor",
     "wrap_jax_array",
 ]
@@ -183,6 +186,24 @@ class XlaTensor(torch.Tensor):
         self._chain = new._chain
         self._mk = new._mk
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """A host-side stand-in for this tensor's storage that identifies it.
+
+        Libraries find aliases by ``untyped_storage().data_ptr()`` (torch's
+        own helpers, safetensors' ``_find_shared_tensors``, accelerate's
+        ``save_model``, Hugging Face's shard splitter). The wrapper's own
+        storage is on ``meta``, whose address is 0 for every tensor, so every
+        pair of equal-size xla tensors looked like one tensor saved twice.
+        This answers a ``meta`` storage at a fake address owned by the
+        tensor's ``Storage`` cell: views of one base and tied weights share
+        it, distinct storages never do, and nothing can read through it.
+        """
+        return storage_stand_in(self._st)
+
+    def data_ptr(self) -> int:
+        """The storage's fake address plus the view's byte offset (see ``untyped_storage``)."""
+        return storage_stand_in(self._st).data_ptr() + int(self.storage_offset()) * self.element_size()
+
     def numpy(self, *, force: bool = False):
         if not force:
             raise TypeError(
@@ -294,6 +315,53 @@ def _restore_xla_location(storage, location):
 # The tagger never claims a storage (xla tensors have none on the host), so
 # saving plain tensors is unchanged; priority after torch's cpu/cuda/mps/meta.
 torch.serialization.register_package(30, lambda storage: None, _restore_xla_location)
+
+
+# -- storage identity ---------------------------------------------------------
+# One fake address range per live Storage cell, handed out on first ask and
+# never reused while the cell lives, so ``[data_ptr, data_ptr + nbytes)`` of two
+# storages never overlap (safetensors compares such ranges). Not an engine
+# cache: clearing it would change the identity of live tensors. Keyed weakly,
+# so it holds no storage alive; nothing is stored for tensors never asked.
+_STAND_INS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ADDR_LOCK = threading.Lock()
+_NEXT_ADDR = [1 << 44]  # far above 0 (torch's "no storage") and page aligned
+_ADDR_ALIGN = 1 << 12
+
+
+def _storage_nbytes(st: Storage) -> int:
+    """Bytes of the storage's dense base array (its logical shape when padded)."""
+    shape = st.logical_shape if st.logical_shape is not None else st.shape
+    numel = 1
+    for s in shape:
+        numel *= s
+    return numel * _dtypes.to_torch_dtype(st.value.dtype).itemsize
+
+
+def storage_stand_in(st: Storage) -> torch.UntypedStorage:
+    """The ``meta`` ``UntypedStorage`` that stands for ``st`` on the host (see ``XlaTensor.untyped_storage``).
+
+    The same object for the storage's whole life (its ``_cdata`` identifies it
+    as torch's ``StorageWeakRef`` expects), unless the base grows past its
+    address range (``resize_``), which moves it to a fresh one.
+    """
+    nbytes = _storage_nbytes(st)
+    hit = _STAND_INS.get(st)
+    if hit is not None and hit[1] >= nbytes:
+        if hit[0].nbytes() == nbytes:
+            return hit[0]
+        addr, reserved = hit[0].data_ptr(), hit[1]
+    else:
+        # Room for the bytes plus one spare page, so ranges never touch.
+        reserved = -(-max(nbytes, 1) // _ADDR_ALIGN) * _ADDR_ALIGN
+        with _ADDR_LOCK:
+            addr = _NEXT_ADDR[0]
+            _NEXT_ADDR[0] += reserved + _ADDR_ALIGN
+    # Non-owning and on meta: nothing frees or reads the fake address. (torch's
+    # stub names the C base class; the object is an UntypedStorage.)
+    stand_in = cast(torch.UntypedStorage, torch._C._construct_storage_from_data_pointer(addr, _META_DEVICE, nbytes))
+    _STAND_INS[st] = (stand_in, reserved)
+    return stand_in
 
 
 def is_xla_tensor(t) -> bool:
