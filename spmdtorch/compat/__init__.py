@@ -36,6 +36,7 @@ import sys
 
 from spmdtorch.compat import _env
 from spmdtorch.compat._finder import ALIASES, ROOT, TorchXlaFinder, installed_finder
+from spmdtorch.compat._metadata import TorchXlaDistribution
 from spmdtorch.compat.errors import (
     CompatError,
     MultiprocessNotSupportedError,
@@ -67,11 +68,9 @@ def _real_torch_xla() -> str | None:
     spec = importlib.machinery.PathFinder.find_spec(ROOT)
     if spec is not None:
         return spec.origin or str(list(spec.submodule_search_locations or []))
-    for dist in ("torch_xla", "torch-xla"):
-        try:
-            return f"the {importlib.metadata.distribution(dist).metadata['Name']} distribution"
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    for dist in importlib.metadata.distributions(name="torch_xla"):
+        if not isinstance(dist, TorchXlaDistribution):  # compat's own metadata is not a real torch_xla
+            return f"the {dist.metadata['Name']} distribution"
     return None
 
 
