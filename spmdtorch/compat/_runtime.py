@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+from spmdtorch import ArgumentError, runtime
 from spmdtorch.runtime import (
     addressable_device_count,
     addressable_runtime_device_count,
@@ -16,7 +20,6 @@ from spmdtorch.runtime import (
     local_process_count,
     process_count,
     process_index,
-    use_spmd,
     world_size,
 )
 
@@ -24,6 +27,7 @@ __all__ = [
     "addressable_device_count",
     "addressable_runtime_device_count",
     "device_type",
+    "global_runtime_device_attributes",
     "global_device_count",
     "global_ordinal",
     "global_runtime_device_count",
@@ -36,6 +40,7 @@ __all__ = [
     "local_process_count",
     "process_count",
     "process_index",
+    "runtime_device_attributes",
     "use_spmd",
     "world_size",
 ]
@@ -49,3 +54,46 @@ def host_index() -> int:
 def is_bf16_supported() -> bool:
     """Always True: XLA computes bfloat16 on every platform spmdtorch runs on."""
     return True
+
+
+def use_spmd(auto: bool | None = False) -> None:
+    """PyTorch/XLA's switch into SPMD mode (spmdtorch is always in it); sets ``XLA_USE_SPMD=1`` as PyTorch/XLA does.
+
+    PyTorch/XLA's code reads the variable back (its test base class deletes it
+    in ``tearDownClass``; ``is_spmd()`` checks it there), so it is set here.
+
+    Raises:
+        spmdtorch.runtime.SpmdModeError: ``auto`` is True (no auto-sharding).
+    """
+    runtime.use_spmd(auto)
+    os.environ["XLA_USE_SPMD"] = "1"
+
+
+def _attributes(index: int, device: Any) -> dict[str, object]:
+    """One device's attributes under PyTorch/XLA's keys (``name``; TPU: ``coords``, ``core_on_chip``, ``slice_index``)."""
+    attrs: dict[str, object] = {"name": f"{device_type()}:{index}"}
+    for key in ("coords", "core_on_chip", "slice_index"):
+        value = getattr(device, key, None)
+        if value is not None:
+            attrs[key] = list(value) if key == "coords" else int(value)
+    return attrs
+
+
+def global_runtime_device_attributes() -> list[dict[str, object]]:
+    """The attributes of every runtime device of the job, in global device order."""
+    return [_attributes(i, d) for i, d in enumerate(runtime.jax_devices())]
+
+
+def runtime_device_attributes(device: str) -> dict[str, object]:
+    """The attributes of runtime device ``device`` (``'CPU:3'``, ``'TPU:0'``).
+
+    Raises:
+        ArgumentError: ``device`` names no runtime device of the job.
+    """
+    for attrs in global_runtime_device_attributes():
+        if attrs["name"] == device:
+            return attrs
+    raise ArgumentError(
+        f"xr.runtime_device_attributes: device must name a runtime device such as "
+        f"'{device_type()}:0' (0..{global_runtime_device_count() - 1}), got {device!r}"
+    )

@@ -10,16 +10,20 @@ replica collectives are identities in a job of one process.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypedDict
 
 import torch
 import torch.utils._pytree as pytree
 
 import spmdtorch
-from spmdtorch import debug, runtime
+from spmdtorch import ArgumentError, data, debug, fsdp, runtime
+from spmdtorch.compat._spmd import ShardingSpec
 from spmdtorch.compat.errors import MultiprocessNotSupportedError
 
 __all__ = [
@@ -30,11 +34,18 @@ __all__ = [
     "REDUCE_OR",
     "REDUCE_SUM",
     "MemoryInfo",
+    "RateTracker",
+    "ShardingSpec",
+    "_fetch_gradients",
+    "_maybe_convert_to_cpu",
     "add_step_closure",
     "all_gather",
     "all_reduce",
     "all_to_all",
     "broadcast_master_param",
+    "collective_broadcast",
+    "collective_permute",
+    "fork_rng",
     "get_local_ordinal",
     "get_memory_info",
     "get_ordinal",
@@ -47,17 +58,25 @@ __all__ = [
     "mark_step",
     "master_print",
     "mesh_reduce",
+    "optimization_barrier_",
     "optimizer_step",
     "reduce_gradients",
     "reduce_scatter",
     "rendezvous",
+    "recv",
     "save",
+    "send",
+    "send_cpu_data_to_device",
+    "set_replication",
     "set_rng_state",
     "unlazy",
     "wait_device_ops",
     "xla_device",
     "xla_device_hw",
+    "xla_device_kind",
     "xla_real_devices",
+    "xla_rendezvous",
+    "xla_replication_devices",
     "xrt_world_size",
 ]
 
@@ -79,10 +98,78 @@ def get_xla_supported_devices(devkind: str | None = None, max_devices: int | Non
     return ["xla:0"]
 
 
+def _virtual_index(device: Any, func: str) -> int:
+    """The index of an xla device (``'xla:0'``, ``torch.device('xla', 0)``), checked."""
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError):
+        dev = None
+    if dev is None or dev.type != "xla":
+        raise ArgumentError(
+            f"xm.{func}: device must be an xla device, got {type(device).__name__} {device!r}; "
+            "pass torch_xla.device() ('xla:0')"
+        )
+    return dev.index or 0
+
+
 def xla_real_devices(devices: Sequence[Any] | None = None) -> list[str]:
-    """The physical devices behind the virtual device, e.g. ``['CPU:0', ..., 'CPU:7']``."""
+    """The runtime device behind each xla device, as PyTorch/XLA's SPMD mode names it.
+
+    ``xla_real_devices([torch_xla.device()])`` is ``['CPU:0']`` (``'TPU:0'``...):
+    the virtual device's first runtime device, as in PyTorch/XLA. Without an
+    argument, every physical device of this process, e.g. ``['CPU:0', ..., 'CPU:7']``.
+    """
     kind = runtime.device_type()
-    return [f"{kind}:{i}" for i in range(runtime.addressable_runtime_device_count())]
+    if devices is None:
+        return [f"{kind}:{i}" for i in range(runtime.addressable_runtime_device_count())]
+    return [f"{kind}:{_virtual_index(d, 'xla_real_devices')}" for d in devices]
+
+
+def xla_replication_devices(local_devices: Sequence[Any] | None = None) -> list[str]:
+    """The runtime devices a replicated computation over ``local_devices`` runs on (SPMD: the virtual device's).
+
+    Raises:
+        ArgumentError: ``local_devices`` is not the process's one virtual device
+            (PyTorch/XLA replicates only across all devices of one kind).
+    """
+    devices = list(local_devices) if local_devices is not None else get_xla_supported_devices()
+    supported = get_xla_supported_devices()
+    if len(devices) != len(supported):
+        raise ArgumentError(
+            f"xm.xla_replication_devices: local_devices: cannot replicate over {len(devices)} devices {devices!r}: in SPMD mode a "
+            f"process has {len(supported)} xla device ({supported!r}); pass xm.get_xla_supported_devices()"
+        )
+    return sorted(set(xla_real_devices(devices)), key=lambda d: int(d.rpartition(":")[2]))
+
+
+def set_replication(device: Any, devices: Sequence[Any] | None) -> None:
+    """Accepts PyTorch/XLA's replication setup (accelerate calls it for every XLA run).
+
+    In SPMD mode there is one replica per process and the partitioner places
+    the data, so there is nothing to set up; the arguments are checked as
+    PyTorch/XLA checks them (``device`` must be one of ``devices``).
+
+    Raises:
+        ArgumentError: ``device`` is not an xla device, or ``devices`` is given
+            and does not hold it or is not the process's device list.
+    """
+    name = str(torch.device(device)) if isinstance(device, (str, torch.device)) else device
+    _virtual_index(device, "set_replication")
+    if devices:
+        listed = [str(d) for d in devices]
+        xla_replication_devices(listed)
+        if name not in listed:
+            raise ArgumentError(
+                f"xm.set_replication: device must be one of devices {listed!r}, got {name!r}; "
+                "pass the device you run on and xm.get_xla_supported_devices()"
+            )
+
+
+def xla_device_kind(device: Any = None) -> str:
+    """The vendor's device kind string of the devices (JAX's ``device_kind``: ``'cpu'``, ``'TPU v5 lite'``...)."""
+    if device is not None:
+        _virtual_index(device, "xla_device_kind")
+    return str(runtime.local_jax_devices()[0].device_kind)
 
 
 def xla_device_hw(device: Any) -> str:
@@ -127,6 +214,20 @@ def wait_device_ops(devices: Sequence[Any] = ()) -> None:
 
 def unlazy(tensors: Sequence[torch.Tensor]) -> None:
     spmdtorch.sync(wait=True)
+
+
+def _fetch_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The ``.grad.data`` of every parameter of ``optimizer`` that has a gradient, in group order.
+
+    accelerate and PyTorch/XLA's ``reduce_gradients`` take these and all-reduce
+    them in place (an identity in a one-process SPMD job, see :func:`all_reduce`).
+    """
+    return [
+        p.grad.data
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if isinstance(p, torch.Tensor) and p.grad is not None
+    ]
 
 
 def optimizer_step(
@@ -216,6 +317,44 @@ def all_to_all(*args: Any, **kwargs: Any) -> Any:
     raise _multiprocess_collective("all_to_all")
 
 
+def collective_broadcast(
+    tensors: Sequence[torch.Tensor], root_ordinal: int = 0, groups: Any = None, pin_layout: bool = True
+) -> None:
+    """Every replica's ``tensors`` take the root replica's values, in place: with one replica, they are left alone.
+
+    Raises:
+        ArgumentError: ``root_ordinal`` is not a replica's ordinal (only 0 exists).
+        MultiprocessNotSupportedError: the job has several processes.
+    """
+    if runtime.world_size() != 1:
+        raise _multiprocess_collective("collective_broadcast")
+    if root_ordinal != 0:
+        raise ArgumentError(
+            f"xm.collective_broadcast: root_ordinal must be a replica's ordinal (0: a one-process SPMD job has "
+            f"one replica), got {root_ordinal!r}; pass root_ordinal=0"
+        )
+
+
+def _point_to_point(name: str) -> MultiprocessNotSupportedError:
+    return MultiprocessNotSupportedError(
+        f"xm.{name} moves data between the replicas of a multiprocess job; spmdtorch is SPMD only: tensors are "
+        "global, so annotate them with xs.mark_sharding, or use jax.lax.ppermute through "
+        "spmdtorch.sharding.shard_map for a hand-written exchange"
+    )
+
+
+def collective_permute(value: torch.Tensor, pairs: Any) -> torch.Tensor:
+    raise _point_to_point("collective_permute")
+
+
+def send(value: torch.Tensor, channel_id: int) -> torch.Tensor:
+    raise _point_to_point("send")
+
+
+def recv(output: torch.Tensor, channel_id: int) -> torch.Tensor:
+    raise _point_to_point("recv")
+
+
 def rendezvous(tag: str, payload: bytes = b"", replicas: Sequence[int] = ()) -> list[bytes]:
     """Every process's payload, in process order (``spmdtorch.runtime.rendezvous``)."""
     if replicas:
@@ -224,6 +363,16 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: Sequence[int] = ()) -> 
             "every process takes part (pass replicas=[])"
         )
     return runtime.rendezvous(tag, payload)
+
+
+def xla_rendezvous(payload: bytes = b"", ordinals: Sequence[int] | None = None, tag: str | None = None) -> list[bytes]:
+    """Every process's ``payload``, in process order (``ordinals`` must be all or None)."""
+    if ordinals is not None and sorted(ordinals) != list(range(runtime.world_size())):
+        raise MultiprocessNotSupportedError(
+            f"xm.xla_rendezvous(ordinals={list(ordinals)!r}): a rendezvous of some replicas only; in SPMD mode "
+            "every process takes part (pass ordinals=None)"
+        )
+    return runtime.rendezvous(tag or "xla_rendezvous", payload)
 
 
 def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> Any:
@@ -260,6 +409,94 @@ def get_rng_state(device: Any = None) -> int:
     seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
     torch.manual_seed(seed)
     return seed
+
+
+@contextlib.contextmanager
+def fork_rng(device: Any = None, enabled: bool = True) -> Iterator[None]:
+    """Random numbers drawn inside the block leave the generator where it was before it."""
+    if not enabled:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        yield
+
+
+def _maybe_convert_to_cpu(data: Any, convert: bool = True) -> Any:
+    """``data`` with every plain xla tensor (not a ``Parameter``) replaced by a CPU copy, as PyTorch/XLA does.
+
+    Everything pending is computed first; with ``convert=False`` the tensors stay
+    on the device. transformers and accelerate call it on state dicts before saving.
+    """
+    spmdtorch.sync(wait=True)
+    if not convert:
+        return data
+
+    def to_cpu(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter) and is_xla_tensor(x):
+            return x.cpu()
+        return x
+
+    return pytree.tree_map(to_cpu, data)
+
+
+def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: ShardingSpec | None = None) -> Any:
+    """``datas`` with every CPU tensor moved to ``device`` (sharded by ``input_sharding`` when given).
+
+    A bare tensor comes back as a one-element list, as in PyTorch/XLA. Other
+    leaves (numbers, strings, tensors already on xla) are left as they are.
+    """
+    if isinstance(datas, torch.Tensor) and not is_xla_tensor(datas):
+        datas = [datas]
+    return data.send_cpu_data_to_device(datas, device, input_sharding=input_sharding)
+
+
+def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
+    """Keeps XLA from moving computation across this point: ``tensors`` are replaced in place by the barrier's outputs."""
+    outs = fsdp.optimization_barrier(*tensors)
+    with torch.no_grad():
+        for t, o in zip(tensors, outs):
+            t.data = o
+
+
+class RateTracker:
+    """Items per second, smoothed, as PyTorch/XLA's examples print it.
+
+    ``add(count)`` counts items; ``rate()`` is the rate since the previous
+    ``rate()`` call, blended with that previous rate by ``smooth_factor``
+    (``RATE_TRACKER_SMOOTHING``, default 0.4); ``global_rate()`` is the rate
+    since construction.
+    """
+
+    def __init__(self, smooth_factor: float | None = None) -> None:
+        if smooth_factor is None:
+            smooth_factor = float(os.environ.get("RATE_TRACKER_SMOOTHING", "0.4"))
+        self._smooth_factor = smooth_factor
+        self._start_time = time.time()
+        self._last_time = self._start_time
+        self._last_rate: float | None = None
+        self._count = 0.0  # since the last rate()
+        self._total = 0.0
+
+    def add(self, count: float) -> None:
+        self._count += count
+        self._total += count
+
+    def rate(self) -> float:
+        now = time.time()
+        elapsed = now - self._last_time
+        if elapsed <= 0:
+            return 0.0
+        current = self._count / elapsed
+        if self._last_rate is not None:
+            current = (1 - self._smooth_factor) * current + self._smooth_factor * self._last_rate
+        self._last_rate = current
+        self._last_time = now
+        self._count = 0.0
+        return current
+
+    def global_rate(self) -> float:
+        elapsed = time.time() - self._start_time
+        return self._total / elapsed if elapsed > 0 else 0.0
 
 
 add_step_closure = spmdtorch.add_step_closure
