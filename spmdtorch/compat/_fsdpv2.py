@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from spmdtorch import fsdp
-from spmdtorch.mesh import Mesh
+from spmdtorch.mesh import Mesh, get_global_mesh
 
 __all__ = ["SpmdFullyShardedDataParallel", "_prepare_spmd_partition_spec"]
 
@@ -34,6 +34,8 @@ class SpmdFullyShardedDataParallel(fsdp.FSDPv2):
         extra_data_axis: str | None = None,
         **kwargs: Any,
     ) -> None:
+        if isinstance(extra_data_axis, str):
+            _check_extra_axis(mesh, extra_data_axis)
         super().__init__(
             module,
             mesh=mesh,
@@ -43,6 +45,17 @@ class SpmdFullyShardedDataParallel(fsdp.FSDPv2):
             auto_wrapper_callable=auto_wrapper_callable or type(self),
             extra_data_axis=extra_data_axis,
             **kwargs,
+        )
+
+
+def _check_extra_axis(mesh: Mesh | None, extra_data_axis: str) -> None:
+    """PyTorch/XLA's wording for an ``extra_data_axis`` the mesh lacks (its users match the message)."""
+    found = mesh if mesh is not None else get_global_mesh()
+    names = getattr(found, "axis_names", None)
+    if names is not None and extra_data_axis not in names:
+        raise fsdp.FSDPv2MeshError(
+            f"The provided {extra_data_axis} axis is not in the mesh. The mesh's axes are {tuple(names)}; pass "
+            "one of them (not 'fsdp') as extra_data_axis, or None"
         )
 
 
