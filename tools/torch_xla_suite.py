@@ -33,11 +33,30 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 #: Files of test/spmd that are helpers, not test files.
 NOT_TESTS = frozenset({"test_xla_sharding_base.py"})
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfail", "xpass")
 DEVICES = 8
+
+
+class Setting(NamedTuple):
+    """What PyTorch/XLA's own CI (test/run_tests.sh) passes one file beyond ``python file``."""
+
+    env: dict[str, str] = {}
+    args: tuple[str, ...] = ()
+
+
+#: Files run_tests.sh runs with more than ``python file``; ``{tmp}`` is a fresh temporary directory.
+UPSTREAM_CI: dict[str, Setting] = {
+    # run_save_tensor_hlo: the graphs are written to a file the tests read back.
+    "test_spmd_graph_dump.py": Setting({"XLA_SAVE_TENSORS_FILE": "{tmp}/save.hlo", "XLA_SAVE_TENSORS_FMT": "hlo"}),
+    "test_spmd_lowering_context.py": Setting(
+        {"XLA_SAVE_TENSORS_FILE": "{tmp}/save.hlo", "XLA_SAVE_TENSORS_FMT": "hlo"}
+    ),
+    "test_train_spmd_linear_model.py": Setting(args=("--skip-gradient-checkpointing",)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,14 +158,29 @@ def run_file(path: Path, *, real: bool, timeout: float, python: str) -> FileResu
         PJRT_DEVICE="CPU",
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+        CPU_NUM_DEVICES=str(DEVICES),  # PyTorch/XLA's own knob for its CPU client (the --real baseline)
         # XLA's CPU client deadlocks with too few threads for many queued collectives (docs/design.md).
         NPROC=str(max(2 * DEVICES, os.cpu_count() or 1)),
     )
-    with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as results, tempfile.TemporaryFile("w+") as log:
+    setting = UPSTREAM_CI.get(path.name, Setting())
+    with (
+        tempfile.NamedTemporaryFile("r", suffix=".jsonl") as results,
+        tempfile.TemporaryFile("w+") as log,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         env["SUITE_RESULTS"] = results.name
+        env.update({k: v.format(tmp=tmp) for k, v in setting.env.items()})
         start = time.monotonic()
         proc = subprocess.Popen(
-            [python, os.path.abspath(__file__), "--child", "real" if real else "compat", path.name, "-v"],
+            [
+                python,
+                os.path.abspath(__file__),
+                "--child",
+                "real" if real else "compat",
+                path.name,
+                *setting.args,
+                "-v",
+            ],
             cwd=path.parent,
             env=env,
             stdout=log,
