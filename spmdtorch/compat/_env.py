@@ -8,8 +8,10 @@ Read through :mod:`spmdtorch.config` (knobs ``pt_xla_debug_level``,
   recompilation log); >= 2: also a line per barrier that executed programs.
 * ``XLA_SAVE_TENSORS_FILE``: at every barrier (``xm.mark_step()``,
   ``torch_xla.sync()``, ``with torch_xla.step()``, ``MpDeviceLoader``), the
-  pending graph is appended to the file, as StableHLO (``XLA_SAVE_TENSORS_FMT=text``,
-  the default) or HLO text (``hlo``). ``dot`` is refused.
+  pending graph is appended to ``<file>.0`` (PyTorch/XLA's name: the device
+  ordinal appended) in PyTorch/XLA's layout (``## BEGIN_GRAPH`` ... ``## END_GRAPH``),
+  as StableHLO (``XLA_SAVE_TENSORS_FMT=text``, the default) or HLO text
+  (``hlo``, followed by the program's ``#OUTPUT_SHARDING`` block). ``dot`` is refused.
 * ``XLA_METRICS_FILE``: the metrics report is appended at every barrier.
 * ``XLA_USE_BF16``, ``XLA_DOWNCAST_BF16``, ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``:
   refused with :class:`UnsupportedEnvironmentError` (the message says why and
@@ -18,10 +20,11 @@ Read through :mod:`spmdtorch.config` (knobs ``pt_xla_debug_level``,
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 
-from spmdtorch import _step, config, debug
+from spmdtorch import _step, config, debug, runtime, sharding
 from spmdtorch.compat.errors import GUIDE, UnsupportedEnvironmentError
 from spmdtorch.lazy import metrics
 
@@ -61,18 +64,75 @@ def _refuse(settings: config.Settings) -> None:
         )
 
 
+#: numpy dtype name -> XLA's primitive type name (PyTorch/XLA prints shapes as ``f32[8,32]``).
+_XLA_TYPES = {
+    "float32": "f32",
+    "float64": "f64",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int64": "s64",
+    "int32": "s32",
+    "int16": "s16",
+    "int8": "s8",
+    "uint8": "u8",
+    "uint32": "u32",
+    "bool": "pred",
+    "complex64": "c64",
+}
+
+
+def save_tensors_path(path: str) -> str:
+    """Where ``XLA_SAVE_TENSORS_FILE=path`` writes: ``path.<ordinal>``, as PyTorch/XLA names it.
+
+    PyTorch/XLA appends the current device's ordinal; in SPMD mode that is the
+    virtual device ``SPMD:0`` of each process, so ``path.0`` on one host. With
+    several processes spmdtorch appends the process index, so hosts sharing a
+    filesystem do not write into one file.
+    """
+    return f"{path}.{runtime.process_index()}"
+
+
+def _output_shardings() -> str:
+    """PyTorch/XLA's ``#OUTPUT_SHARDING`` lines (``f32[8,32] {devices=[8,1]0,...}``) of the last program run."""
+    compiled = debug.last_executable()
+    if compiled is None:
+        return ""
+    lines = []
+    for out in compiled.out_info:
+        shape = f"{_XLA_TYPES.get(out.dtype.name, out.dtype.name)}[{','.join(str(d) for d in out.shape)}]"
+        lines.append(f"{shape} {sharding.hlo_sharding_string(out.sharding, len(out.shape))}")
+    return "\n".join(lines) + "\n"
+
+
 def _tensors_file_hook(path: str, fmt: str) -> Callable[[str], None]:
-    steps = [0]
+    """Appends each barrier's graph to ``path.<ordinal>`` in PyTorch/XLA's layout.
+
+    One entry per barrier that computes something: ``[ScheduleSyncTensorsGraph]``,
+    ``TensorsGraphInfo`` (empty: spmdtorch records no Python frames), the graph
+    between ``## BEGIN_GRAPH`` and ``Graph Hash: ...`` / ``## END_GRAPH``; with
+    ``XLA_SAVE_TENSORS_FMT=hlo`` the program's output shardings follow between
+    ``#OUTPUT_SHARDING_BEGIN`` and ``#OUTPUT_SHARDING_END``, as PyTorch/XLA writes them.
+    """
+    executed = [metrics.counters.get("ExecuteCount", 0)]
+    wrote = [False]
 
     def hook(when: str) -> None:
-        if when != "before":
-            return
-        text = debug.get_hlo_text() if fmt == "hlo" else debug.get_stablehlo()
-        if not text:
-            return
-        steps[0] += 1
-        with open(path, "a") as f:
-            f.write(f"[spmdtorch.compat] XLA_SAVE_TENSORS_FILE: graph of barrier {steps[0]} ({fmt})\n{text}\n")
+        if when == "before":
+            executed[0] = metrics.counters.get("ExecuteCount", 0)
+            text = debug.get_hlo_text() if fmt == "hlo" else debug.get_stablehlo()
+            wrote[0] = bool(text)
+            if not text:
+                return
+            digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+            with open(save_tensors_path(path), "a") as f:
+                f.write(
+                    "[ScheduleSyncTensorsGraph]\nTensorsGraphInfo:\n\n"
+                    f"Root Hashes: ({digest})\n\n## BEGIN_GRAPH\n{text}\n\n"
+                    f"Graph Hash: {digest}\n\n## END_GRAPH\n\n"
+                )
+        elif fmt == "hlo" and wrote[0] and metrics.counters.get("ExecuteCount", 0) != executed[0]:
+            with open(save_tensors_path(path), "a") as f:
+                f.write(f"\n#OUTPUT_SHARDING_BEGIN\n\n{_output_shardings()}\n#OUTPUT_SHARDING_END\n\n")
 
     return hook
 

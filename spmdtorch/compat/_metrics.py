@@ -1,16 +1,26 @@
-"""``torch_xla.debug.metrics`` (``met``) with PyTorch/XLA's return shapes.
+"""``torch_xla.debug.metrics`` (``met``) with PyTorch/XLA's return shapes and names.
 
-Counter and metric names are spmdtorch's (``CompileTime``, ``ExecuteTime``,
+spmdtorch's own counters and timers (``CompileTime``, ``ExecuteTime``,
 ``TransferToDeviceTime``, ``TransferFromDeviceTime``, ``UncachedCompile``,
-``CachedCompile``, ``MarkStep``, ``aten::_local_scalar_dense``...).
-Timer values are in nanoseconds, as PyTorch/XLA's.
+``CachedCompile``, ``MarkStep``, ``aten::_local_scalar_dense``...) are
+reported under their names, most of which are PyTorch/XLA's. The PyTorch/XLA
+names spmdtorch counts under another name are reported too (:data:`COUNTER_ALIASES`,
+:data:`METRIC_ALIASES`): in SPMD mode every program runs replicated
+(``ExecuteReplicated``, ``ExecuteReplicatedTime``), every tensor lives on the
+virtual device (``VirtualDeviceUsage`` counts the transfers to it), and
+``OutboundData``/``InboundData`` are the bytes moved to/from the devices.
+Timer values are in nanoseconds, as PyTorch/XLA's; data metrics in bytes.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from spmdtorch import debug
 
 __all__ = [
+    "COUNTER_ALIASES",
+    "METRIC_ALIASES",
     "clear_all",
     "clear_counters",
     "clear_metrics",
@@ -22,35 +32,125 @@ __all__ = [
     "short_metrics_report",
 ]
 
-counter_names = debug.counter_names
-metric_names = debug.metric_names
-metrics_report = debug.metrics_report
-short_metrics_report = debug.short_metrics_report
+#: PyTorch/XLA counter name -> the spmdtorch counter that counts the same events.
+COUNTER_ALIASES: dict[str, str] = {
+    "ExecuteReplicated": "ExecuteCount",  # SPMD: every program runs on all devices at once
+    "VirtualDeviceUsage": "TransferToDevice",  # SPMD: every transfer goes to the virtual device SPMD:0
+}
+
+
+class DataMetric(NamedTuple):
+    """A PyTorch/XLA data metric spmdtorch keeps as two counters: how many transfers, how many bytes."""
+
+    count_counter: str
+    bytes_counter: str
+
+
+#: PyTorch/XLA metric name -> the spmdtorch timer (str) or transfer counters (DataMetric) behind it.
+METRIC_ALIASES: dict[str, str | DataMetric] = {
+    "ExecuteReplicatedTime": "ExecuteTime",
+    "OutboundData": DataMetric("TransferToDevice", "OutboundBytes"),
+    "InboundData": DataMetric("TransferFromDevice", "InboundBytes"),
+}
+
+#: PyTorch/XLA's short report: these counters and metrics, those that fired.
+_SHORT_COUNTERS = ("CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime")
+_SHORT_METRICS = (
+    "CompileTime",
+    "ExecuteTime",
+    "ExecuteReplicatedTime",
+    "TransferToDeviceTime",
+    "TransferFromDeviceTime",
+)
+
 clear_counters = debug.clear_counters
+
+
+def _fired(name: str) -> bool:
+    return name in debug.counter_names() and debug.counter_value(name) != 0
+
+
+def counter_names() -> list[str]:
+    """The counters that fired: spmdtorch's, and PyTorch/XLA's names for those it counts under another."""
+    own = debug.counter_names()
+    return sorted(set(own) | {alias for alias, src in COUNTER_ALIASES.items() if src in own})
 
 
 def counter_value(name: str) -> int | None:
     """The counter's value, or None if it never fired (as PyTorch/XLA returns)."""
-    return debug.counter_value(name) if name in debug.counter_names() else None
+    source = COUNTER_ALIASES.get(name, name)
+    return debug.counter_value(source) if source in debug.counter_names() else None
+
+
+def _metric_fired(name: str) -> bool:
+    source = METRIC_ALIASES.get(name, name)
+    if isinstance(source, DataMetric):
+        return _fired(source.bytes_counter) or _fired(source.count_counter)
+    return source in debug.metric_names()
+
+
+def metric_names() -> list[str]:
+    """The metrics that fired: spmdtorch's timers and PyTorch/XLA's names for those kept under another."""
+    return sorted(set(debug.metric_names()) | {alias for alias in METRIC_ALIASES if _metric_fired(alias)})
 
 
 def metric_data(name: str) -> tuple[int, float, list[tuple[float, float]]] | None:
     """``(TOTAL_SAMPLES, ACCUMULATOR, SAMPLES)``, or None if the metric never fired.
 
-    ``ACCUMULATOR`` is the sum of all samples in nanoseconds; ``SAMPLES`` the
-    last ones (at most 1024) as ``(time, value_ns)`` pairs, ``time`` in
-    seconds since the epoch.
+    For a timer ``ACCUMULATOR`` is the sum of all samples in nanoseconds and
+    ``SAMPLES`` the last ones (at most 1024) as ``(time, value_ns)`` pairs,
+    ``time`` in seconds since the epoch. For ``OutboundData``/``InboundData``
+    it is the bytes transferred, and ``SAMPLES`` is empty (spmdtorch keeps
+    their totals only).
     """
-    data = debug.metric_data(name)
+    source = METRIC_ALIASES.get(name, name)
+    if isinstance(source, DataMetric):
+        if not _metric_fired(name):
+            return None
+        return debug.counter_value(source.count_counter), float(debug.counter_value(source.bytes_counter)), []
+    data = debug.metric_data(source)
     if data is None:
         return None
     count, total_s, _peak = data
-    samples = [(t, v * 1e9) for t, v in debug.metric_samples(name)]
+    samples = [(t, v * 1e9) for t, v in debug.metric_samples(source)]
     return int(count), total_s * 1e9, samples
 
 
+def _alias_report(counters: list[str], metrics: list[str]) -> str:
+    lines = []
+    for name in metrics:
+        data = metric_data(name)
+        if data is None:
+            continue
+        count, acc, _ = data
+        unit = "B" if isinstance(METRIC_ALIASES[name], DataMetric) else "ns"
+        lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {acc:.0f}{unit}")
+    for name in counters:
+        value = counter_value(name)
+        if value is not None:
+            lines.append(f"Counter: {name}\n  Value: {value}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def metrics_report() -> str:
+    """spmdtorch's report, then PyTorch/XLA's names for what it counts under another name."""
+    return debug.metrics_report() + _alias_report(sorted(COUNTER_ALIASES), sorted(METRIC_ALIASES))
+
+
+def short_metrics_report(counter_names: list[str] | None = None, metric_names: list[str] | None = None) -> str:
+    """PyTorch/XLA's short report: a few counters and metrics (by default PyTorch/XLA's choice), those that fired."""
+    counters = list(_SHORT_COUNTERS if counter_names is None else counter_names)
+    metrics = list(_SHORT_METRICS if metric_names is None else metric_names)
+    own = debug.short_metrics_report(
+        [c for c in counters if c not in COUNTER_ALIASES], [m for m in metrics if m not in METRIC_ALIASES]
+    )
+    return own + _alias_report(
+        [c for c in counters if c in COUNTER_ALIASES], [m for m in metrics if m in METRIC_ALIASES]
+    )
+
+
 def clear_metrics() -> None:
-    """Clears every metric (timer); counters stay."""
+    """Clears every metric (timer); counters stay (the transfer byte counts too: they are counters)."""
     debug.clear_timers()
 
 

@@ -1,26 +1,91 @@
-"""``torch_xla._XLAC``: the debugging calls PyTorch/XLA's guides use, with their signatures."""
+"""``torch_xla._XLAC``: the calls PyTorch/XLA's guides, test suite and Hugging Face use, with their signatures.
+
+PyTorch/XLA's C extension has hundreds of entry points into its own IR and
+runtime; those with an spmdtorch meaning are here (the sharding string and
+type of a tensor, its debug summary and a stable id, the pending graph's HLO
+and hash, building a sharded tensor from per-device CPU shards, joining the
+job's coordinator). Every other ``_XLAC`` name of PyTorch/XLA 2.9 raises
+:class:`~spmdtorch.compat.TorchXlaNameError` when used (see ``_placeholders``).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import re
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
+import jax
 import torch
 
 import spmdtorch
-from spmdtorch import debug
-from spmdtorch.sharding import get_sharding_spec
+from spmdtorch import debug, runtime, sharding
+from spmdtorch.compat.errors import TorchXlaNameError
 
 __all__ = [
+    "_ensure_xla_coordinator_initialized",
+    "_get_graph_hash",
     "_get_xla_sharding_spec",
+    "_get_xla_sharding_type",
+    "_get_xla_tensor_debug_info",
     "_get_xla_tensors_hlo",
     "_get_xla_tensors_text",
+    "_global_tensor_from_cpu_shards",
+    "_is_placecholder",
+    "_spmd_full_to_shard_shape",
+    "_spmd_shard_to_full_shape",
+    "_xla_get_auto_sharding",
+    "_xla_get_tensor_id",
+    "_xla_metrics_report",
     "_xla_sync_multi",
 ]
 
+#: XLA's primitive type names, as PyTorch/XLA prints shapes (``f32[8,32]``).
+_XLA_TYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "s64",
+    torch.int32: "s32",
+    torch.int16: "s16",
+    torch.int8: "s8",
+    torch.uint8: "u8",
+    torch.bool: "pred",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
+}
+
+#: PyTorch/XLA's device name for SPMD's virtual device, which every tensor reports in SPMD mode.
+_SPMD_DEVICE = "SPMD:0"
+
+
+def _xla_tensor(t: Any, fn: str) -> spmdtorch.XlaTensor:
+    if not isinstance(t, spmdtorch.XlaTensor):
+        raise TypeError(
+            f"torch_xla._XLAC.{fn}: expected a tensor on the xla device, got "
+            f"{type(t).__name__ if not isinstance(t, torch.Tensor) else f'a tensor on {t.device}'}; "
+            "move it with t.to('xla')"
+        )
+    return t
+
 
 def _get_xla_sharding_spec(tensor: torch.Tensor) -> str:
-    """The tensor's HLO sharding string (``""`` when it has no annotation), as PyTorch/XLA prints it."""
-    return get_sharding_spec(tensor)
+    """The tensor's HLO sharding string (``""`` when it has no annotation), as PyTorch/XLA prints it.
+
+    An explicitly replicated tensor (``mark_sharding`` with an all-``None``
+    spec, or a one-way mesh axis) reports ``{replicated}``, as in PyTorch/XLA.
+    """
+    return sharding.get_sharding_spec(tensor)
+
+
+def _get_xla_sharding_type(tensor: torch.Tensor) -> int | None:
+    """PyTorch/XLA's ``ShardingType`` value of the tensor's sharding, or None when it has none."""
+    if not sharding.get_sharding_spec(tensor):
+        return None
+    return int(sharding.sharding_type(tensor))
 
 
 def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
@@ -38,3 +103,192 @@ def _xla_sync_multi(
 ) -> None:
     """Computes the pending tensors (spmdtorch computes every pending tensor at a barrier)."""
     spmdtorch.sync(wait=wait)
+
+
+def _get_graph_hash(tensors: Sequence[torch.Tensor]) -> bytes:
+    """A hash of the pending graph computing ``tensors`` (16 bytes, as PyTorch/XLA's ``hash_t``).
+
+    Equal graphs (same ops, shapes and sharding annotations) hash equal; the
+    hash is over the graph's HLO text, without the module's name.
+    """
+    text = debug.get_hlo_text(list(tensors))
+    text = re.sub(r"^HloModule \S+", "HloModule", text, count=1)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+# --- per-tensor ids -------------------------------------------------------------------------------------------
+
+_NEXT_ID = itertools.count(1)
+#: id(tensor) -> (weak reference to it, its id); an entry dies with its tensor.
+_IDS: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+
+def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
+    """A unique id of this tensor object, stable for its life (PyTorch/XLA's ``XLATensor::GetUniqueId``).
+
+    The same tensor (e.g. one ``nn.Parameter`` tied into two modules) always
+    gets the same id and two live tensors never share one, which is what
+    transformers' shared-tensor detection (``id_tensor_storage``) relies on.
+    """
+    _xla_tensor(tensor, "_xla_get_tensor_id")
+    key = id(tensor)
+    entry = _IDS.get(key)
+    if entry is not None and entry[0]() is tensor:
+        return entry[1]
+    new = next(_NEXT_ID)
+
+    def forget(_ref: weakref.ref[torch.Tensor]) -> None:
+        _IDS.pop(key, None)
+
+    _IDS[key] = (weakref.ref(tensor, forget), new)
+    return new
+
+
+# --- debug summary --------------------------------------------------------------------------------------------
+
+
+def _shape_string(dtype: torch.dtype, shape: Sequence[int]) -> str:
+    return f"{_XLA_TYPES.get(dtype, str(dtype).removeprefix('torch.'))}[{','.join(str(int(d)) for d in shape)}]"
+
+
+def _op_name(op: Any) -> str:
+    """``aten.div.Tensor`` -> ``aten::div``, the form PyTorch/XLA's IR prints; other names as they are.
+
+    A node's name is a torch ``OpOverload`` (its str is ``aten.div.Tensor``) or a string.
+    """
+    name = str(op)
+    if name.startswith("aten."):
+        return "aten::" + name.split(".")[1]
+    return name
+
+
+def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
+    """PyTorch/XLA's per-tensor summary: id, device, shape, sharding, pending IR and device data.
+
+    The fields and their names are PyTorch/XLA's (``TensorID``, ``Device:
+    SPMD:0``, ``XLA Shape``, ``ShardingSpec``, ``IR``, ``XLAShardedData`` with
+    ``Data Shape``, ``OpSharding`` and ``NumShards``, ``Tensor on host``). A
+    pending tensor shows the op computing it (``IR: [] <op>``) and no data; a
+    computed one ``IR: [] xla::device_data`` and its data's sharding.
+    spmdtorch uploads a CPU tensor when it is moved to ``xla`` (PyTorch/XLA's
+    virtual device may keep it on the host until first use), so ``Tensor on
+    host`` is always ``None``.
+    """
+    if not isinstance(tensor, spmdtorch.XlaTensor):
+        return "Not a XLATensor\n"
+    shape = _shape_string(tensor.dtype, tensor.shape)
+    spec = sharding.get_sharding_spec(tensor)
+    value = debug.read_value(tensor)
+    lines = [
+        "XLATensor {",
+        f"TensorID: {_xla_get_tensor_id(tensor)}",
+        f"Device: {_SPMD_DEVICE}",
+        f"XLA Shape: {shape}",
+        f"ShardingSpec: {spec or 'None'}",
+    ]
+    if isinstance(value, debug.LazyRef):
+        lines.append(f"IR: [] {_op_name(value.node.name)}, xla_shape={shape}")
+        lines.append("XLAData: None")
+    else:
+        lines.append(f"IR: [] xla::device_data, xla_shape={shape}, device={_SPMD_DEVICE}")
+        arr: jax.Array = value
+        op_sharding = sharding.hlo_sharding_string(arr.sharding, arr.ndim)
+        lines += [
+            "XLAShardedData: ",
+            f"  Data Device: {_SPMD_DEVICE}",
+            f"  Data Shape: {_shape_string(tensor.dtype, arr.shape)}",
+            f"  OpSharding: {op_sharding}",
+            f"  NumShards: {len(arr.sharding.device_set)}",
+        ]
+    lines.append("Tensor on host: None")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _is_placecholder(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's data was given away (PyTorch/XLA's placeholder); spmdtorch never hands out one."""
+    _xla_tensor(tensor, "_is_placecholder")
+    return False
+
+
+def _xla_get_auto_sharding() -> bool:
+    """Whether XLA auto-sharding is on: never (``xr.use_spmd(auto=True)`` is refused; see the migration guide)."""
+    return False
+
+
+def _xla_metrics_report() -> str:
+    """``torch_xla.debug.metrics.metrics_report()``."""
+    from spmdtorch.compat import _metrics
+
+    return _metrics.metrics_report()
+
+
+# --- building tensors from shards, the coordinator -------------------------------------------------------------
+
+
+def _global_tensor_from_cpu_shards(
+    shards: Sequence[torch.Tensor], sharding_: Any, global_shape: Sequence[int] | None = None
+) -> torch.Tensor:
+    """An xla tensor of ``global_shape`` sharded as ``sharding_``, built from this process's CPU shards.
+
+    Args:
+        shards: one CPU tensor per local device, in ``xr.local_runtime_devices()`` order
+            (``XLAShardedTensor.local_shards`` order), each the shape that device holds.
+        sharding_: an ``OpSharding`` from ``Mesh.get_op_sharding(partition_spec)``.
+        global_shape: the whole tensor's shape; None: the shape of one shard (a replicated tensor).
+
+    Raises:
+        TypeError: ``sharding_`` is not a mesh's ``OpSharding`` or a shard is not a CPU tensor.
+    """
+    mesh = getattr(sharding_, "mesh", None)
+    spec = getattr(sharding_, "partition_spec", None)
+    if mesh is None or spec is None:
+        raise TypeError(
+            "torch_xla._XLAC._global_tensor_from_cpu_shards: sharding must be the OpSharding of "
+            f"mesh.get_op_sharding(partition_spec), got {type(sharding_).__name__}"
+        )
+    shards = list(shards)
+    if not shards or not all(isinstance(s, torch.Tensor) and s.device.type == "cpu" for s in shards):
+        raise TypeError(
+            "torch_xla._XLAC._global_tensor_from_cpu_shards: shards must be a non-empty list of CPU tensors "
+            "(one per local device)"
+        )
+    shape = tuple(global_shape) if global_shape is not None else tuple(shards[0].shape)
+    out = torch.empty(shape, dtype=shards[0].dtype, device="xla")
+    sharding.mark_sharding(out, mesh, tuple(spec))
+    sharding.load_local_shards_(out, shards)
+    return out
+
+
+def _spmd_full_to_shard_shape(tensor: torch.Tensor) -> torch.Tensor:
+    """PyTorch/XLA's manual-sharding primitive: refused, with the spmdtorch form to use."""
+    raise TorchXlaNameError(
+        "torch_xla._XLAC._spmd_full_to_shard_shape(t) turns a tensor annotated with xs._mark_manual_sharding into "
+        "its local shard; spmdtorch's manual regions are JAX's shard_map, entered with "
+        "xs.enable_manual_sharding(t, partition_spec, mesh=mesh) (spmdtorch.sharding.enable_manual_sharding)"
+    )
+
+
+def _spmd_shard_to_full_shape(
+    tensor: torch.Tensor, sharding_: Any, full_shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """PyTorch/XLA's manual-sharding primitive: refused, with the spmdtorch form to use."""
+    raise TorchXlaNameError(
+        "torch_xla._XLAC._spmd_shard_to_full_shape(t, op_sharding, full_shape, dtype) leaves a manual region; "
+        "spmdtorch's manual regions are JAX's shard_map, left with "
+        "xs.disable_manual_sharding(t, partition_spec, full_shape, mesh=mesh) "
+        "(spmdtorch.sharding.disable_manual_sharding)"
+    )
+
+
+def _ensure_xla_coordinator_initialized(
+    global_rank: int, world_size: int, master_addr: str, master_port: str = "8547"
+) -> None:
+    """Joins this process to the job's coordinator unless it already has (``spmdtorch.runtime.initialize_distributed``).
+
+    A one-process job needs no coordinator. A process already initialized
+    (``import spmdtorch`` does it under a launcher) keeps its settings.
+    """
+    if int(world_size) <= 1 or runtime.is_distributed_initialized():
+        return
+    runtime.initialize_distributed(f"{master_addr}:{master_port}", int(world_size), int(global_rank))

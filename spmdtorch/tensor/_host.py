@@ -56,6 +56,7 @@ def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
     if t.device.type != "cpu":
         raise RuntimeError(f"expected a CPU tensor to transfer, got one on {t.device}")
     metrics.inc("TransferToDevice")
+    metrics.inc("OutboundBytes", t.nbytes)  # PyTorch/XLA's OutboundData metric (spmdtorch.compat)
     with metrics.timed("TransferToDeviceTime"):
         # On CPU, JAX may alias host memory instead of copying (even with
         # may_alias=False for replicated shardings), and torch users may write
@@ -75,6 +76,7 @@ def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     of torch a ``cuda`` tensor, not a CPU one).
     """
     metrics.inc("TransferFromDevice")
+    metrics.inc("InboundBytes", arr.nbytes)  # PyTorch/XLA's InboundData metric (spmdtorch.compat)
     with metrics.timed("TransferFromDeviceTime"):
         if arr.is_fully_replicated or len(arr.sharding.device_set) == 1:
             shard = arr.addressable_data(0)

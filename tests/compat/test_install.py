@@ -170,14 +170,19 @@ def test_save_tensors_file_and_metrics_file_are_written(monkeypatch, tmp_path):
         t = t * 3 + 1
         xm.mark_step()
     assert t.cpu().tolist() == [13.0] * 4
-    text = graphs.read_text()
-    assert text.count("XLA_SAVE_TENSORS_FILE: graph of barrier") == 2
+    saved = tmp_path / "graphs.txt.0"  # PyTorch/XLA appends the device ordinal (SPMD:0)
+    text = saved.read_text()
+    assert text.count("## BEGIN_GRAPH") == 2 and text.count("## END_GRAPH") == 2
+    assert text.count("#OUTPUT_SHARDING_END") == 2  # the hlo format adds each program's output shardings
     assert "HloModule" in text and "multiply" in text
+    assert "f32[4] {replicated}" in text
+    assert text.splitlines()[-2] == "#OUTPUT_SHARDING_END"  # where PyTorch/XLA's graph-dump test reads it
+    assert not graphs.exists()
     assert metrics_file.read_text().count("Counter: MarkStep") == 2
     spmdtorch.compat.uninstall()
     t = t + 1
     spmdtorch.mark_step()
-    assert graphs.read_text().count("graph of barrier") == 2  # hooks removed with the layer
+    assert saved.read_text().count("## END_GRAPH") == 2  # hooks removed with the layer
 
 
 def test_save_tensors_fmt_dot_is_refused(monkeypatch, tmp_path):
