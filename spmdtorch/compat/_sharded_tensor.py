@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from types import EllipsisType
-from typing import Any
+from typing import Any, cast
 
 import jax
 import torch
@@ -56,7 +56,7 @@ class ShardLoadError(CompatError):
 
 
 class ShardedTensorTypeError(CompatError, TypeError):
-    """``XLAShardedTensor(elem)`` of something that is not an xla tensor."""
+    """``XLAShardedTensor(elem)`` of something that is not a tensor."""
 
 
 class PlacementsUnavailableError(CompatError, ValueError):
@@ -198,8 +198,10 @@ class XLAShardedTensor(DTensor, XlaTensor):
         mesh_shape: the mesh's shape, when known (``mark_sharding`` sets it).
         partition_spec: the partition spec, when known.
 
+    A host (CPU) tensor is copied to the xla device first.
+
     Raises:
-        ShardedTensorTypeError: ``elem`` is not an xla tensor.
+        ShardedTensorTypeError: ``elem`` is not a tensor.
     """
 
     global_tensor: torch.Tensor
@@ -215,11 +217,14 @@ class XLAShardedTensor(DTensor, XlaTensor):
             mesh_shape = mesh_shape if mesh_shape is not None else elem.mesh_shape
             partition_spec = partition_spec if partition_spec is not None else elem.partition_spec
             elem = elem.global_tensor
-        if not isinstance(elem, XlaTensor):
+        if not isinstance(elem, torch.Tensor):
             raise ShardedTensorTypeError(
-                f"XLAShardedTensor wraps an xla tensor, got {type(elem).__name__} on "
-                f"{getattr(elem, 'device', '?')}; move it first with t.to('xla')"
+                f"XLAShardedTensor wraps a tensor, got {type(elem).__name__}; pass an xla tensor (t.to('xla'))"
             )
+        if not isinstance(elem, XlaTensor):
+            # PyTorch/XLA wraps host tensors too; here the wrapper is an xla
+            # tensor, so the host tensor's values are copied to the device.
+            elem = cast(XlaTensor, elem.to("xla"))
         if "requires_grad" not in kwargs and elem.requires_grad and torch.is_grad_enabled():
             # Wrapping a parameter or an activation: gradients of ops on the
             # wrapper reach ``elem`` (PyTorch/XLA's wrapper would drop them).

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from jax.experimental import mesh_utils
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spmdtorch import fsdp, runtime, sharding
+from spmdtorch.compat import _runtime
 from spmdtorch.compat._sharded_tensor import (
     XLAShard,
     XLAShardedTensor,
@@ -30,7 +33,8 @@ from spmdtorch.compat._sharded_tensor import (
     wrap_if_sharded,
 )
 from spmdtorch.compat.errors import CompatError
-from spmdtorch.mesh import HybridMesh, MeshError, get_global_mesh, set_global_mesh
+from spmdtorch.mesh import HybridMesh as _SpmdHybridMesh
+from spmdtorch.mesh import HybridMeshError, MeshError, get_global_mesh, set_global_mesh
 from spmdtorch.mesh import Mesh as _SpmdMesh
 from spmdtorch.partition import ShardingType, visualize_sharding, visualize_tensor_sharding
 
@@ -175,6 +179,104 @@ class Mesh(_SpmdMesh, metaclass=_MeshType):
             return cls(np.array(d["device_ids"]), d["mesh_shape"], d["axis_names"])
         except (ValueError, SyntaxError, KeyError, TypeError):
             return None
+
+
+class _TpuDevice(NamedTuple):
+    """A device as ``xr.global_runtime_device_attributes()`` describes it, in the form jax's mesh_utils reads."""
+
+    id: int
+    coords: tuple[int, ...]
+    core_on_chip: int
+    slice_index: int
+    platform: str = "tpu"
+    device_kind: str = ""
+    process_index: int = 0
+
+
+def _device_attributes() -> list[dict[str, Any]]:
+    """``xr.global_runtime_device_attributes()``, read through the ``torch_xla.runtime`` alias when installed."""
+    xr = sys.modules.get("torch_xla.runtime")
+    read = getattr(xr, "global_runtime_device_attributes", None) or _runtime.global_runtime_device_attributes
+    return list(read())
+
+
+def _ordinal(name: str) -> int:
+    return int(str(name).rpartition(":")[2])
+
+
+def _ids_from_coords(attributes: list[dict[str, Any]], ici: tuple[int, ...], dcn: tuple[int, ...]) -> np.ndarray | None:
+    """PyTorch/XLA's TPU layout: devices placed by physical coordinates, one block per slice (DCN group).
+
+    None when the attributes carry no TPU coordinates (then spmdtorch's placement applies).
+    """
+    if not attributes or any("coords" not in a for a in attributes):
+        return None
+    ordered = sorted(attributes, key=lambda a: _ordinal(a["name"]))
+    devices = [
+        _TpuDevice(i, tuple(a["coords"]), int(a.get("core_on_chip", 0)), int(a.get("slice_index", 0)))
+        for i, a in enumerate(ordered)
+    ]
+    if int(np.prod(dcn)) > 1:
+        if "slice_index" not in ordered[0]:
+            raise HybridMeshError(f"Invalid dcn_mesh_shape {dcn} for single slice mesh: the devices report no slice")
+        mesh = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+    else:
+        mesh = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+    return np.vectorize(lambda d: d.id, otypes=[int])(mesh).ravel()
+
+
+class HybridMesh(Mesh):
+    """PyTorch/XLA's ``HybridMesh(ici_mesh_shape=, dcn_mesh_shape=None, axis_names=None)``.
+
+    On TPU (devices with coordinates in ``xr.global_runtime_device_attributes()``)
+    devices are laid out by their physical coordinates and slices, as PyTorch/XLA
+    does; elsewhere as :class:`spmdtorch.mesh.HybridMesh` lays them out.
+
+    Raises:
+        HybridMeshError: the shapes do not fit the slices or processes.
+    """
+
+    __slots__ = ("_dcn", "_ici")
+    # Set once in __init__ (the mesh is immutable).
+    _ici: tuple[int, ...]
+    _dcn: tuple[int, ...]
+
+    def __init__(
+        self,
+        *,
+        ici_mesh_shape: Sequence[int],
+        dcn_mesh_shape: Sequence[int] | None = None,
+        axis_names: Sequence[str] | None = None,
+    ) -> None:
+        ici = tuple(int(n) for n in ici_mesh_shape)
+        dcn = (1,) * len(ici) if dcn_mesh_shape is None else tuple(int(n) for n in dcn_mesh_shape)
+        if len(ici) != len(dcn):
+            raise HybridMeshError(
+                f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} must have one entry per mesh axis each"
+            )
+        ids = _ids_from_coords(_device_attributes(), ici, dcn)
+        if ids is None:
+            ids = _SpmdHybridMesh(ici_mesh_shape=ici, dcn_mesh_shape=dcn, axis_names=axis_names).device_ids
+        super().__init__(ids, tuple(i * d for i, d in zip(ici, dcn)), axis_names)
+        object.__setattr__(self, "_ici", ici)
+        object.__setattr__(self, "_dcn", dcn)
+
+    @property
+    def ici_mesh_shape(self) -> tuple[int, ...]:
+        """Per-axis sizes inside one slice."""
+        return tuple(self._ici)
+
+    @property
+    def dcn_mesh_shape(self) -> tuple[int, ...]:
+        """Per-axis numbers of slices."""
+        return tuple(self._dcn)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_hybrid, (self.ici_mesh_shape, self.dcn_mesh_shape, self.axis_names))
+
+
+def _rebuild_hybrid(ici: tuple[int, ...], dcn: tuple[int, ...], axis_names: Sequence[str] | None) -> HybridMesh:
+    return HybridMesh(ici_mesh_shape=ici, dcn_mesh_shape=dcn, axis_names=axis_names)
 
 
 def get_1d_mesh(axis_name: str | None = None) -> Mesh:

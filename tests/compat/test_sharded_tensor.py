@@ -178,8 +178,12 @@ def test_wrap_helpers(xs):
         _ = bare.placements
     from spmdtorch.compat._sharded_tensor import ShardedTensorTypeError
 
-    with pytest.raises(ShardedTensorTypeError, match=r"t.to\('xla'\)"):
-        xs.XLAShardedTensor(torch.zeros(2))
+    with pytest.raises(ShardedTensorTypeError, match="got list"):
+        xs.XLAShardedTensor([1.0, 2.0])
+    host = torch.arange(4.0)
+    moved = xs.XLAShardedTensor(host)
+    assert moved.device.type == "xla" and moved.global_tensor.device.type == "xla"
+    torch.testing.assert_close(moved.cpu(), host)
 
 
 def test_redistribute_and_placements(xs):
@@ -349,3 +353,29 @@ def test_fsdpv2_unknown_extra_axis_uses_pytorch_xla_wording(xs):
     mesh = _mesh(xs, (2, 4, 1), ("data", "fsdp", "tensor"))
     with pytest.raises(ValueError, match="The provided ddp axis is not in the mesh."):
         SpmdFullyShardedDataParallel(nn.Linear(4, 4).to("xla"), mesh, extra_data_axis="ddp")
+
+
+def test_hybrid_mesh_lays_tpu_devices_out_by_coordinates_and_slice(xs, monkeypatch):
+    import torch_xla.runtime as xr
+
+    # Two slices of four chips in a row; names (ordinals) deliberately out of coordinate order.
+    x_of = {0: 2, 1: 0, 2: 3, 3: 1, 4: 1, 5: 3, 6: 0, 7: 2}
+    attrs = [
+        {"name": f"TPU:{i}", "coords": [x_of[i], 0, 0], "core_on_chip": 0, "slice_index": i // 4} for i in range(8)
+    ]
+    monkeypatch.setattr(xr, "global_runtime_device_attributes", lambda: attrs)
+    mesh = xs.HybridMesh(ici_mesh_shape=(1, 4), dcn_mesh_shape=(2, 1), axis_names=("data", "model"))
+    by_x = [sorted(range(s * 4, s * 4 + 4), key=lambda i: x_of[i]) for s in range(2)]
+    assert mesh.get_logical_mesh().tolist() == by_x
+    assert mesh.ici_mesh_shape == (1, 4) and mesh.dcn_mesh_shape == (2, 1)
+    assert isinstance(mesh, xs.Mesh)
+
+
+def test_hybrid_mesh_without_coordinates_follows_spmdtorch(xs):
+    import spmdtorch.mesh
+
+    mesh = xs.HybridMesh(ici_mesh_shape=(2, 4), axis_names=("a", "b"))
+    native = spmdtorch.mesh.HybridMesh(ici_mesh_shape=(2, 4), axis_names=("a", "b"))
+    assert mesh.get_logical_mesh().tolist() == native.get_logical_mesh().tolist()
+    with pytest.raises(spmdtorch.mesh.HybridMeshError):
+        xs.HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1))
