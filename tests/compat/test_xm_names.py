@@ -172,6 +172,8 @@ def test_use_spmd_sets_the_environment_variable(monkeypatch):
     xr.use_spmd()
     assert os.environ["XLA_USE_SPMD"] == "1"
     assert xr.is_spmd()
+    with pytest.raises(spmdtorch.runtime.SpmdModeError, match="auto-sharding"):
+        xr.use_spmd(auto=True)
 
 
 def test_global_runtime_device_attributes():
