@@ -12,7 +12,7 @@ it is, and an in-place op on it (``p.add_``, an optimizer step on a wrapped
 ``nn.Parameter``) updates the wrapped tensor. An op on it runs on that
 storage and, as in PyTorch/XLA, returns its result as an ``XLAShardedTensor``
 (without mesh information: ``wrap_as_sharded_tensor`` adds it); autograd flows
-through the wrapping.
+through that wrapping. The wrapper itself is an autograd leaf, as in PyTorch/XLA.
 
 Example:
     >>> import spmdtorch.compat; spmdtorch.compat.install()
@@ -188,9 +188,10 @@ class XLAShardedTensor(DTensor, XlaTensor):
 
     ``XLAShardedTensor(elem, mesh_shape=None, partition_spec=None, requires_grad=False)``
     wraps the xla tensor ``elem`` (an ``XLAShardedTensor`` is unwrapped first).
-    With ``requires_grad=True`` it is a new autograd leaf (PyTorch/XLA's form);
-    without it, a wrapper of a tensor that requires grad is its autograd
-    identity, so gradients of ops on the wrapper reach ``elem``.
+    As in PyTorch/XLA the wrapper is an autograd leaf of its own (not
+    requiring grad unless ``requires_grad=True``): ``xs.mark_sharding(p, ...)``
+    annotates the parameter ``p``, whose gradients come from ops on ``p``.
+    Results of ops on a wrapper stay in the autograd graph.
 
     Attributes:
         global_tensor: the wrapped xla tensor (detached when the wrapper is
@@ -225,11 +226,6 @@ class XLAShardedTensor(DTensor, XlaTensor):
             # PyTorch/XLA wraps host tensors too; here the wrapper is an xla
             # tensor, so the host tensor's values are copied to the device.
             elem = cast(XlaTensor, elem.to("xla"))
-        if "requires_grad" not in kwargs and elem.requires_grad and torch.is_grad_enabled():
-            # Wrapping a parameter or an activation: gradients of ops on the
-            # wrapper reach ``elem`` (PyTorch/XLA's wrapper would drop them).
-            wrapped: XLAShardedTensor = _Wrap.apply(elem, mesh_shape, partition_spec)
-            return wrapped
         requires_grad = bool(kwargs.get("requires_grad", False))
         r = XlaTensor.__new__(
             cls,
@@ -336,6 +332,11 @@ class XLAShardedTensor(DTensor, XlaTensor):
 def _wrap_result(x: Any, inputs: set[int]) -> Any:
     if not _is_xla(x) or isinstance(x, XLAShardedTensor) or id(x) in inputs:
         return x
+    if x.requires_grad and torch.is_grad_enabled():
+        # PyTorch/XLA wraps below autograd; here the wrapping is an autograd
+        # identity, so backward still reaches what the op was computed from.
+        wrapped: XLAShardedTensor = _Wrap.apply(x, None, None)
+        return wrapped
     return XLAShardedTensor(x)
 
 
