@@ -11,9 +11,7 @@ job's coordinator). Every other ``_XLAC`` name of PyTorch/XLA 2.9 raises
 from __future__ import annotations
 
 import hashlib
-import itertools
 import re
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,30 +116,20 @@ def _get_graph_hash(tensors: Sequence[torch.Tensor]) -> bytes:
 
 # --- per-tensor ids -------------------------------------------------------------------------------------------
 
-_NEXT_ID = itertools.count(1)
-#: id(tensor) -> (weak reference to it, its id); an entry dies with its tensor.
-_IDS: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
-
 
 def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
-    """A unique id of this tensor object, stable for its life (PyTorch/XLA's ``XLATensor::GetUniqueId``).
+    """An id of the tensor's storage, stable for its life (PyTorch/XLA's ``XLATensor::GetUniqueId`` role).
 
-    The same tensor (e.g. one ``nn.Parameter`` tied into two modules) always
-    gets the same id and two live tensors never share one, which is what
-    transformers' shared-tensor detection (``id_tensor_storage``) relies on.
+    transformers (``id_tensor_storage``) and Hugging Face's shard splitter use
+    it on xla tensors to find tied weights, on the detached tensors of a
+    ``state_dict()``, which are new objects every call; safetensors and
+    accelerate then check the same state dict by ``untyped_storage().data_ptr()``.
+    So the id is that storage identity: one tensor (or a parameter tied into
+    two modules, or its detached copies and views) always gets the same id, two
+    tensors of distinct storages never share one, and both checks agree.
     """
     _xla_tensor(tensor, "_xla_get_tensor_id")
-    key = id(tensor)
-    entry = _IDS.get(key)
-    if entry is not None and entry[0]() is tensor:
-        return entry[1]
-    new = next(_NEXT_ID)
-
-    def forget(_ref: weakref.ref[torch.Tensor]) -> None:
-        _IDS.pop(key, None)
-
-    _IDS[key] = (weakref.ref(tensor, forget), new)
-    return new
+    return tensor.untyped_storage().data_ptr()
 
 
 # --- debug summary --------------------------------------------------------------------------------------------
