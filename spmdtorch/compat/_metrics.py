@@ -19,8 +19,6 @@ from typing import NamedTuple
 from spmdtorch import debug
 
 __all__ = [
-    "COUNTER_ALIASES",
-    "METRIC_ALIASES",
     "clear_all",
     "clear_counters",
     "clear_metrics",
