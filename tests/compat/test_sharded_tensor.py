@@ -386,3 +386,34 @@ def test_hybrid_mesh_without_coordinates_follows_spmdtorch(xs):
     assert mesh.get_logical_mesh().tolist() == native.get_logical_mesh().tolist()
     with pytest.raises(spmdtorch.mesh.HybridMeshError):
         xs.HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1))
+
+
+def test_sharded_tensor_works_where_the_tensor_did(xs):
+    import copy
+    import io
+
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    t = torch.arange(8.0)
+    xst = xs.mark_sharding(t.to("xla"), xs.get_1d_mesh(), (0,))
+    dup = copy.deepcopy(xst)
+    assert torch_xla._XLAC._get_xla_sharding_spec(dup) == xst.sharding_spec
+    xm.mark_step()
+    assert xst.sum().item() == t.sum().item()
+    buf = io.BytesIO()
+    torch.save(xst, buf)
+    buf.seek(0)
+    torch.testing.assert_close(torch.load(buf, weights_only=False).cpu(), t)
+    torch.testing.assert_close(xst[2:4].cpu(), t[2:4])
+    assert xst.to("cpu").device.type == "cpu"
+
+
+def test_spmd_package_exposes_the_dtensor_bridge_names(xs):
+    from torch_xla.distributed.spmd import api
+
+    for name in ("xla_distribute_tensor", "xla_distribute_module", "auto_policy"):
+        assert getattr(xs, name) is getattr(api, name)
+    from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShard, XLAShardedTensor
+
+    assert XLAShardedTensor is xs.XLAShardedTensor and XLAShard is xs.XLAShard
