@@ -5,7 +5,8 @@ planner=SPMDSavePlanner())`` writes spmdtorch's sharded tensors in DCP's own
 format, and ``load(..., planner=SPMDLoadPlanner())`` reads them back into any
 sharding, in place:
 
-* **Save**: each xla tensor is written as the shards this process holds, one
+* **Save**: each xla tensor (or :class:`~spmdtorch.checkpoint.distributed_checkpoint.CpuShards`,
+  a host snapshot of one) is written as the shards this process holds, one
   DCP chunk per distinct shard (a replicated shard once in the whole job: the
   copy with JAX ``replica_id`` 0), at the tensor's logical shape (uneven
   shardings are saved unpadded). Everything else (CPU tensors, Python values)
@@ -51,6 +52,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from spmdtorch import _checks
 from spmdtorch.checkpoint import placement
+from spmdtorch.checkpoint._cpu_shards import CpuShards, is_sharded
 from spmdtorch.checkpoint.errors import CheckpointArgumentTypeError, UnsupportedValueError
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -80,11 +82,35 @@ def _chunk(region: Region) -> ChunkStorageMetadata:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _SaveTensor:
-    """An xla tensor to save: its logical-shape array and the shards this process writes."""
+    """A sharded value to save (an xla tensor or a :class:`CpuShards`): its size and the shards this process writes."""
 
-    array: jax.Array
+    size: tuple[int, ...]
     dtype: torch.dtype
-    shards: dict[tuple[int, ...], Any]  # offsets -> the shard's data (jax.Array on one device)
+    # offsets -> (the shard's position among this process's shards, its data: a jax.Array or a CPU tensor)
+    shards: dict[tuple[int, ...], tuple[int, Any]]
+
+
+def _save_tensor(obj: XlaTensor | CpuShards) -> _SaveTensor:
+    """The distinct shards of ``obj`` this process writes: each once in the whole job (JAX ``replica_id`` 0)."""
+    shards: dict[tuple[int, ...], tuple[int, Any]] = {}
+    if isinstance(obj, CpuShards):
+        size = tuple(obj.global_shape)
+        dtype = obj.shards[0].data.dtype if obj.shards else torch.float32
+        for i, s in enumerate(obj.shards):
+            if s.replica_id == 0:
+                offsets, _ = _region(s.indices, size)
+                shards[offsets] = (i, s.data)
+        return _SaveTensor(size, dtype, shards)
+    array, _, _ = placement.save_value(obj)
+    for i, shard in enumerate(array.addressable_shards):
+        if shard.replica_id == 0:
+            offsets, _ = _region(shard.index, array.shape)
+            shards[offsets] = (i, shard.data)
+    return _SaveTensor(tuple(array.shape), obj.dtype, shards)
+
+
+def _split(state_dict: dict[str, Any], sharded: bool) -> dict[str, Any]:
+    return {k: v for k, v in state_dict.items() if is_sharded(v) == sharded}
 
 
 class SPMDSavePlanner(DefaultSavePlanner):
@@ -138,14 +164,21 @@ class SPMDSavePlanner(DefaultSavePlanner):
         super().set_up_planner(state_dict, storage_meta, is_coordinator)
         self._xla: dict[str, _SaveTensor] = {}
         for fqn, obj in self.state_dict.items():
-            if isinstance(obj, XlaTensor):
-                array, _, _ = placement.save_value(obj)
-                shards = {}
-                for shard in array.addressable_shards:
-                    if shard.replica_id == 0:  # one copy of each distinct shard in the whole job
-                        offsets, _ = _region(shard.index, array.shape)
-                        shards[offsets] = shard.data
-                self._xla[fqn] = _SaveTensor(array, obj.dtype, shards)
+            if isinstance(obj, (XlaTensor, CpuShards)):
+                self._xla[fqn] = _save_tensor(obj)
+
+    @property
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """The flattened state dict's values split over devices (xla tensors, :class:`CpuShards`), by key.
+
+        Set by ``set_up_planner``; as PyTorch/XLA's planner reports it.
+        """
+        return _split(self.state_dict, True)
+
+    @property
+    def unsharded_state_dict(self) -> dict[str, Any]:
+        """The flattened state dict's other values (replicated or single-device tensors, CPU values), by key."""
+        return _split(self.state_dict, False)
 
     def create_local_plan(self) -> SavePlan:
         xla = self._xla
@@ -158,13 +191,14 @@ class SPMDSavePlanner(DefaultSavePlanner):
             self.state_dict = full
         items = list(plan.items)
         for fqn, t in xla.items():
-            size = torch.Size(t.array.shape)
+            size = torch.Size(t.size)
             props = TensorProperties(dtype=t.dtype)
-            for offsets, data in t.shards.items():
+            for offsets, (position, data) in t.shards.items():
                 chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(data.shape))
                 items.append(
                     WriteItem(
-                        index=MetadataIndex(fqn, torch.Size(offsets)),
+                        # index: the shard's position in this process's shards (local_shards order), as in PyTorch/XLA
+                        index=MetadataIndex(fqn, torch.Size(offsets), position),
                         type=WriteItemType.SHARD,
                         tensor_data=TensorWriteData(chunk=chunk, properties=props, size=size),
                     )
@@ -177,7 +211,9 @@ class SPMDSavePlanner(DefaultSavePlanner):
         if t is None:
             return super().resolve_data(write_item)
         offsets = tuple(write_item.index.offset or ())
-        data = t.shards[offsets]
+        _, data = t.shards[offsets]
+        if isinstance(data, torch.Tensor):  # a CpuShards' host copy
+            return data.to(t.dtype).contiguous()
         return placement.to_torch(np.asarray(data)).to(t.dtype).contiguous()
 
 
@@ -252,6 +288,16 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
                     regions.append((device, _region(whole if index is None else index, layout.logical_shape)))
                 buffers = {r[0]: torch.empty(r[1], dtype=obj.dtype) for _, r in regions if all(n > 0 for n in r[1])}
                 self._xla[fqn] = _LoadTensor(obj, layout, buffers, regions)
+
+    @property
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """The flattened state dict's xla tensors split over devices, by key (set by ``set_up_planner``)."""
+        return _split(self.state_dict, True)
+
+    @property
+    def unsharded_state_dict(self) -> dict[str, Any]:
+        """The flattened state dict's other values (replicated or single-device tensors, CPU values), by key."""
+        return _split(self.state_dict, False)
 
     def create_local_plan(self) -> LoadPlan:
         xla = self._xla

@@ -134,6 +134,22 @@ class XlaCheckpointManager(_NativeManager):
     def _due(self, step: int) -> bool:
         return step % self.save_interval == 0
 
+    def save_async(self, step: int, state: object, force: bool = False) -> bool:
+        """Start saving ``state`` as ``step`` (if due, or ``force``); the write goes on in the background.
+
+        Returns after the device→host copy, once Orbax's background write has
+        started; ``join()`` waits for it, and ``all_steps()`` lists the step once
+        it is written.
+
+        The copy runs here, on the caller's thread (spmdtorch's executor is not
+        shared with a worker thread): PyTorch/XLA instead hands a host copy to a
+        worker that calls ``self._save``. Code that patches ``_save`` to hold that
+        worker back (PyTorch/XLA's own test does) therefore does not hold this
+        save back; calling the patched method here instead would block the
+        caller forever.
+        """
+        return _NativeManager._save(self, step, state, force, asynchronous=True)
+
     def restore(self, step: int, state_dict: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Restore ``step`` into ``state_dict`` in place (PyTorch/XLA's argument order; returns None).
 

@@ -8,6 +8,9 @@
   ``save_async``, ``restore(step, state_dict)``, ``all_steps``, ``join``,
   ``reached_preemption`` (spmdtorch's Orbax format).
 * ``prime_optimizer(optimizer)``: state entries for a fresh optimizer.
+* ``sharded_cpu_state_dict(state_dict)``: a host snapshot without gathering
+  (sharded tensors as :class:`CpuShards`, this process's shards), which
+  ``SPMDSavePlanner`` saves like the tensors themselves; ``is_sharded(value)``.
 
 Example:
     >>> import tempfile, torch, spmdtorch
@@ -22,8 +25,17 @@ Example:
     True
 """
 
+from spmdtorch.checkpoint._cpu_shards import CpuShards, is_sharded, sharded_cpu_state_dict
 from spmdtorch.checkpoint._planners import SPMDLoadPlanner, SPMDSavePlanner
 from spmdtorch.checkpoint._xla_manager import XlaCheckpointManager as CheckpointManager
 from spmdtorch.checkpoint._xla_manager import prime_optimizer
 
-__all__ = ["CheckpointManager", "SPMDLoadPlanner", "SPMDSavePlanner", "prime_optimizer"]
+__all__ = [
+    "CheckpointManager",
+    "CpuShards",
+    "SPMDLoadPlanner",
+    "SPMDSavePlanner",
+    "is_sharded",
+    "prime_optimizer",
+    "sharded_cpu_state_dict",
+]
