@@ -12,6 +12,7 @@ messages. ``xla_distribute_tensor``, ``xla_distribute_module`` and
 from __future__ import annotations
 
 import ast
+import collections
 import importlib
 import sys
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from spmdtorch.compat._sharded_tensor import (
     wrap_if_sharded,
 )
 from spmdtorch.compat.errors import CompatError
+from spmdtorch.lazy import metrics
 from spmdtorch.mesh import HybridMesh as _SpmdHybridMesh
 from spmdtorch.mesh import HybridMeshError, MeshError, get_global_mesh, set_global_mesh
 from spmdtorch.mesh import Mesh as _SpmdMesh
@@ -143,6 +145,38 @@ class OpSharding:
         return f"OpSharding(mesh={self.mesh!r}, partition_spec={self.partition_spec!r})"
 
 
+def _hashable_spec(partition_spec: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(tuple(p) if isinstance(p, list) else p for p in partition_spec)
+
+
+#: id(mesh) -> (mesh, {spec: OpSharding}): PyTorch/XLA caches per mesh *object* (its Mesh hashes by
+#: identity), so a new mesh builds its OpShardings again; the mesh is held so its id is not reused.
+_OP_SHARDINGS: collections.OrderedDict[int, tuple[_SpmdMesh, dict[tuple[Any, ...], OpSharding]]] = (
+    collections.OrderedDict()
+)
+_MAX_CACHED_MESHES = 256
+
+
+def _op_sharding(mesh: _SpmdMesh, partition_spec: Sequence[Any]) -> OpSharding:
+    """``mesh``'s resolved sharding for ``partition_spec``, built (and counted, as ``CreateOpSharding``) once."""
+    spec = _hashable_spec(partition_spec)
+    entry = _OP_SHARDINGS.get(id(mesh))
+    if entry is None:
+        entry = _OP_SHARDINGS[id(mesh)] = (mesh, {})
+        if len(_OP_SHARDINGS) > _MAX_CACHED_MESHES:
+            _OP_SHARDINGS.popitem(last=False)
+    try:
+        found = entry[1].get(spec)
+    except TypeError:  # an unhashable entry: resolved uncached (the mesh reports what is wrong with it)
+        metrics.inc("CreateOpSharding")
+        return OpSharding(mesh, spec)
+    if found is None:
+        found = OpSharding(mesh, spec)
+        metrics.inc("CreateOpSharding")
+        entry[1][spec] = found
+    return found
+
+
 class Mesh(_SpmdMesh, metaclass=_MeshType):
     """PyTorch/XLA's ``Mesh(device_ids, mesh_shape, axis_names=None)``: an spmdtorch mesh.
 
@@ -158,8 +192,8 @@ class Mesh(_SpmdMesh, metaclass=_MeshType):
         super().__init__(device_ids, mesh_shape, axis_names)
 
     def get_op_sharding(self, partition_spec: Sequence[Any]) -> OpSharding:
-        """The resolved sharding of ``partition_spec`` on this mesh."""
-        return OpSharding(self, tuple(partition_spec))
+        """The resolved sharding of ``partition_spec`` on this mesh (cached, as PyTorch/XLA caches it)."""
+        return _op_sharding(self, partition_spec)
 
     def get_jax_mesh(self) -> Any:
         """The ``jax.sharding.Mesh`` with this mesh's devices and axis names."""
@@ -315,6 +349,8 @@ def mark_sharding(t: Any, mesh: _SpmdMesh, partition_spec: Any) -> Any:
     if isinstance(t, nn.Module):
         return sharding.mark_sharding(t, mesh, partition_spec)
     _check_rank(t, partition_spec, "mark_sharding")
+    if isinstance(mesh, _SpmdMesh) and isinstance(partition_spec, Sequence):
+        _op_sharding(mesh, partition_spec)  # PyTorch/XLA's CreateOpSharding count (and the spec's check)
     inner = unwrap_sharded_tensor(t)
     current = sharding.tensor_sharding(inner) if isinstance(inner, torch.Tensor) else None
     if current is not None and current.is_fully_replicated:

@@ -417,3 +417,17 @@ def test_spmd_package_exposes_the_dtensor_bridge_names(xs):
     from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShard, XLAShardedTensor
 
     assert XLAShardedTensor is xs.XLAShardedTensor and XLAShard is xs.XLAShard
+
+
+def test_op_shardings_are_cached_and_counted(xs):
+    import torch_xla.debug.metrics as met
+
+    met.clear_all()
+    mesh = _mesh(xs, (1, 8))
+    xs.mark_sharding(torch.zeros(1, 8, device="xla"), mesh, (0, 1))
+    assert met.counter_value("CreateOpSharding") == 1
+    xs.mark_sharding(torch.zeros(1, 8, device="xla"), mesh, (0, 1))
+    assert met.counter_value("CreateOpSharding") == 1
+    assert mesh.get_op_sharding((0, 1)) is mesh.get_op_sharding([0, 1])
+    xs.mark_sharding(torch.zeros(1, 8, device="xla"), mesh, (0, None))
+    assert met.counter_value("CreateOpSharding") == 2
