@@ -61,11 +61,24 @@ _SHORT_METRICS = (
     "TransferFromDeviceTime",
 )
 
-clear_counters = debug.clear_counters
+#: The (count, bytes) of each data metric at the last ``clear_metrics()``: its values count from there.
+_DATA_SINCE: dict[str, tuple[int, int]] = {}
 
 
-def _fired(name: str) -> bool:
-    return name in debug.counter_names() and debug.counter_value(name) != 0
+def _data_values(name: str, source: DataMetric) -> tuple[int, int]:
+    count = debug.counter_value(source.count_counter)
+    nbytes = debug.counter_value(source.bytes_counter)
+    base_count, base_bytes = _DATA_SINCE.get(name, (0, 0))
+    if count < base_count or nbytes < base_bytes:  # the counters were cleared since (spmdtorch.debug directly)
+        base_count, base_bytes = 0, 0
+        _DATA_SINCE.pop(name, None)
+    return count - base_count, nbytes - base_bytes
+
+
+def clear_counters() -> None:
+    """Clears every counter (``OutboundData``/``InboundData`` too: spmdtorch counts them)."""
+    debug.clear_counters()
+    _DATA_SINCE.clear()
 
 
 def counter_names() -> list[str]:
@@ -83,7 +96,7 @@ def counter_value(name: str) -> int | None:
 def _metric_fired(name: str) -> bool:
     source = METRIC_ALIASES.get(name, name)
     if isinstance(source, DataMetric):
-        return _fired(source.bytes_counter) or _fired(source.count_counter)
+        return _data_values(name, source) != (0, 0)
     return source in debug.metric_names()
 
 
@@ -105,7 +118,8 @@ def metric_data(name: str) -> tuple[int, float, list[tuple[float, float]]] | Non
     if isinstance(source, DataMetric):
         if not _metric_fired(name):
             return None
-        return debug.counter_value(source.count_counter), float(debug.counter_value(source.bytes_counter)), []
+        count, nbytes = _data_values(name, source)
+        return count, float(nbytes), []
     data = debug.metric_data(source)
     if data is None:
         return None
@@ -148,10 +162,17 @@ def short_metrics_report(counter_names: list[str] | None = None, metric_names: l
 
 
 def clear_metrics() -> None:
-    """Clears every metric (timer); counters stay (the transfer byte counts too: they are counters)."""
+    """Clears every metric (timers, and ``OutboundData``/``InboundData``); counters stay."""
     debug.clear_timers()
+    for name, source in METRIC_ALIASES.items():
+        if isinstance(source, DataMetric):
+            _DATA_SINCE[name] = (
+                debug.counter_value(source.count_counter),
+                debug.counter_value(source.bytes_counter),
+            )
 
 
 def clear_all() -> None:
     """Clears every metric and every counter."""
     debug.clear_metrics()
+    _DATA_SINCE.clear()

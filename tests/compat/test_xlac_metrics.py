@@ -165,3 +165,8 @@ def test_transfers_count_as_virtual_device_usage_and_data_metrics(xla):
     torch.testing.assert_close(back, cpu * 2)
     count, nbytes, _ = met.metric_data("InboundData")
     assert count >= 1 and nbytes >= back.nelement() * back.element_size()
+    met.clear_metrics()  # data metrics are metrics: cleared; the counters stay
+    assert met.metric_data("OutboundData") is None and "InboundData" not in met.metric_names()
+    assert met.counter_value("VirtualDeviceUsage") == 1
+    (t + 1).cpu()
+    assert met.metric_data("InboundData")[0] == 1
