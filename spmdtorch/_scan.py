@@ -29,6 +29,10 @@ How it is built:
   ``checkpoint_module``, the body is ``jax.checkpoint``-ed: only the carries
   are kept across the loop, each layer's activations are recomputed in backward.
 
+``scan``'s body may update its carry or its ``x`` in place (``acc += x;
+return acc, acc``), as PyTorch/XLA's may: it runs on copies, the returned
+carry is what flows, and the caller's ``init``/``xs`` are never written.
+
 Limits (each a named :class:`ScanError`): the body may not draw random numbers
 (dropout with ``p > 0``), branch on tensor values (``.item()``, ``if t:``),
 update buffers in place (BatchNorm's running statistics), or close over a
@@ -530,6 +534,16 @@ def _scan_core(
 # -- PyTorch/XLA's surface --------------------------------------------------------------
 
 
+def _private(placeholders: Sequence[XlaTensor]) -> list[torch.Tensor]:
+    """Copies of the body's placeholders that the body may update in place.
+
+    A copy is not an autograd leaf (an in-place update of a placeholder that
+    requires grad would be refused by autograd) and leaves the placeholder
+    itself unwritten; the copy costs nothing once XLA compiles the loop.
+    """
+    return [p.clone() for p in placeholders]
+
+
 def _wants_remat(partition_fn: Any) -> bool:
     """PyTorch/XLA picks remat by AOTAutograd partitioner; the min-cut one means rematerialise."""
     if partition_fn is None:
@@ -596,7 +610,12 @@ def scan(
     y_spec: list[Any] = [None]
 
     def body(carry: list[XlaTensor], x: list[XlaTensor], _p: list[XlaTensor], _c: list[XlaTensor]) -> Any:
-        new_carry, y = fn(pytree.tree_unflatten(carry, init_spec), pytree.tree_unflatten(x, xs_spec))
+        # fn sees copies, so a body that updates its carry (or x) in place
+        # (``acc += x; return acc, acc``) works as in PyTorch/XLA: the returned
+        # carry is what flows, and the caller's tensors are never written.
+        new_carry, y = fn(
+            pytree.tree_unflatten(_private(carry), init_spec), pytree.tree_unflatten(_private(x), xs_spec)
+        )
         c_flat, c_spec = pytree.tree_flatten(new_carry)
         if c_spec != init_spec:
             raise ScanError(f"scan: fn returned a carry structured as {c_spec}, `init` is {init_spec}")
