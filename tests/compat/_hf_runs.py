@@ -6,6 +6,7 @@ compat provides); with plain ``python`` it is the CPU reference. Nothing is
 downloaded: the models are built from small configs with a fixed seed.
 
     python [-m spmdtorch.compat] _hf_runs.py trainer OUT {cpu,fsdpv2,fsdpv2_ckpt}
+    python [-m spmdtorch.compat] _hf_runs.py trainer_eval OUT {cpu,fsdpv2}
     python [-m spmdtorch.compat] _hf_runs.py accelerate OUT
 
 Each run writes ``OUT/result.json`` (the per-step losses, the device it ran
@@ -61,9 +62,8 @@ def _write(out: Path, losses: list[float], device: str, trained: dict[str, torch
     (out / "result.json").write_text(json.dumps({"losses": losses, "device": device}))
 
 
-def run_trainer(out: Path, mode: str) -> None:
-    from transformers import LlamaForCausalLM, Trainer, TrainingArguments
-    from transformers.modeling_utils import unwrap_model
+def _trainer_class():
+    from transformers import Trainer
 
     class _Trainer(Trainer):
         # transformers 5.x (seen in 5.25) never creates the optimizer when an XLA
@@ -75,17 +75,23 @@ def run_trainer(out: Path, mode: str) -> None:
                 self.optimizer = self.accelerator.prepare(self.optimizer)
             return super().create_scheduler(num_training_steps, optimizer)
 
+    return _Trainer
+
+
+def _training_args(out: Path, mode: str, **extra):
+    from transformers import TrainingArguments
+
     kwargs = {}
     if mode != "cpu":
         kwargs["fsdp"] = True
         kwargs["fsdp_config"] = {"xla": True, "xla_fsdp_v2": True, "xla_fsdp_grad_ckpt": mode == "fsdpv2_ckpt"}
-    args = TrainingArguments(
+    extra.setdefault("save_strategy", "no")
+    return TrainingArguments(
         output_dir=str(out),
         per_device_train_batch_size=BATCH,
         max_steps=STEPS,
         learning_rate=1e-2,
         logging_steps=1,
-        save_strategy="no",
         report_to=[],
         seed=0,
         # transformers' default on torch >= 2.8 is the fused AdamW, which torch
@@ -94,8 +100,15 @@ def run_trainer(out: Path, mode: str) -> None:
         use_cpu=mode == "cpu",
         disable_tqdm=True,
         **kwargs,
+        **extra,
     )
-    trainer = _Trainer(model=_tiny_llama(), args=args, train_dataset=_Tokens())
+
+
+def run_trainer(out: Path, mode: str) -> None:
+    from transformers import LlamaForCausalLM
+    from transformers.modeling_utils import unwrap_model
+
+    trainer = _trainer_class()(model=_tiny_llama(), args=_training_args(out, mode), train_dataset=_Tokens())
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     # What PyTorch/XLA users get from Trainer.save_model under FSDPv2: the
@@ -109,6 +122,24 @@ def run_trainer(out: Path, mode: str) -> None:
     reloaded = LlamaForCausalLM.from_pretrained(str(out / "pretrained")).state_dict()
     torch.save({k: v.detach().clone() for k, v in reloaded.items()}, out / "reloaded.pt")
     _write(out, losses, str(next(model.parameters()).device), trained)
+
+
+def run_trainer_eval(out: Path, mode: str) -> None:
+    """Training with evaluation and a checkpoint every 2 steps (the eval loop, xm.save of the optimizer)."""
+    args = _training_args(
+        out,
+        mode,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        per_device_eval_batch_size=BATCH,
+    )
+    trainer = _trainer_class()(model=_tiny_llama(), args=args, train_dataset=_Tokens(), eval_dataset=_Tokens())
+    trainer.train()
+    losses = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    trained = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+    _write(out, losses, str(next(trainer.model.parameters()).device), trained)
 
 
 def run_accelerate(out: Path) -> None:
@@ -144,10 +175,12 @@ def main(argv: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if kind == "trainer":
         run_trainer(out, argv[2])
+    elif kind == "trainer_eval":
+        run_trainer_eval(out, argv[2])
     elif kind == "accelerate":
         run_accelerate(out)
     else:
-        raise SystemExit(f"unknown run {kind!r}: trainer or accelerate")
+        raise SystemExit(f"unknown run {kind!r}: trainer, trainer_eval or accelerate")
 
 
 if __name__ == "__main__":

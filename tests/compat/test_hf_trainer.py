@@ -94,3 +94,23 @@ def test_accelerate_xla_loop_matches_cpu_and_save_model_keeps_every_key(tmp_path
     saved = load_file(tmp_path / "xla" / "saved" / "model.safetensors")
     assert sorted(saved) == [f"{i}.{p}" for i in (0, 2, 4) for p in ("bias", "weight")]
     _assert_same_weights(saved, xla["trained"], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+def test_trainer_fsdpv2_evaluation_and_checkpoints_match_cpu(tmp_path):
+    cpu = _run(tmp_path / "cpu", "trainer_eval", "cpu", compat=False)
+    xla = _run(tmp_path / "xla", "trainer_eval", "fsdpv2", compat=True)
+    assert len(xla["losses"]) == len(cpu["losses"]) == 2  # evaluated at step 2 and at the last step
+    assert xla["losses"] == pytest.approx(cpu["losses"], abs=1e-4)
+    _assert_same_weights(_strip(xla["trained"]), cpu["trained"], rtol=1e-4, atol=1e-4)
+    # the step-2 checkpoint: xm.save wrote the optimizer state as CPU tensors, equal to the CPU run's
+    opt_xla = torch.load(tmp_path / "xla" / "checkpoint-2" / "optimizer.pt")
+    opt_cpu = torch.load(tmp_path / "cpu" / "checkpoint-2" / "optimizer.pt")
+    assert opt_xla["param_groups"] == opt_cpu["param_groups"]
+    assert sorted(opt_xla["state"]) == sorted(opt_cpu["state"])
+    for i, state in opt_cpu["state"].items():
+        for key, value in state.items():
+            got = opt_xla["state"][i][key]
+            assert got.device.type == "cpu"
+            torch.testing.assert_close(got, value, rtol=1e-3, atol=1e-6, msg=lambda m, i=i, key=key: f"{i}.{key}: {m}")
