@@ -177,7 +177,8 @@ def run_file(path: Path, *, real: bool, timeout: float, python: str) -> FileResu
                 os.path.abspath(__file__),
                 "--child",
                 "real" if real else "compat",
-                path.name,
+                # The full path, as run_tests.sh passes it: files find their helpers from __file__.
+                str(path.resolve()),
                 *setting.args,
                 "-v",
             ],
