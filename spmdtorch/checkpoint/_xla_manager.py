@@ -63,7 +63,9 @@ class XlaCheckpointManager(_NativeManager):
         path: The base directory; step ``s`` goes to ``path/s``.
         save_interval: ``should_save(step)`` is True when ``step % save_interval == 0``
             (or after a preemption).
-        max_to_keep: Keep this many newest steps; 0 keeps all (PyTorch/XLA's default).
+        max_to_keep: Keep the steps written last, this many (by write time, not step
+            number, also for a manager re-opened on the directory); 0 keeps all
+            (PyTorch/XLA's default).
         max_pending_async: Accepted (>= 1); spmdtorch runs one background save at a
             time, a new one waits for the previous (PyTorch/XLA's default of 1).
         num_of_threads: Accepted (>= 1); Orbax sizes its own writers.
@@ -91,6 +93,9 @@ class XlaCheckpointManager(_NativeManager):
         (2, tensor([3., 3.]))
         >>> mgr.close()
     """
+
+    # PyTorch/XLA retires the checkpoint written longest ago, also after a restart.
+    _retire_oldest_written = True
 
     def __init__(
         self,

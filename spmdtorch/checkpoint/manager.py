@@ -24,6 +24,7 @@ from typing import Any, Literal, overload
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from spmdtorch import _checks, _faults
 from spmdtorch.checkpoint import io
@@ -43,6 +44,29 @@ _TRASH = ".spmdtorch-deleted"
 __all__ = ["CheckpointManager"]
 
 log = logging.getLogger("spmdtorch.checkpoint")
+
+
+class _LatestWritten(preservation_policy.PreservationPolicy):
+    """Orbax retention keeping the ``n`` steps written last (by commit time), whatever their numbers.
+
+    Orbax's ``max_to_keep`` keeps the last ``n`` of its list, which is in write
+    order within a run but re-read in step order by a new manager.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+        def written(i: int) -> tuple[float, int]:
+            when = checkpoints[i].time
+            try:
+                stamp = when.timestamp()
+            except (AttributeError, OverflowError, ValueError):  # no commit time recorded
+                stamp = float("-inf")
+            return stamp, checkpoints[i].step
+
+        keep = set(sorted(range(len(checkpoints)), key=written)[-self.n :])
+        return [i in keep for i in range(len(checkpoints))]
 
 
 @overload
@@ -96,6 +120,11 @@ class CheckpointManager:
         ([0, 2, 4], 4, tensor([5., 5., 5., 5.]))
     """
 
+    #: Which steps ``max_to_keep`` retires. False: Orbax's own order (write order within a run,
+    #: step order once a new manager re-reads the directory). True (PyTorch/XLA's manager):
+    #: the ones written longest ago, by commit time, also after a restart.
+    _retire_oldest_written = False
+
     def __init__(
         self,
         directory: CheckpointPath,
@@ -108,9 +137,12 @@ class CheckpointManager:
         self._async = _checks.check_bool(async_save, "CheckpointManager", "async_save", CheckpointArgumentTypeError)
         _checks.check_bool(save_on_preemption, "CheckpointManager", "save_on_preemption", CheckpointArgumentTypeError)
         self._writing: int | None = None  # the step of the latest async save (maybe still being written)
+        keep = _positive_int(max_to_keep, "max_to_keep", allow_none=True)
+        by_write_time = keep is not None and self._retire_oldest_written
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=_positive_int(save_interval_steps, "save_interval_steps"),
-            max_to_keep=_positive_int(max_to_keep, "max_to_keep", allow_none=True),
+            max_to_keep=None if by_write_time else keep,
+            preservation_policy=_LatestWritten(keep) if by_write_time and keep is not None else None,
             # Always Orbax's async path; a blocking save waits for it in save().
             # Orbax's blocking path would wait for the record (hence for the
             # fingerprints) inside its own save call, before they are dispatched.

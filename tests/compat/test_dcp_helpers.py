@@ -201,3 +201,22 @@ def test_manager_save_async_does_not_run_a_patched_save_on_the_callers_thread():
         for key, value in state.items():
             torch.testing.assert_close(value.cpu(), cpu.state_dict()[key])
         mgr.close()
+
+
+def test_manager_max_to_keep_retires_the_oldest_written_also_after_a_restart():
+    from torch_xla.experimental.distributed_checkpoint import CheckpointManager
+
+    state = {"w": torch.arange(4.0, device="xla")}
+    with tempfile.TemporaryDirectory() as d:
+        mgr = CheckpointManager(d, save_interval=10, max_to_keep=2, chkpt_on_preemption=False)
+        for step, kept in ((10, {10}), (20, {10, 20}), (30, {20, 30}), (10, {30, 10})):
+            assert mgr.save(step, state)
+            assert set(mgr.all_steps()) == kept
+        mgr.close()
+        again = CheckpointManager(d, save_interval=10, max_to_keep=2, chkpt_on_preemption=False)
+        assert again.save(20, state)
+        assert set(again.all_steps()) == {10, 20}  # 30 was written before 10: it goes, not the lower 10
+        restored = {"w": torch.zeros(4, device="xla")}
+        again.restore(10, restored)
+        torch.testing.assert_close(restored["w"].cpu(), torch.arange(4.0))
+        again.close()
