@@ -25,6 +25,7 @@ import spmdtorch
 from spmdtorch import ArgumentError, data, debug, fsdp, runtime
 from spmdtorch.compat._spmd import ShardingSpec
 from spmdtorch.compat.errors import MultiprocessNotSupportedError
+from spmdtorch.lazy import metrics
 
 __all__ = [
     "REDUCE_AND",
@@ -447,7 +448,14 @@ def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: ShardingSpe
     """
     if isinstance(datas, torch.Tensor) and not is_xla_tensor(datas):
         datas = [datas]
-    return data.send_cpu_data_to_device(datas, device, input_sharding=input_sharding)
+    # Counted as PyTorch/XLA counts them (its OutboundData metric, read back by
+    # its tests); spmdtorch.data's batch transfer keeps no counters of its own.
+    moved = [t for t in pytree.tree_leaves(datas) if isinstance(t, torch.Tensor) and not is_xla_tensor(t)]
+    with metrics.timed("TransferToDeviceTime"):
+        out = data.send_cpu_data_to_device(datas, device, input_sharding=input_sharding)
+    metrics.inc("TransferToDevice", len(moved))
+    metrics.inc("OutboundBytes", sum(t.nbytes for t in moved))
+    return out
 
 
 def optimization_barrier_(tensors: list[torch.Tensor]) -> None:

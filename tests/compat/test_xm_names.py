@@ -57,11 +57,14 @@ def test_send_cpu_data_to_device_moves_cpu_tensors_only():
 
 def test_send_cpu_data_to_device_with_input_sharding():
     import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
     import torch_xla.distributed.spmd as xs
 
     mesh = xs.Mesh(list(range(8)), (8, 1), ("data", "model"))
     t = torch.arange(32.0).reshape(8, 4)
+    met.clear_all()
     (x,) = xm.send_cpu_data_to_device([t], xm.xla_device(), input_sharding=xs.ShardingSpec(mesh, ("data", None)))
+    assert met.metric_data("OutboundData")[:2] == (1, t.nbytes)  # (count, bytes), as PyTorch/XLA counts
     torch.testing.assert_close(x.cpu(), t)
     assert spmdtorch.sharding.get_sharding_spec(x) == spmdtorch.sharding.get_sharding_spec(
         xs.mark_sharding(t.to("xla"), mesh, ("data", None))
