@@ -220,3 +220,17 @@ def test_manager_max_to_keep_retires_the_oldest_written_also_after_a_restart():
         again.restore(10, restored)
         torch.testing.assert_close(restored["w"].cpu(), torch.arange(4.0))
         again.close()
+
+
+def test_default_planner_saves_xla_tensors_and_spmd_planner_loads_them_sharded():
+    from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
+
+    _, cpu = _sharded_model(seed=4)  # the values to checkpoint, on the CPU
+    src = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 5))
+    src.load_state_dict(cpu.state_dict())
+    src = src.to("xla")  # unsharded
+    assert src[0].weight.is_pinned() is False  # DCP's default planner asks it of every tensor
+    target, _ = _sharded_model(seed=5)
+    _save_and_load(src.state_dict(), target.state_dict(), None, SPMDLoadPlanner())  # None: DefaultSavePlanner
+    for key, value in target.state_dict().items():
+        torch.testing.assert_close(value.cpu(), cpu.state_dict()[key])

@@ -211,3 +211,12 @@ def _nested_tensor_from_mask_left_aligned(func, args, kwargs, facts):
         {},
     )
     return _equal(None, (want, mask), {}, None)
+
+
+@special("is_pinned.default")
+def _is_pinned(func, args, kwargs, facts):
+    """``t.is_pinned()``: False, an xla tensor lives in device memory, never in pinned host memory.
+
+    ``torch.distributed.checkpoint`` asks it of every tensor it saves.
+    """
+    return False
