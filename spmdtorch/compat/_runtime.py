@@ -14,7 +14,6 @@ from spmdtorch.runtime import (
     global_ordinal,
     global_runtime_device_count,
     initialize_cache,
-    is_spmd,
     local_device_count,
     local_ordinal,
     local_process_count,
@@ -67,6 +66,25 @@ def use_spmd(auto: bool | None = False) -> None:
     """
     runtime.use_spmd(auto)
     os.environ["XLA_USE_SPMD"] = "1"
+    _USE_SPMD_CALLED[0] = True
+
+
+#: Whether :func:`use_spmd` ran in this process (then ``is_spmd`` follows ``XLA_USE_SPMD``).
+_USE_SPMD_CALLED = [False]
+
+
+def is_spmd() -> bool:
+    """Whether the program runs in SPMD mode: True, unless ``XLA_USE_SPMD`` says otherwise after :func:`use_spmd`.
+
+    spmdtorch always runs SPMD programs, so a program that never called
+    ``use_spmd()`` gets True. Once it has, the answer follows ``XLA_USE_SPMD``
+    as in PyTorch/XLA, whose code deletes the variable to leave SPMD mode
+    (its test base class does in ``tearDownClass``) and reads ``is_spmd()``
+    back; the programs still run as SPMD programs.
+    """
+    if not _USE_SPMD_CALLED[0]:
+        return runtime.is_spmd()
+    return os.environ.get("XLA_USE_SPMD", "0").lower() in ("1", "true")
 
 
 def _attributes(index: int, device: Any) -> dict[str, object]:

@@ -171,9 +171,17 @@ def test_optimization_barrier_keeps_values_and_gradients():
 def test_use_spmd_sets_the_environment_variable(monkeypatch):
     import torch_xla.runtime as xr
 
+    from spmdtorch.compat import _runtime
+
+    monkeypatch.setattr(_runtime, "_USE_SPMD_CALLED", [False])
     monkeypatch.delenv("XLA_USE_SPMD", raising=False)
+    assert xr.is_spmd()  # spmdtorch always runs SPMD programs
     xr.use_spmd()
     assert os.environ["XLA_USE_SPMD"] == "1"
+    assert xr.is_spmd()
+    del os.environ["XLA_USE_SPMD"]  # what PyTorch/XLA's code does to leave SPMD mode, then reads back
+    assert not xr.is_spmd()
+    xr.use_spmd()
     assert xr.is_spmd()
     with pytest.raises(spmdtorch.runtime.SpmdModeError, match="auto-sharding"):
         xr.use_spmd(auto=True)
