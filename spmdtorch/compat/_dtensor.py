@@ -33,12 +33,13 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Replicate
 
 from spmdtorch import sharding
-from spmdtorch.compat import _runtime, _sharded_tensor
+from spmdtorch.compat import _runtime
 from spmdtorch.compat._placements import (
     DeviceMeshMismatchError,
     PlacementsLengthError,
     placements_to_partition_spec,
 )
+from spmdtorch.compat._sharded_tensor import XLAShardedTensor
 from spmdtorch.compat.errors import CompatError
 from spmdtorch.mesh import Mesh
 
@@ -112,12 +113,9 @@ def convert_to_xla_partition_spec(tensor: torch.Tensor, placements: Sequence[Pla
     return placements_to_partition_spec(placements, tensor.dim())
 
 
-def _wrap(t: torch.Tensor, mesh: Mesh, partition_spec: tuple[Any, ...]) -> Any:
-    # PyTorch/XLA's mark_sharding returns XLAShardedTensor(t, mesh_shape, partition_spec).
-    cls = getattr(_sharded_tensor, "XLAShardedTensor", None)
-    if cls is None:  # the wrapper type is not there: the annotated tensor itself carries its sharding
-        return t
-    return cls(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
+def _wrap(t: torch.Tensor, mesh: Mesh, partition_spec: tuple[Any, ...]) -> XLAShardedTensor:
+    # What PyTorch/XLA's mark_sharding returns: the tensor wrapped with its mesh shape and spec.
+    return XLAShardedTensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
 
 
 def _sharding_type(t: torch.Tensor) -> sharding.ShardingType:
@@ -126,7 +124,7 @@ def _sharding_type(t: torch.Tensor) -> sharding.ShardingType:
 
 def xla_distribute_tensor(
     tensor: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Placement] | None = None
-) -> Any:
+) -> XLAShardedTensor:
     """Shard ``tensor`` over ``device_mesh`` as ``placements`` say; returns an ``XLAShardedTensor``.
 
     ``torch.distributed.tensor.distribute_tensor`` calls this for an ``xla``
@@ -155,7 +153,7 @@ def xla_distribute_tensor(
     """
     dt_mesh = _check_device_mesh(device_mesh, "xla_distribute_tensor")
     mesh = convert_to_xla_mesh(dt_mesh)
-    if isinstance(tensor, DTensor) and not isinstance(tensor, getattr(_sharded_tensor, "XLAShardedTensor", ())):
+    if isinstance(tensor, DTensor) and not isinstance(tensor, XLAShardedTensor):
         raise CompatError(
             "xla_distribute_tensor: Cannot distribute a DTensor with local tensor on xla devices. The input tensor "
             "must be global: pass dtensor.full_tensor()"
@@ -168,10 +166,11 @@ def xla_distribute_tensor(
             "place; materialize it first (module.to_empty(device='xla') and initialize, or torch.empty(..., "
             "device='xla'))"
         )
-    global_tensor = getattr(tensor, "global_tensor", None)  # an XLAShardedTensor's wrapped tensor
-    if global_tensor is None:
-        global_tensor = tensor
-    elif _sharding_type(global_tensor) not in (sharding.ShardingType.REPLICATED, sharding.ShardingType.MAXIMAL):
+    global_tensor = tensor.global_tensor if isinstance(tensor, XLAShardedTensor) else tensor
+    if global_tensor is not tensor and _sharding_type(global_tensor) not in (
+        sharding.ShardingType.REPLICATED,
+        sharding.ShardingType.MAXIMAL,
+    ):
         raise CompatError(
             f"xla_distribute_tensor: the XLAShardedTensor (shape {tuple(tensor.shape)}) is already annotated with "
             f"non-replicated sharding {sharding.get_sharding_spec(global_tensor)}; clear the existing annotation "
@@ -187,7 +186,10 @@ def xla_distribute_tensor(
             f"placements length: {len(placements)}, and device_mesh.ndim: {dt_mesh.ndim}."
         )
     spec = convert_to_xla_partition_spec(global_tensor, placements)
-    # A tensor already annotated differently is refused by mark_sharding (ShardingError naming clear_sharding).
+    if _sharding_type(global_tensor) == sharding.ShardingType.REPLICATED and sharding.get_sharding_spec(global_tensor):
+        # An explicit replicated annotation gives way (PyTorch/XLA distributes a replicated tensor).
+        sharding.clear_sharding(global_tensor)
+    # A tensor already split differently is refused by mark_sharding (ShardingError naming clear_sharding).
     sharding.mark_sharding(global_tensor, mesh, spec)
     return _wrap(global_tensor, mesh, spec)
 

@@ -199,6 +199,24 @@ def test_distribute_tensor_keeps_an_xla_leaf_that_requires_grad():
     torch.testing.assert_close(leaf.grad.cpu(), 2 * cpu)
 
 
+def test_distribute_tensor_reshards_a_replicated_tensor_and_refuses_a_split_one():
+    import torch_xla.distributed.spmd as xs
+
+    from spmdtorch.sharding import ShardingError
+
+    mesh = DeviceMesh("xla", list(range(8)))
+    cpu = torch.randn(8, 16)
+    replicated = xs.mark_sharding(cpu.to("xla"), xs.Mesh(np.arange(8), (8,)), (None, None))
+    dt = distribute_tensor(replicated, mesh, [Shard(1)])
+    assert dt.global_tensor is replicated.global_tensor
+    assert _spec(dt) == _reference_spec((8, 16), (8,), (None, 0))
+    torch.testing.assert_close(dt.global_tensor.cpu(), cpu)
+    split = cpu.to("xla")
+    xs.mark_sharding(split, xs.Mesh(np.arange(8), (8,)), (0, None))
+    with pytest.raises(ShardingError, match="clear_sharding"):
+        distribute_tensor(split, mesh, [Shard(1)])
+
+
 def test_distribute_tensor_refuses_an_already_sharded_wrapper():
     import torch_xla.distributed.spmd as xs
 
