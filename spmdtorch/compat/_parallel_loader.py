@@ -83,6 +83,16 @@ class _Batches:
 class MpDeviceLoader(data.MpDeviceLoader):
     """:class:`spmdtorch.data.MpDeviceLoader` with PyTorch/XLA's ``input_sharding`` contract (module docstring)."""
 
+    @property
+    def dataset(self) -> Any:
+        """The wrapped loader's dataset.
+
+        PyTorch/XLA's loader has none, and accelerate's ``save_state`` reads
+        ``dataloader.dataset`` of its XLA loader (``MpDeviceLoaderWrapper``,
+        a subclass of this one): with PyTorch/XLA it raises AttributeError there.
+        """
+        return self._loader.dataset
+
     def __iter__(self) -> _Batches:  # type: ignore[override]  # the same iterator interface, wrapped
         # Read at each epoch, not kept from __init__: transformers' Trainer sets
         # `_parallel_loader_kwargs["input_sharding"]` on a built loader (FSDPv2).

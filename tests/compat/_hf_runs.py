@@ -146,27 +146,41 @@ def run_accelerate(out: Path) -> None:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
-    acc = Accelerator(cpu=os.environ.get("HF_RUNS_CPU") == "1")
+    acc = Accelerator(cpu=os.environ.get("HF_RUNS_CPU") == "1", gradient_accumulation_steps=2)
     set_seed(0)
     # Three layers of one shape: equal-size parameters must not be taken for aliases when saving.
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)
     )
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 8, generator=g), torch.randn(64, 8, generator=g)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
-    model, opt, loader = acc.prepare(model, opt, loader)
+    # No shuffling: on XLA accelerate reseeds a shuffling loader's generator (its design), so orders would differ.
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
     losses = []
     for xb, yb in loader:
-        loss = torch.nn.functional.mse_loss(model(xb), yb)
-        acc.backward(loss)
-        acc.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+        with acc.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            acc.backward(loss)
+            if acc.sync_gradients:
+                acc.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        losses.append(acc.gather(loss.detach()).mean().item())
+    acc.wait_for_everyone()
     acc.save_model(model, str(out / "saved"))
     trained = {k: v.detach().cpu() for k, v in acc.unwrap_model(model).state_dict().items()}
+    # save_state / load_state round trip: perturb the weights, load, and the trained ones are back
+    acc.save_state(str(out / "state"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    acc.load_state(str(out / "state"))
+    restored = {k: v.detach().cpu() for k, v in acc.unwrap_model(model).state_dict().items()}
+    torch.save(restored, out / "restored.pt")
     _write(out, losses, f"{acc.device} {acc.distributed_type}", trained)
 
 

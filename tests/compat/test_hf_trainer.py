@@ -82,7 +82,7 @@ def test_trainer_fsdpv2_matches_cpu_trainer_and_saves_what_it_trained(mode, tmp_
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-def test_accelerate_xla_loop_matches_cpu_and_save_model_keeps_every_key(tmp_path):
+def test_accelerate_xla_loop_matches_cpu_and_saves_every_key(tmp_path):
     from safetensors.torch import load_file
 
     cpu = _run(tmp_path / "cpu", "accelerate", compat=False, env_extra={"HF_RUNS_CPU": "1"})
@@ -94,6 +94,8 @@ def test_accelerate_xla_loop_matches_cpu_and_save_model_keeps_every_key(tmp_path
     saved = load_file(tmp_path / "xla" / "saved" / "model.safetensors")
     assert sorted(saved) == [f"{i}.{p}" for i in (0, 2, 4) for p in ("bias", "weight")]
     _assert_same_weights(saved, xla["trained"], rtol=0, atol=0)
+    # save_state then load_state (after the weights were changed) brings the trained weights back
+    _assert_same_weights(torch.load(tmp_path / "xla" / "restored.pt"), xla["trained"], rtol=0, atol=0)
 
 
 @pytest.mark.slow
