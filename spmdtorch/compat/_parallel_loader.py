@@ -91,7 +91,8 @@ class MpDeviceLoader(data.MpDeviceLoader):
         ``dataloader.dataset`` of its XLA loader (``MpDeviceLoaderWrapper``,
         a subclass of this one): with PyTorch/XLA it raises AttributeError there.
         """
-        return self._loader.dataset
+        loader: Any = self._loader  # any iterable; an AttributeError when it has no dataset, as for PyTorch/XLA's
+        return loader.dataset
 
     def __iter__(self) -> _Batches:  # type: ignore[override]  # the same iterator interface, wrapped
         # Read at each epoch, not kept from __init__: transformers' Trainer sets
