@@ -35,6 +35,7 @@ from spmdtorch import (  # noqa: E402
     plan,
     sharding,
 )
+from spmdtorch._call_jax import CallJaxError, call_jax  # noqa: E402
 from spmdtorch._checks import ArgumentError, ArgumentTypeError  # noqa: E402
 from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
 from spmdtorch._pure import AssumePureError, assume_pure  # noqa: E402
@@ -69,6 +70,7 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "AssumePureError",
+    "CallJaxError",
     "CompileContractError",
     "CompiledFunction",
     "RandomGeneratorError",
@@ -76,6 +78,7 @@ __all__ = [
     "XlaTensor",
     "add_step_closure",
     "assume_pure",
+    "call_jax",
     "checkpoint",
     "compile",
     "data",

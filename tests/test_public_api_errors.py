@@ -174,6 +174,7 @@ def _captured(tmp: str) -> dict[str, Any]:
 VALID: dict[str, Case] = {
     "CompiledFunction": Case(lambda tmp: {"fn": lambda x: x}),
     "assume_pure": Case(lambda tmp: {"fn": lambda x: x}),
+    "call_jax": Case(lambda tmp: {"jax_func": lambda x: x * 2, "args": (_xt(3),), "kwargs": None, "name": "f"}),
     "compile": Case(lambda tmp: {"fn": lambda x: x}),
     "device": Case(lambda tmp: {"index": 0}),
     "device_count": Case(lambda tmp: {}),
@@ -369,6 +370,7 @@ VALID: dict[str, Case] = {
 #: Parameters that really accept any value (the reason each), not walked.
 ANY_VALUE: dict[tuple[str, str], str] = {
     ("compile", "fn"): "compile(None) is the decorator form; other values are checked",
+    ("call_jax", "override_hash"): "any hashable value names the call (PyTorch/XLA's contract)",
     ("CompiledFunction", "fn"): "checked; see compile",
     ("send_cpu_data_to_device", "data"): "a pytree: leaves that are not tensors pass through unchanged",
     ("save", "state"): "a pytree; unsupported leaves are refused by key path (tested in tests/checkpoint)",
