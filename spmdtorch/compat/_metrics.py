@@ -24,6 +24,7 @@ __all__ = [
     "clear_metrics",
     "counter_names",
     "counter_value",
+    "executed_fallback_ops",
     "metric_data",
     "metric_names",
     "metrics_report",
@@ -91,6 +92,11 @@ def counter_value(name: str) -> int | None:
     """The counter's value, or None if it never fired (as PyTorch/XLA returns)."""
     source = COUNTER_ALIASES.get(name, name)
     return debug.counter_value(source) if source in debug.counter_names() else None
+
+
+def executed_fallback_ops() -> list[str]:
+    """The ops that ran on the CPU (``aten::nonzero``...): spmdtorch counts each under its name, as PyTorch/XLA."""
+    return [name for name in debug.counter_names() if name.startswith("aten::") and debug.counter_value(name)]
 
 
 def _metric_fired(name: str) -> bool:

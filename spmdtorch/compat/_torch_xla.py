@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -19,10 +20,15 @@ __all__ = [
     "device_count",
     "devices",
     "launch",
+    "logger",
     "manual_seed",
+    "real_devices",
     "step",
     "sync",
 ]
+
+#: PyTorch/XLA's package logger (libraries attach handlers to it).
+logger = logging.getLogger("torch_xla")
 
 #: The PyTorch/XLA release whose API this layer follows, marked as spmdtorch's.
 __version__ = "2.9.0+spmdtorch"
@@ -36,6 +42,14 @@ def device(index: int | None = None) -> torch.device:
 def devices() -> list[torch.device]:
     """``torch_xla.devices()``: in SPMD mode, the one virtual device ``[xla:0]``."""
     return [runtime.device(0)]
+
+
+def real_devices() -> list[str]:
+    """``torch_xla.real_devices()``: ``xm.xla_real_devices()`` (``["CPU:0"]``... for SPMD's virtual device)."""
+    from spmdtorch.compat import _xla_model
+
+    devices: list[str] = _xla_model.xla_real_devices()
+    return devices
 
 
 def device_count() -> int:

@@ -24,6 +24,7 @@ from spmdtorch.compat.errors import TorchXlaNameError
 
 __all__ = [
     "_ensure_xla_coordinator_initialized",
+    "_get_executed_fallback_ops",
     "_get_graph_hash",
     "_get_xla_sharding_spec",
     "_get_xla_sharding_type",
@@ -202,6 +203,13 @@ def _is_placecholder(tensor: torch.Tensor) -> bool:
 def _xla_get_auto_sharding() -> bool:
     """Whether XLA auto-sharding is on: never (``xr.use_spmd(auto=True)`` is refused; see the migration guide)."""
     return False
+
+
+def _get_executed_fallback_ops() -> list[str]:
+    """``torch_xla.debug.metrics.executed_fallback_ops()``."""
+    from spmdtorch.compat import _metrics
+
+    return _metrics.executed_fallback_ops()
 
 
 def _xla_metrics_report() -> str:

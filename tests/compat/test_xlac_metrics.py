@@ -170,3 +170,24 @@ def test_transfers_count_as_virtual_device_usage_and_data_metrics(xla):
     assert met.counter_value("VirtualDeviceUsage") == 1
     (t + 1).cpu()
     assert met.metric_data("InboundData")[0] == 1
+
+
+def test_executed_fallback_ops_names_the_cpu_ops(xla):
+    torch_xla, _, met = xla
+    met.clear_all()
+    assert met.executed_fallback_ops() == []
+    x = torch.arange(6, device="xla")
+    got = torch.nonzero(x > 2).cpu()
+    torch.testing.assert_close(got, torch.nonzero(torch.arange(6) > 2))
+    assert met.executed_fallback_ops() == ["aten::nonzero"]
+    assert torch_xla._XLAC._get_executed_fallback_ops() == ["aten::nonzero"]
+
+
+def test_top_level_real_devices_and_logger(xla):
+    import logging
+
+    import torch_xla.core.xla_model as xm
+
+    torch_xla, _, _ = xla
+    assert torch_xla.real_devices() == xm.xla_real_devices()
+    assert isinstance(torch_xla.logger, logging.Logger) and torch_xla.logger.name == "torch_xla"
