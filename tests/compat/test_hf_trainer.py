@@ -60,7 +60,8 @@ def trainer_cpu(tmp_path_factory):
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("mode", ["fsdpv2", "fsdpv2_ckpt"])
+# the gradient-checkpointing variant (~45 s here) runs in the slow tier, keeping the default one under a minute
+@pytest.mark.parametrize("mode", ["fsdpv2", pytest.param("fsdpv2_ckpt", marks=pytest.mark.slow)])
 def test_trainer_fsdpv2_matches_cpu_trainer_and_saves_what_it_trained(mode, tmp_path, trainer_cpu):
     xla = _run(tmp_path, "trainer", mode, compat=True)
     assert xla["device"] == "xla:0"
