@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+import signal
+import threading
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +26,8 @@ from spmdtorch import debug, runtime, sharding
 from spmdtorch.compat.errors import TorchXlaNameError
 
 __all__ = [
+    "_activate_preemption_sync_manager",
+    "_deactivate_preemption_sync_manager",
     "_ensure_xla_coordinator_initialized",
     "_get_executed_fallback_ops",
     "_get_graph_hash",
@@ -35,6 +40,7 @@ __all__ = [
     "_is_placecholder",
     "_spmd_full_to_shard_shape",
     "_spmd_shard_to_full_shape",
+    "_sync_point_reached",
     "_xla_get_auto_sharding",
     "_xla_get_tensor_id",
     "_xla_metrics_report",
@@ -288,3 +294,68 @@ def _ensure_xla_coordinator_initialized(
     if int(world_size) <= 1 or runtime.is_distributed_initialized():
         return
     runtime.initialize_distributed(f"{master_addr}:{master_port}", int(world_size), int(global_rank))
+
+
+# --- preemption: PyTorch/XLA's PreemptionSyncManager ------------------------------------------------------------
+
+
+class _Preemption:
+    """The SIGTERM watch ``_activate_preemption_sync_manager`` starts (one per process)."""
+
+    active = False
+    seen = False
+    previous: Any = None
+
+
+def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
+    _Preemption.seen = True  # a flag only: the training loop acts at its next sync point
+
+
+def _activate_preemption_sync_manager() -> None:
+    """Start watching for a preemption notice (SIGTERM), as PyTorch/XLA's ``PreemptionSyncManager``.
+
+    In a multi-process job JAX's preemption service (started by
+    ``jax.distributed.initialize``) watches, and every process agrees on the
+    sync step. In one process a SIGTERM handler is installed (main thread
+    only); :func:`_deactivate_preemption_sync_manager` restores the previous one.
+
+    Raises:
+        RuntimeError: called outside the main thread of a one-process job (no
+            signal handler can be installed there).
+    """
+    if _Preemption.active:
+        return
+    if runtime.process_count() == 1:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "torch_xla._XLAC._activate_preemption_sync_manager must be called from the main thread "
+                "(it installs a SIGTERM handler); call it before starting worker threads"
+            )
+        _Preemption.previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    _Preemption.active, _Preemption.seen = True, False
+
+
+def _deactivate_preemption_sync_manager() -> None:
+    """Stop watching; the SIGTERM handler that was there before comes back."""
+    if not _Preemption.active:
+        return
+    if runtime.process_count() == 1 and _Preemption.previous is not None:
+        signal.signal(signal.SIGTERM, _Preemption.previous)
+    _Preemption.active, _Preemption.seen, _Preemption.previous = False, False, None
+
+
+def _sync_point_reached(step: int) -> bool:
+    """Whether ``step`` is the step to save and stop at: True from the first step after a preemption notice.
+
+    Raises:
+        RuntimeError: the manager was not activated (PyTorch/XLA's check).
+    """
+    if not _Preemption.active:
+        raise RuntimeError(
+            "torch_xla._XLAC._sync_point_reached needs torch_xla._XLAC._activate_preemption_sync_manager() first"
+        )
+    if runtime.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return bool(multihost_utils.reached_preemption_sync_point(int(step)))
+    return _Preemption.seen

@@ -191,3 +191,26 @@ def test_top_level_real_devices_and_logger(xla):
     torch_xla, _, _ = xla
     assert torch_xla.real_devices() == xm.xla_real_devices()
     assert isinstance(torch_xla.logger, logging.Logger) and torch_xla.logger.name == "torch_xla"
+
+
+def test_preemption_sync_point_after_sigterm(xla):
+    import os
+    import signal
+    import time
+
+    torch_xla, _, _ = xla
+    X = torch_xla._XLAC
+    with pytest.raises(RuntimeError, match="_activate_preemption_sync_manager"):
+        X._sync_point_reached(0)
+    before = signal.getsignal(signal.SIGTERM)
+    X._activate_preemption_sync_manager()
+    try:
+        assert not any(X._sync_point_reached(step) for step in range(5))
+        os.kill(os.getpid(), signal.SIGTERM)  # the preemption notice; the handler only sets a flag
+        deadline = time.monotonic() + 5
+        while not X._sync_point_reached(5) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert X._sync_point_reached(5)
+    finally:
+        X._deactivate_preemption_sync_manager()
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
