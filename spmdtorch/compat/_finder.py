@@ -68,6 +68,7 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.distributed.spmd.api": "spmdtorch.compat._dtensor",
     "torch_xla.experimental.distributed_checkpoint._helpers": "spmdtorch.compat._dcp_helpers",
     "torch_xla.experimental.gradient_accumulation": "spmdtorch.compat._gradient_accumulation",
+    "torch_xla.experimental.custom_kernel": "spmdtorch.compat._custom_kernel",
 }
 
 

@@ -122,18 +122,18 @@ def test_module_pytorch_xla_does_not_have_raises_module_not_found():
 
 
 def test_known_but_unprovided_function_imports_and_raises_when_called():
-    from torch_xla.experimental.custom_kernel import flash_attention
+    from torch_xla.experimental.custom_kernel import paged_attention
 
-    assert is_placeholder(flash_attention)
+    assert is_placeholder(paged_attention)
     with pytest.raises(TorchXlaNameError) as e:
-        flash_attention(1, 2, 3)
+        paged_attention(1, 2, 3)
     msg = str(e.value)
-    assert "torch_xla.experimental.custom_kernel.flash_attention" in msg
+    assert "torch_xla.experimental.custom_kernel.paged_attention" in msg
     assert "scaled_dot_product_attention" in msg  # what to use instead
-    with pytest.raises(TorchXlaNameError, match="reading .*flash_attention.__code__x"):
-        flash_attention.__code__x  # noqa: B018
+    with pytest.raises(TorchXlaNameError, match="reading .*paged_attention.__code__x"):
+        paged_attention.__code__x  # noqa: B018
     with pytest.raises(TorchXlaNameError):
-        bool(flash_attention)
+        bool(paged_attention)
 
 
 def test_known_but_unprovided_class_is_a_class_that_refuses_instances():
@@ -163,7 +163,7 @@ def test_placeholder_identity_is_stable_and_hasattr_answers_as_pytorch_xla():
     import torch_xla.distributed.spmd as xs
     import torch_xla.experimental.custom_kernel as ck
 
-    assert ck.flash_attention is ck.flash_attention  # made once, then kept on the module
+    assert ck.paged_attention is ck.paged_attention  # made once, then kept on the module
     assert hasattr(xs, "apply_backward_optimization_barrier")  # in PyTorch/XLA 2.9
     assert not hasattr(xs, "not_a_pytorch_xla_name")
     with pytest.raises(TorchXlaNameError, match="nor does PyTorch/XLA 2.9"):
