@@ -14,7 +14,7 @@ import torch
 from jax import lax
 
 from spmdtorch.ops._util import upcast
-from spmdtorch.ops.registry import LOWERINGS, Lowering, register, register_meta
+from spmdtorch.ops.registry import LOWERINGS, Lowering, register, register_meta, resolve_ops
 
 
 def _reduce(loss, reduction):
@@ -40,22 +40,60 @@ def _vjp_backward(fwd):
 
 
 def _nll_parts(self, target, weight, ignore_index):
-    """Per-element loss and weight, class dim moved out: (loss, w)."""
+    """Per-element loss and weight, class dim moved out: (loss, w, t, unnamed).
+
+    ``unnamed`` marks the counted elements whose floating-point target is no
+    whole number (or not finite): such a target names no class, and their loss
+    and gradient are NaN rather than a truncated index's (a float target
+    holding class indices is accepted as PyTorch/XLA accepts it; see
+    ``_float_target_meta``). None for an integer target.
+    """
     x = upcast(self)
     if x.ndim == 1:  # (C,) with a 0-d target
         x, target = x[None], jnp.reshape(target, (1,))
     x = jnp.moveaxis(x, 1, -1)  # (N, d..., C)
     valid = target != ignore_index
-    t = jnp.where(valid, target, 0).astype(jnp.int32)
+    unnamed = None
+    if jnp.issubdtype(target.dtype, jnp.floating):
+        unnamed = valid & ~(jnp.isfinite(target) & (jnp.floor(target) == target))
+    t = jnp.where(valid if unnamed is None else valid & ~unnamed, target, 0).astype(jnp.int32)
     picked = jnp.take_along_axis(x, t[..., None], axis=-1)[..., 0]
+    if unnamed is not None:
+        picked = jnp.where(unnamed, jnp.nan, picked)
     w = upcast(weight)[t] if weight is not None else jnp.ones(t.shape, jnp.float32)
     w = jnp.where(valid, w, 0.0)
-    return -picked * w, w, t
+    return -picked * w, w, t, unnamed
 
 
-@register("nll_loss_forward.default", "nll_loss2d_forward.default")
+def _float_target_meta(op, target_pos):
+    """Shape rule of NLL op ``op`` (target at ``target_pos``) that also takes a float target.
+
+    PyTorch/XLA builds the NLL one-hot by comparing the labels, in their own
+    dtype, with the class numbers, so code written for it passes float class
+    indices (``CrossEntropyLoss()(logits, torch.zeros(n))``). torch's meta
+    kernel gathers with the target and refuses a float one; the outputs'
+    shapes and dtypes do not depend on the target's dtype, so the kernel runs
+    on an int64 stand-in. The lowerings read a float target as class indices.
+    """
+
+    def meta(*args, **kwargs):
+        if "target" in kwargs:
+            kwargs["target"] = _int_stand_in(kwargs["target"])
+        elif len(args) > target_pos:
+            args = (*args[:target_pos], _int_stand_in(args[target_pos]), *args[target_pos + 1 :])
+        return op(*args, **kwargs)
+
+    return meta
+
+
+def _int_stand_in(target):
+    if isinstance(target, torch.Tensor) and target.dtype.is_floating_point:
+        return torch.empty(target.shape, dtype=torch.int64, device="meta")
+    return target
+
+
 def _nll_loss_forward(self, target, weight, reduction, ignore_index):
-    loss, w, _ = _nll_parts(self, target, weight, ignore_index)
+    loss, w, _, _ = _nll_parts(self, target, weight, ignore_index)
     if reduction == 0:
         if self.ndim > 1:
             return loss, jnp.zeros((), jnp.float32)
@@ -65,24 +103,34 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
     return (s / total if reduction == 1 else s), total
 
 
-@register("nll_loss_backward.default", "nll_loss2d_backward.default")
 def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-    _, w, t = _nll_parts(self, target, weight, ignore_index)
+    _, w, t, unnamed = _nll_parts(self, target, weight, ignore_index)
     g = upcast(grad_output)
     if reduction == 0:
         g = jnp.reshape(g, w.shape)
     elif reduction == 1:
         g = g / upcast(total_weight)
     gw = -w * g  # (N, d...)
+    if unnamed is not None:
+        gw = jnp.where(unnamed, jnp.nan, gw)
     c = self.shape[1] if self.ndim > 1 else self.shape[0]
     grad = jax.nn.one_hot(t, c, dtype=jnp.float32) * gw[..., None]
     grad = jnp.moveaxis(grad, -1, 1)
     return grad if self.ndim > 1 else grad[0]
 
 
-@register("nll_loss.default", "nll_loss_nd.default")
 def _nll_loss(self, target, weight=None, reduction=1, ignore_index=-100):
     return _nll_loss_forward(self, target, weight, reduction, ignore_index)[0]
+
+
+for _names, _fn, _target_pos in (
+    (("nll_loss_forward.default", "nll_loss2d_forward.default"), _nll_loss_forward, 1),
+    (("nll_loss_backward.default", "nll_loss2d_backward.default"), _nll_loss_backward, 2),
+    (("nll_loss.default", "nll_loss_nd.default"), _nll_loss, 1),
+):
+    for _name in _names:
+        for _op in resolve_ops(_name):
+            register(_name, meta=_float_target_meta(_op, _target_pos))(_fn)
 
 
 # ---------------------------------------------------------------------------
