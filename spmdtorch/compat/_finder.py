@@ -45,7 +45,7 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.distributed.xla_backend": "spmdtorch.compat._xla_backend",
     "torch_xla.distributed.fsdp": "spmdtorch.compat._fsdp",
     "torch_xla.distributed.fsdp.wrap": "spmdtorch.compat._fsdp",
-    "torch_xla.experimental": None,
+    "torch_xla.experimental": "spmdtorch.compat._eager",
     "torch_xla.experimental.xla_sharding": "spmdtorch.compat._spmd",
     "torch_xla.experimental.spmd_fully_sharded_data_parallel": "spmdtorch.compat._fsdpv2",
     "torch_xla.experimental.distributed_checkpoint": "spmdtorch.compat._dcp",
@@ -69,6 +69,7 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.experimental.distributed_checkpoint._helpers": "spmdtorch.compat._dcp_helpers",
     "torch_xla.experimental.gradient_accumulation": "spmdtorch.compat._gradient_accumulation",
     "torch_xla.experimental.custom_kernel": "spmdtorch.compat._custom_kernel",
+    "torch_xla.experimental.eager": "spmdtorch.compat._eager",
 }
 
 
