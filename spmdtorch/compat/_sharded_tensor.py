@@ -264,8 +264,12 @@ class XLAShardedTensor(DTensor, XlaTensor):
 
     @property
     def sharding_spec(self) -> str:
-        """PyTorch/XLA's HLO sharding string (``'{devices=[2,4]0,1,...}'``, ``'{replicated}'``; ``''`` if none)."""
-        return sharding.get_sharding_spec(self.global_tensor)
+        """PyTorch/XLA's HLO sharding string (``'{devices=[2,4]0,1,...}'``, ``'{replicated}'``; ``''`` if none).
+
+        As in PyTorch/XLA, a replicated value a program computed reports ``'{replicated}'``
+        while host data and pending values report ``''``.
+        """
+        return sharding.get_sharding_spec(self.global_tensor, computed=True)
 
     @property
     def sharding_type(self) -> sharding.ShardingType:
@@ -330,14 +334,56 @@ class XLAShardedTensor(DTensor, XlaTensor):
 
 
 def _wrap_result(x: Any, inputs: set[int]) -> Any:
-    if not _is_xla(x) or isinstance(x, XLAShardedTensor) or id(x) in inputs:
+    if not isinstance(x, torch.Tensor) or isinstance(x, (XLAShardedTensor, HostShardedTensor)) or id(x) in inputs:
         return x
+    if not _is_xla(x):
+        # A host result (``.cpu()``): PyTorch/XLA wraps it too, and its users
+        # read ``.global_tensor`` of it. ``as_subclass`` keeps the autograd history.
+        return x.as_subclass(HostShardedTensor)
     if x.requires_grad and torch.is_grad_enabled():
         # PyTorch/XLA wraps below autograd; here the wrapping is an autograd
         # identity, so backward still reaches what the op was computed from.
         wrapped: XLAShardedTensor = _Wrap.apply(x, None, None)
         return wrapped
     return XLAShardedTensor(x)
+
+
+class HostShardedTensor(torch.Tensor):
+    """A host (CPU) result of an op on an ``XLAShardedTensor``, such as ``xst.cpu()``.
+
+    PyTorch/XLA wraps every tensor an op on an ``XLAShardedTensor`` returns,
+    host tensors included, so its users write ``xst.cpu().global_tensor``.
+    This is that tensor itself (same data, same autograd history), with
+    ``global_tensor`` giving it as a plain ``torch.Tensor``; ops on it return
+    host-sharded tensors too, as PyTorch/XLA's return wrappers. It has no
+    sharding (it is host data), and it pickles (``torch.save``) as a plain tensor.
+    """
+
+    @property
+    def global_tensor(self) -> torch.Tensor:
+        """The same tensor as a plain ``torch.Tensor`` (sharing data and autograd history)."""
+        return self.as_subclass(torch.Tensor)
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if any(isinstance(a, XlaTensor) for a in tree_leaves((args, kwargs))):
+            return NotImplemented  # an op with xla tensors: theirs to run (a 0-d host operand is fine there)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if func in _NO_WRAP:
+            return out
+        # Only plain host tensors are wrapped: torch's default would also turn
+        # an xla result (``.to("xla")``) into this host class.
+        return tree_map(lambda x: x.as_subclass(cls) if type(x) is torch.Tensor else x, out)
+
+    def __reduce_ex__(self, proto: Any) -> Any:
+        # Saved as a plain tensor: a checkpoint must not need this class to load
+        # (torch.load's weights_only mode refuses unknown tensor subclasses).
+        return self.global_tensor.__reduce_ex__(proto)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]  # torch types it loosely
+        return f"XLAShardedTensor({self.global_tensor})"
 
 
 def wrap_as_sharded_tensor(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
@@ -294,13 +295,22 @@ def clear_sharding(t: _T) -> _T:
         return t
     if value.is_fully_replicated and st.logical_shape is None:
         st.sharding = None  # already replicated: nothing to gather
+        CLEARED_AT[st] = st.version
         return t
     replicated = _replicated_like(value.sharding)
     ref = record_constraint(base_value(st), replicated)
     st.logical_shape = None  # the gathered value is unpadded
     st.set(ref)
     st.sharding = replicated  # set() would keep the old placement for the next program
+    CLEARED_AT[st] = st.version + 1  # the gather's result (the next barrier sets it) is still cleared data
     return t
+
+
+# Storage -> the version at which its concrete value is the data clear_sharding
+# left (the value itself, or the result of the gather it queued). PyTorch/XLA
+# reports no sharding for such data until a program computes the tensor again;
+# ``get_sharding_spec(t, computed=True)`` reads this to do the same.
+CLEARED_AT: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _replicated_like(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding:

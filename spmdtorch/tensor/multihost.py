@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import math
+import weakref
 
 import jax
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "gather",
     "max_gather_bytes",
     "put_global",
+    "placed_from_host",
     "put_process_local",
     "set_max_gather_bytes",
 ]
@@ -50,6 +52,30 @@ max_gather_bytes = runtime.max_gather_bytes
 set_max_gather_bytes = runtime.set_max_gather_bytes
 
 
+# id() -> weak reference of each live array these functions placed from host
+# data. PyTorch/XLA reports no sharding for data transferred from the host
+# while it reports the output sharding of every program result ("{replicated}"
+# included); ``spmdtorch.sharding.get_sharding_spec(t, computed=True)`` tells
+# the two apart with this (the placements themselves are the same).
+_HOST_PLACED: dict[int, weakref.ref] = {}
+
+
+def _note_host_placed(arr: jax.Array) -> jax.Array:
+    key = id(arr)
+
+    def forget(_ref: weakref.ref) -> None:
+        _HOST_PLACED.pop(key, None)
+
+    _HOST_PLACED[key] = weakref.ref(arr, forget)
+    return arr
+
+
+def placed_from_host(arr: object) -> bool:
+    """Whether ``arr`` is an array :func:`put_global`/:func:`put_process_local` placed from host data."""
+    ref = _HOST_PLACED.get(id(arr))
+    return ref is not None and ref() is arr
+
+
 def put_global(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
     """Places ``host`` (the whole array, identical in every process) with ``sharding``.
 
@@ -57,8 +83,8 @@ def put_global(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
     that the processes passed the same data (PyTorch/XLA does not either).
     """
     if sharding.is_fully_addressable:
-        return jax.device_put(host, sharding)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        return _note_host_placed(jax.device_put(host, sharding))
+    return _note_host_placed(jax.make_array_from_callback(host.shape, sharding, lambda index: host[index]))
 
 
 def put_process_local(host: np.ndarray, sharding: jax.sharding.Sharding, global_shape=None) -> jax.Array:
@@ -66,7 +92,7 @@ def put_process_local(host: np.ndarray, sharding: jax.sharding.Sharding, global_
 
     With one process the part is the whole array.
     """
-    return jax.make_array_from_process_local_data(sharding, host, global_shape)
+    return _note_host_placed(jax.make_array_from_process_local_data(sharding, host, global_shape))
 
 
 def gather(arr: jax.Array, what: str = "tensor") -> np.ndarray:
