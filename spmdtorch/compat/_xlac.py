@@ -11,6 +11,7 @@ job's coordinator). Every other ``_XLAC`` name of PyTorch/XLA 2.9 raises
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import signal
 import threading
@@ -23,9 +24,11 @@ import torch
 
 import spmdtorch
 from spmdtorch import debug, runtime, sharding
-from spmdtorch.compat.errors import TorchXlaNameError
+from spmdtorch.compat.errors import CompatError, TorchXlaNameError
+from spmdtorch.sharding import ShardingError
 
 __all__ = [
+    "CpuShardsError",
     "_activate_preemption_sync_manager",
     "_deactivate_preemption_sync_manager",
     "_ensure_xla_coordinator_initialized",
@@ -228,37 +231,101 @@ def _xla_metrics_report() -> str:
 # --- building tensors from shards, the coordinator -------------------------------------------------------------
 
 
+class CpuShardsError(ShardingError, CompatError):
+    """``_global_tensor_from_cpu_shards`` got shards that do not make a tensor of the given shape and sharding.
+
+    A ``RuntimeError`` (PyTorch/XLA's type for it) and spmdtorch's ``ShardingError`` (a ``ValueError``).
+    """
+
+
+def _tiles(mesh_shape: dict[str, int], spec: Sequence[Any]) -> tuple[int, ...]:
+    """How many pieces each tensor dim is cut into by a resolved partition spec (names of mesh axes)."""
+    out = []
+    for entry in spec:
+        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        out.append(math.prod(int(mesh_shape[a]) for a in axes))
+    return tuple(out)
+
+
 def _global_tensor_from_cpu_shards(
     shards: Sequence[torch.Tensor], sharding_: Any, global_shape: Sequence[int] | None = None
 ) -> torch.Tensor:
     """An xla tensor of ``global_shape`` sharded as ``sharding_``, built from this process's CPU shards.
 
+    As in PyTorch/XLA, every shard has the padded shape XLA gives each device
+    (``ceil(global_dim / pieces)`` along each dim): data past the end of the
+    global tensor is padding and dropped. A fully replicated sharding takes
+    shards of any rank, each the whole tensor.
+
     Args:
-        shards: one CPU tensor per local device, in ``xr.local_runtime_devices()`` order
-            (``XLAShardedTensor.local_shards`` order), each the shape that device holds.
+        shards: one CPU tensor per local device, in ``XLAShardedTensor.local_shards`` order
+            (``xr.local_runtime_devices()`` order on a mesh of ``range(n)``), all of one shape.
         sharding_: an ``OpSharding`` from ``Mesh.get_op_sharding(partition_spec)``.
-        global_shape: the whole tensor's shape; None: the shape of one shard (a replicated tensor).
+        global_shape: the whole tensor's shape; None: a shard's shape times the pieces of each dim.
 
     Raises:
         TypeError: ``sharding_`` is not a mesh's ``OpSharding`` or a shard is not a CPU tensor.
+        CpuShardsError: the number or shapes of the shards do not fit the sharding and ``global_shape``.
     """
+    fn = "torch_xla._XLAC._global_tensor_from_cpu_shards"
     mesh = getattr(sharding_, "mesh", None)
-    spec = getattr(sharding_, "partition_spec", None)
-    if mesh is None or spec is None:
+    named = getattr(sharding_, "sharding", None)
+    if mesh is None or not isinstance(named, jax.sharding.NamedSharding):
         raise TypeError(
-            "torch_xla._XLAC._global_tensor_from_cpu_shards: sharding must be the OpSharding of "
-            f"mesh.get_op_sharding(partition_spec), got {type(sharding_).__name__}"
+            f"{fn}: sharding must be the OpSharding of mesh.get_op_sharding(partition_spec), "
+            f"got {type(sharding_).__name__}"
         )
     shards = list(shards)
     if not shards or not all(isinstance(s, torch.Tensor) and s.device.type == "cpu" for s in shards):
-        raise TypeError(
-            "torch_xla._XLAC._global_tensor_from_cpu_shards: shards must be a non-empty list of CPU tensors "
-            "(one per local device)"
+        raise TypeError(f"{fn}: shards must be a non-empty list of CPU tensors (one per local device)")
+    n_local = len(named.addressable_devices)
+    if len(shards) != n_local:
+        raise CpuShardsError(
+            f"{fn}: got {len(shards)} shards, expected {n_local} (one per local device of the mesh); "
+            "pass one CPU tensor per device, as XLAShardedTensor.local_shards lists them"
         )
-    shape = tuple(global_shape) if global_shape is not None else tuple(shards[0].shape)
+    shard_shape = tuple(shards[0].shape)
+    for i, s in enumerate(shards):
+        if tuple(s.shape) != shard_shape:
+            raise CpuShardsError(
+                f"{fn}: shards[{i}] has shape {tuple(s.shape)}, expected {shard_shape} (shards[0]'s): every "
+                "device holds a shard of the same (padded) shape; pad the last shards"
+            )
+    spec = tuple(named.spec)
+    replicated = all(e is None for e in spec)
+    if replicated:  # a replicated OpSharding has no rank: each shard is the whole tensor
+        spec = (None,) * len(shard_shape)
+    elif len(spec) != len(shard_shape):
+        raise CpuShardsError(
+            f"{fn}: the sharding's partition spec {tuple(sharding_.partition_spec)} has {len(spec)} dims but the "
+            f"shards have {len(shard_shape)} (shape {shard_shape}); give shards of the spec's rank"
+        )
+    tiles = _tiles(dict(named.mesh.shape), spec)
+    padded = tuple(d * t for d, t in zip(shard_shape, tiles))
+    shape = tuple(int(d) for d in global_shape) if global_shape is not None else padded
+    fits = len(shape) == len(shard_shape) and all(-(-g // t) == d for g, t, d in zip(shape, tiles, shard_shape))
+    if not fits:
+        raise CpuShardsError(
+            f"{fn}: global_shape {shape} does not fit shards of shape {shard_shape} cut {tiles} ways per dim "
+            f"(each dim must have ceil(global / pieces) == shard size, so at most {padded}, less under one "
+            "shard of padding); pass global_shape=None for the shards' full shape, or shards of the padded "
+            "shape for this global_shape"
+        )
+    trimmed = shards
+    if not replicated:
+        # Each device's slice of the padded tensor, cut back to the global shape (padding is dropped).
+        where = jax.sharding.NamedSharding(named.mesh, jax.sharding.PartitionSpec(*spec))
+        indices = list(where.addressable_devices_indices_map(padded).values())
+        trimmed = []
+        for s, index in zip(shards, indices):
+            assert index is not None  # every device of a NamedSharding holds a slice
+            keep = tuple(
+                slice(0, max(0, min(sl.indices(p)[1], g) - sl.indices(p)[0])) for sl, g, p in zip(index, shape, padded)
+            )
+            trimmed.append(s[keep])
     out = torch.empty(shape, dtype=shards[0].dtype, device="xla")
-    sharding.mark_sharding(out, mesh, tuple(spec))
-    sharding.load_local_shards_(out, shards)
+    sharding.mark_sharding(out, mesh, tuple(sharding_.partition_spec) if not replicated else spec)
+    sharding.load_local_shards_(out, trimmed)
     return out
 
 

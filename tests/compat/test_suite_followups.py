@@ -1,0 +1,82 @@
+"""PyTorch/XLA test-suite follow-ups: ``_global_tensor_from_cpu_shards`` shapes, alias counts, HLO of computed
+tensors, visualize labels, the ``xla`` backend's refusal and the minibatch loader error, as PyTorch/XLA gives them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spmdtorch.sharding import ShardingError
+
+
+@pytest.fixture
+def xla():
+    import torch_xla
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    return torch_xla, xs, met
+
+
+def _mesh(xs, shape):
+    return xs.Mesh(np.arange(int(np.prod(shape))), shape)
+
+
+# --- _global_tensor_from_cpu_shards ----------------------------------------------------------------------------
+
+
+def test_from_cpu_shards_drops_padding_within_one_shard(xla):
+    torch_xla, xs, _ = xla
+    from_cpu = torch_xla._XLAC._global_tensor_from_cpu_shards
+    full = torch.randn(24)
+    op = _mesh(xs, (8,)).get_op_sharding((0,))
+    shards = list(full.chunk(8))  # 3 elements each
+    assert torch.equal(from_cpu(shards, op).cpu(), full)
+    for size in (17, 20, 24):  # ceil(size / 8) == 3: the rest of the last shards is padding
+        assert torch.equal(from_cpu(shards, op, torch.Size((size,))).cpu(), full[:size])
+
+
+@pytest.mark.parametrize("shape", [(25,), (16,), (3, 8), (1,)])
+def test_from_cpu_shards_shape_that_does_not_fit_is_a_named_runtime_error(xla, shape):
+    torch_xla, xs, _ = xla
+    from torch_xla._XLAC import CpuShardsError
+
+    op = _mesh(xs, (8,)).get_op_sharding((0,))
+    shards = list(torch.arange(24.0).chunk(8))
+    with pytest.raises(CpuShardsError) as info:
+        torch_xla._XLAC._global_tensor_from_cpu_shards(shards, op, torch.Size(shape))
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ShardingError)
+    msg = str(info.value)
+    assert f"global_shape {shape}" in msg and "(3,)" in msg and "global_shape=None" in msg
+
+
+def test_from_cpu_shards_wrong_count_and_mixed_shapes(xla):
+    torch_xla, xs, _ = xla
+    from torch_xla._XLAC import CpuShardsError
+
+    from_cpu = torch_xla._XLAC._global_tensor_from_cpu_shards
+    op = _mesh(xs, (8,)).get_op_sharding((0,))
+    shards = [torch.tensor([float(i)]) for i in range(8)]
+    with pytest.raises(CpuShardsError, match="got 7 shards, expected 8"):
+        from_cpu(shards[:-1], op)
+    with pytest.raises(CpuShardsError, match=r"shards\[3\] has shape \(2,\)"):
+        from_cpu(shards[:3] + [torch.zeros(2)] + shards[4:], op)
+
+
+def test_from_cpu_shards_2d_tiled_partial_and_replicated(xla):
+    torch_xla, xs, _ = xla
+    from_cpu = torch_xla._XLAC._global_tensor_from_cpu_shards
+    mesh = _mesh(xs, (4, 2))
+    full = torch.randn(8, 6)
+    tiled = [full[r * 2 : r * 2 + 2, c * 3 : c * 3 + 3] for r in range(4) for c in range(2)]
+    out = from_cpu(tiled, mesh.get_op_sharding((0, 1)))
+    assert torch.equal(out.cpu(), full)
+    assert torch_xla._XLAC._get_xla_sharding_spec(out) == "{devices=[4,2]0,1,2,3,4,5,6,7}"
+    halves = [full[:, :3], full[:, 3:]] * 4  # replicated along mesh axis 0
+    assert torch.equal(from_cpu(halves, mesh.get_op_sharding((None, 1))).cpu(), full)
+    # A replicated OpSharding has no rank: shards of any rank are the whole tensor.
+    vec = torch.randn(5)
+    assert torch.equal(from_cpu([vec] * 8, mesh.get_op_sharding((None, None))).cpu(), vec)
