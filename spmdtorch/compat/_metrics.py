@@ -7,8 +7,11 @@ reported under their names, most of which are PyTorch/XLA's. The PyTorch/XLA
 names spmdtorch counts under another name are reported too (:data:`COUNTER_ALIASES`,
 :data:`METRIC_ALIASES`): in SPMD mode every program runs replicated
 (``ExecuteReplicated``, ``ExecuteReplicatedTime``), every tensor lives on the
-virtual device (``VirtualDeviceUsage`` counts the transfers to it), and
-``OutboundData``/``InboundData`` are the bytes moved to/from the devices.
+virtual device (``VirtualDeviceUsage`` counts the transfers to it),
+``OutboundData``/``InboundData`` are the bytes moved to/from the devices, and
+``InputOutputAliasCount`` has a sample per program execution, the number of
+its outputs XLA writes into donated input buffers (PyTorch/XLA samples it per
+compilation; a cached program run again samples again here).
 Timer values are in nanoseconds, as PyTorch/XLA's; data metrics in bytes.
 """
 
@@ -39,10 +42,17 @@ COUNTER_ALIASES: dict[str, str] = {
 
 
 class DataMetric(NamedTuple):
-    """A PyTorch/XLA data metric spmdtorch keeps as two counters: how many transfers, how many bytes."""
+    """A PyTorch/XLA value metric spmdtorch keeps as two counters: how many samples, and their sum.
+
+    Attributes:
+        count_counter: the counter of samples (transfers, program executions).
+        bytes_counter: the counter summing their values (bytes, aliased buffers).
+        unit: the unit the reports print after the sum.
+    """
 
     count_counter: str
     bytes_counter: str
+    unit: str = "B"
 
 
 #: PyTorch/XLA metric name -> the spmdtorch timer (str) or transfer counters (DataMetric) behind it.
@@ -50,6 +60,8 @@ METRIC_ALIASES: dict[str, str | DataMetric] = {
     "ExecuteReplicatedTime": "ExecuteTime",
     "OutboundData": DataMetric("TransferToDevice", "OutboundBytes"),
     "InboundData": DataMetric("TransferFromDevice", "InboundBytes"),
+    # One sample per program execution: how many outputs it writes into donated inputs' buffers.
+    "InputOutputAliasCount": DataMetric("ExecuteCount", "InputOutputAliases", unit=""),
 }
 
 #: PyTorch/XLA's short report: these counters and metrics, those that fired.
@@ -117,8 +129,9 @@ def metric_data(name: str) -> tuple[int, float, list[tuple[float, float]]] | Non
     For a timer ``ACCUMULATOR`` is the sum of all samples in nanoseconds and
     ``SAMPLES`` the last ones (at most 1024) as ``(time, value_ns)`` pairs,
     ``time`` in seconds since the epoch. For ``OutboundData``/``InboundData``
-    it is the bytes transferred, and ``SAMPLES`` is empty (spmdtorch keeps
-    their totals only).
+    it is the bytes transferred, for ``InputOutputAliasCount`` the outputs
+    written into donated buffers over the program executions it counts, and
+    ``SAMPLES`` is empty (spmdtorch keeps their totals only).
     """
     source = METRIC_ALIASES.get(name, name)
     if isinstance(source, DataMetric):
@@ -141,7 +154,8 @@ def _alias_report(counters: list[str], metrics: list[str]) -> str:
         if data is None:
             continue
         count, acc, _ = data
-        unit = "B" if isinstance(METRIC_ALIASES[name], DataMetric) else "ns"
+        source = METRIC_ALIASES[name]
+        unit = source.unit if isinstance(source, DataMetric) else "ns"
         lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {acc:.0f}{unit}")
     for name in counters:
         value = counter_value(name)

@@ -20,6 +20,7 @@ import bisect
 import dataclasses
 import itertools
 import logging
+import re
 import struct
 import time
 import warnings
@@ -556,6 +557,9 @@ class _Program:
         layout: where each leaf goes in its argument list.
         out_map: per storage, which program output it receives (None: one each, in order).
         donated: argument positions whose buffers it takes (recycled buffers included).
+        aliases: how many outputs XLA writes into a donated input's buffer
+            (the executable's ``input_output_alias`` entries; donated inputs
+            with no output of their shape are freed, not aliased).
         recycle: one :class:`Recycled` per output that takes a buffer to
             reuse. Such an output overwrites a value that nothing reads (a
             gradient that ``zero_grad()`` dropped inside a compiled step):
@@ -574,6 +578,7 @@ class _Program:
     out_map: tuple | None
     donated: tuple
     recycle: tuple = ()
+    aliases: int = 0
 
     def call_args(self, leaf_args) -> list:
         """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
@@ -649,8 +654,9 @@ def _compile_program(
             *_program_args(layout, n_leaves, mesh, _call_args(plan, mesh, draw_key=False)),
             *(jax.ShapeDtypeStruct(r.shape, r.dtype, sharding=r.sharding) for r in recycled),
         )
+    compiled = lowered.compile()
     prog = _Program(
-        compiled=lowered.compile(),
+        compiled=compiled,
         lowered=lowered,
         name=name,
         n_leaves=n_leaves,
@@ -660,9 +666,25 @@ def _compile_program(
         out_map=out_map if len(unique) < len(out_map) else None,
         donated=donate_idx,
         recycle=recycled,
+        aliases=_alias_count(compiled) if donate_idx else 0,
     )
     metrics.add_time("CompileTime", time.perf_counter() - start)
     return prog
+
+
+def _alias_count(compiled) -> int:
+    """The input/output alias pairs of a compiled program, read off its HLO module's header.
+
+    XLA, not JAX, decides which donated buffers an output reuses; the module's
+    ``input_output_alias={ {out}: (param, {}, may-alias), ... }`` lists them.
+    The text is printed once per compilation (large constants elided).
+    """
+    modules = compiled.runtime_executable().hlo_modules()
+    header = modules[0].to_string().split("\n", 1)[0] if modules else ""
+    return len(_ALIAS_ENTRY.findall(header))
+
+
+_ALIAS_ENTRY = re.compile(r"\(\d+, \{[\d,]*\}, (?:may|must)-alias\)")
 
 
 class Recycled(NamedTuple):
@@ -945,6 +967,8 @@ def execute(prog: _Program, args, recycled=()) -> list:
     else:
         outs = prog.compiled(*call)
     metrics.add_time("ExecuteTime", time.perf_counter() - start)
+    if prog.aliases:  # PyTorch/XLA's InputOutputAliasCount (torch_xla.debug.metrics) sums these
+        metrics.inc("InputOutputAliases", prog.aliases)
     engine.inflight.append((outs.pop(), [call[j] for j in prog.donated]))
     _bound_in_flight(engine.max_in_flight)
     if prog.out_map is not None:  # one buffer for several storages with equal values

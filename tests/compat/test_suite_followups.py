@@ -80,3 +80,32 @@ def test_from_cpu_shards_2d_tiled_partial_and_replicated(xla):
     # A replicated OpSharding has no rank: shards of any rank are the whole tensor.
     vec = torch.randn(5)
     assert torch.equal(from_cpu([vec] * 8, mesh.get_op_sharding((None, None))).cpu(), vec)
+
+
+# --- InputOutputAliasCount -------------------------------------------------------------------------------------
+
+
+def test_input_output_alias_count_counts_in_place_updates_per_execution(xla):
+    torch_xla, xs, met = xla
+    a_cpu, b_cpu = torch.randn(4, 8), torch.randn(4, 8)
+    a, b = a_cpu.to("xla"), b_cpu.to("xla")
+    xs.mark_sharding(a, _mesh(xs, (1, 8)), (0, 1))
+    torch_xla.sync()
+    met.clear_all()
+    c = a + b  # a new tensor: a's and b's buffers are still held, nothing to alias
+    torch_xla.sync()
+    assert met.metric_data("InputOutputAliasCount") == (1, 0.0, [])
+    a *= 2.0  # two in-place updates: their old buffers are donated and reused
+    b += 2.0
+    torch_xla.sync()
+    count, total, _ = met.metric_data("InputOutputAliasCount")
+    assert (count, total) == (2, 2.0)
+    a *= 2.0
+    torch_xla.sync()
+    assert met.metric_data("InputOutputAliasCount")[:2] == (3, 3.0)
+    assert "Metric: InputOutputAliasCount" in met.short_metrics_report(metric_names=["InputOutputAliasCount"])
+    torch.testing.assert_close(a.cpu(), a_cpu * 4)
+    torch.testing.assert_close(b.cpu(), b_cpu + 2)
+    torch.testing.assert_close(c.cpu(), a_cpu + b_cpu)
+    met.clear_all()
+    assert met.metric_data("InputOutputAliasCount") is None
