@@ -226,6 +226,28 @@ def _any_xla(args, kwargs) -> bool:
     return False
 
 
+def _grad_back_to_xla(node) -> None:
+    """Make the backward of a host copy of an xla tensor return an xla gradient.
+
+    Autograd's ``ToCopyBackward0`` copies the gradient to the source's
+    options, whose device is the xla tensor's storage device (meta): a
+    backward started from a CPU tensor (``x.cpu().sum().backward()``) runs
+    without any xla tensor argument, so no capture mode turns that meta copy
+    into an xla tensor. The node's hook replaces it with the host gradient
+    sent to the device.
+    """
+    if type(node).__name__ != "ToCopyBackward0":
+        return
+
+    def to_xla(grad_inputs, grad_outputs):
+        (meta,), (grad,) = grad_inputs, grad_outputs
+        if meta is None or grad is None or not meta.is_meta:
+            return None
+        return (grad.to(device="xla", dtype=meta.dtype),)
+
+    node.register_hook(to_xla)
+
+
 @torch_function_handler
 def torch_function(func, args, kwargs):
     """Run one torch call that has an xla tensor among its arguments.
@@ -266,10 +288,14 @@ def torch_function(func, args, kwargs):
             return func(*args, **kwargs)
     try:
         out = func(*args, **kwargs)
-        # A composite that returns its meta helper itself (linalg.norm of
-        # an empty matrix returns at::zeros(..., self.options())).
-        if type(out) is not torch.Tensor or not out.is_meta:
+        if type(out) is not torch.Tensor:
             return out
+        if not out.is_meta:
+            if out.grad_fn is not None:  # a host copy of an xla tensor (x.cpu()) that autograd records
+                _grad_back_to_xla(out.grad_fn)
+            return out
+        # Else a composite that returns its meta helper itself (linalg.norm
+        # of an empty matrix returns at::zeros(..., self.options())).
     except MetaFactoryLeak:
         # A C++ composite (cov, cosine_similarity...) made a helper tensor
         # on meta, the xla tensors' storage device. Run it again with such
