@@ -97,8 +97,26 @@ def _get_xla_sharding_type(tensor: torch.Tensor) -> int | None:
 
 
 def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
-    """HLO text of the pending graph computing ``tensors`` (``""`` when they are already computed)."""
-    return debug.get_hlo_text(list(tensors))
+    """HLO text of a program computing ``tensors``, as PyTorch/XLA gives it (before partitioning).
+
+    Pending tensors: the pending graph computing them. Tensors already
+    computed (all of them): PyTorch/XLA's graph of a computed tensor is its
+    device data, a parameter carrying the data's sharding, so the program is
+    the identity over their arrays, each parameter annotated with its sharding
+    (``sharding={devices=[1,8]...}``, ``{replicated}``).
+    """
+    tensors = list(tensors)
+    text = debug.get_hlo_text(tensors)
+    if text or not tensors:
+        return text
+    arrays = []
+    for i, t in enumerate(tensors):
+        value = debug.read_value(_xla_tensor(t, "_get_xla_tensors_hlo"))
+        if isinstance(value, debug.LazyRef):  # pragma: no cover - get_hlo_text lowered every pending one
+            raise AssertionError(f"tensors[{i}] is pending but had no graph")
+        arrays.append(value)
+    identity = jax.jit(lambda *xs: xs, out_shardings=tuple(a.sharding for a in arrays))
+    return str(identity.lower(*arrays).as_text(dialect="hlo"))
 
 
 def _get_xla_tensors_text(tensors: Sequence[torch.Tensor]) -> str:

@@ -109,3 +109,25 @@ def test_input_output_alias_count_counts_in_place_updates_per_execution(xla):
     torch.testing.assert_close(c.cpu(), a_cpu + b_cpu)
     met.clear_all()
     assert met.metric_data("InputOutputAliasCount") is None
+
+
+# --- _get_xla_tensors_hlo of computed tensors -------------------------------------------------------------------
+
+
+def test_hlo_of_computed_tensors_is_their_device_data_with_shardings(xla):
+    torch_xla, xs, _ = xla
+    X = torch_xla._XLAC
+    t = torch.randn(8, 4).to("xla")
+    xs.mark_sharding(t, _mesh(xs, (2, 4, 1)), (2, 1))
+    u = torch.randn(3).to("xla")
+    hlo = X._get_xla_tensors_hlo([t, u])
+    params = [line for line in hlo.splitlines() if "parameter(" in line]
+    assert len(params) == 2
+    tiles = X._get_xla_sharding_spec(t).split("]")[0]  # "{devices=[1,4,2"
+    assert tiles == "{devices=[1,4,2"
+    assert "f32[8,4]" in params[0] and f"sharding={tiles}" in params[0]
+    assert "f32[3]" in params[1] and "sharding={replicated}" in params[1]
+    # A pending tensor still gets the graph computing it.
+    pending = X._get_xla_tensors_hlo([t * 3])
+    assert "multiply" in pending
+    assert X._get_xla_tensors_hlo([]) == ""
