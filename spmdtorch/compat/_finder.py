@@ -39,7 +39,7 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.distributed": None,
     "torch_xla.distributed.spmd": "spmdtorch.compat._spmd",
     "torch_xla.distributed.spmd.xla_sharding": "spmdtorch.compat._spmd",
-    "torch_xla.distributed.spmd.debugging": "spmdtorch.compat._spmd",
+    "torch_xla.distributed.spmd.debugging": "spmdtorch.compat._debugging",
     "torch_xla.distributed.parallel_loader": "spmdtorch.compat._parallel_loader",
     "torch_xla.distributed.xla_multiprocessing": "spmdtorch.compat._xla_multiprocessing",
     "torch_xla.distributed.xla_backend": "spmdtorch.compat._xla_backend",

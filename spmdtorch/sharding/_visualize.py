@@ -16,6 +16,8 @@ Differences from PyTorch/XLA, all deliberate:
   commas, as JAX writes them) for every block, where PyTorch/XLA writes
   ``"CPU 0"`` for a tile but ``"CPU [0, 1]"`` for a replica group. Ordinals and
   tile counts of any size work (PyTorch/XLA's parser reads one digit).
+  ``style="torch_xla"`` draws PyTorch/XLA's exact blocks instead (its labels,
+  blocks as wide as them, no colours), for text compared with PyTorch/XLA's.
 * Blocks holding the same devices get the same background colour when the
   console has colours; without colours the grid has box lines.
 * Keyword-only extras: ``shape`` sizes blocks by the rows/columns each tile
@@ -45,6 +47,7 @@ from typing import Any, cast
 
 import jax
 import numpy as np
+import rich.align
 import rich.box
 import rich.console
 import rich.padding
@@ -271,6 +274,7 @@ def _draw(
     max_width: int,
     console: rich.console.Console | None,
     print_: bool,
+    style: str = "spmdtorch",
 ) -> rich.table.Table:
     if console is None and print_:
         console = rich.console.Console(width=max_width)
@@ -279,9 +283,47 @@ def _draw(
         # box lines are what separates the blocks there.
         use_color = use_color and console.color_system is not None
     grid = _grid(parsed, replicated_devices, spec)
-    table = _render(grid, shape, parsed.tensor_rank, device_kind, use_color, scale, min_width, max_width, spec)
+    if style == "torch_xla":
+        table = _render_torch_xla(
+            grid,
+            not (parsed.is_replicated or parsed.is_maximal or parsed.last_tile_dim_replicate),
+            device_kind,
+            use_color,
+        )
+    else:
+        table = _render(grid, shape, parsed.tensor_rank, device_kind, use_color, scale, min_width, max_width, spec)
     if print_ and console is not None:  # printing: made above if not given
-        console.print(table)
+        console.print(table, end="\n\n" if style == "torch_xla" else "\n")
+    return table
+
+
+def _render_torch_xla(grid: np.ndarray, tiles: bool, device_kind: str, use_color: bool) -> rich.table.Table:
+    """PyTorch/XLA's drawing: each block its label with one space and one line around it, no colours.
+
+    A label is the device kind, then the one device of a tile (``CPU 4``), or
+    the list of a replica group or of a replicated tensor's devices
+    (``CPU [0, 1]``), as PyTorch/XLA prints them. Blocks are as wide as their
+    labels; without colours the grid has box lines.
+    """
+    table = rich.table.Table(
+        show_header=False,
+        show_lines=not use_color,
+        padding=0,
+        highlight=not use_color,
+        pad_edge=False,
+        box=None if use_color else rich.box.SQUARE,
+    )
+    for row in grid:
+        cells = []
+        for devs in row:
+            ids = str(devs[0]) if tiles else str(list(devs))
+            label = f"{device_kind} {ids}" if device_kind else ids
+            cells.append(
+                rich.padding.Padding(
+                    rich.align.Align(label, "center", vertical="middle"), (1, 1, 1, 1), style=rich.style.Style()
+                )
+            )
+        table.add_row(*cells)
     return table
 
 
@@ -297,6 +339,7 @@ def visualize_sharding(
     num_devices: int | None = None,
     console: rich.console.Console | None = None,
     print_: bool = True,
+    style: str = "spmdtorch",
 ) -> rich.table.Table:
     """Draws an HLO sharding string as a grid of device blocks.
 
@@ -325,6 +368,12 @@ def visualize_sharding(
         console: Print here instead of a new ``rich`` console.
         print_: Print the table (the default, like PyTorch/XLA); False only
             builds and returns it.
+        style: ``"spmdtorch"`` (the module's drawing) or ``"torch_xla"``:
+            PyTorch/XLA's exact blocks (``CPU 4`` for a tile, ``CPU [0, 1]``
+            for a replica group, each block as wide as its label plus one
+            space a side, no colours; ``scale``, ``min_width`` and ``shape``
+            do not size them), as ``torch_xla...debugging`` under
+            :mod:`spmdtorch.compat` draws them.
 
     Returns:
         The ``rich.table.Table``.
@@ -362,12 +411,15 @@ def visualize_sharding(
     replicated: Sequence[int] = ()
     if parsed.is_replicated:
         replicated = range(jax.device_count() if num_devices is None else num_devices)
+    if style not in ("spmdtorch", "torch_xla"):
+        raise VisualizationError(f"visualize_sharding: style must be 'spmdtorch' or 'torch_xla', got {style!r}")
     if device_kind is None:
         device_kind = _default_device_kind()
     return _draw(
         parsed,
         replicated,
         sharding,
+        style=style,
         shape=shape,
         device_kind=device_kind,
         use_color=use_color,

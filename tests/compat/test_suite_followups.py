@@ -131,3 +131,49 @@ def test_hlo_of_computed_tensors_is_their_device_data_with_shardings(xla):
     pending = X._get_xla_tensors_hlo([t * 3])
     assert "multiply" in pending
     assert X._get_xla_tensors_hlo([]) == ""
+
+
+# --- torch_xla.distributed.spmd.debugging: PyTorch/XLA's drawing -----------------------------------------------
+
+
+def _drawn(table) -> str:
+    import rich.console
+
+    console = rich.console.Console(width=120, color_system=None)
+    with console.capture() as capture:
+        console.print(table)
+    return capture.get()
+
+
+def test_debugging_draws_tiles_and_replica_groups_as_torch_xla(xla, capsys):
+    from torch_xla.distributed.spmd.debugging import visualize_sharding
+
+    tiled = "{devices=[2,4]0,4,2,6,1,5,3,7}"
+    text = _drawn(visualize_sharding(tiled))
+    assert f"Visualizing {tiled} (showing up to the first two dimensions)" in capsys.readouterr().out
+    rows = [line for line in text.splitlines() if "CPU" in line]
+    assert [r.split("│")[1:-1] for r in rows] == [
+        [" CPU 0 ", " CPU 4 ", " CPU 2 ", " CPU 6 "],
+        [" CPU 1 ", " CPU 5 ", " CPU 3 ", " CPU 7 "],
+    ]
+    partial = _drawn(visualize_sharding("{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"))
+    labels = [line.split("│")[1] for line in partial.splitlines() if "CPU" in line]
+    assert labels == [" CPU [0, 1, 2, 3] ", " CPU [4, 5, 6, 7] "]
+    everyone = _drawn(visualize_sharding("{replicated}"))
+    assert "CPU [0, 1, 2, 3, 4, 5, 6, 7]" in everyone
+
+
+def test_debugging_tensor_sharding_and_spmdtorch_style_unchanged(xla):
+    torch_xla, xs, _ = xla
+    from torch_xla.distributed.spmd.debugging import visualize_tensor_sharding
+
+    import spmdtorch.sharding as sh
+
+    t = torch.randn(8, 8).to("xla")
+    xs.mark_sharding(t, _mesh(xs, (2, 4)), (0, 1))
+    text = _drawn(visualize_tensor_sharding(t))
+    assert "CPU 0 " in text and "CPU 7 " in text and "[" not in text
+    own = _drawn(sh.visualize_sharding("{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}", print_=False))
+    assert "CPU 0,2" in own
+    with pytest.raises(sh.VisualizationError, match="style must be"):
+        sh.visualize_sharding("{replicated}", style="jax", print_=False)
