@@ -6,8 +6,10 @@ Importing it (as PyTorch/XLA scripts do) registers with ``torch.distributed``:
   from the job (``xr.process_index()``, ``xr.process_count()``, process 0's
   host; port ``MASTER_PORT`` or 12355), as PyTorch/XLA's SPMD mode does for the
   ``gloo`` group that distributed checkpointing uses;
-* a ``xla`` backend that raises :class:`MultiprocessNotSupportedError`: it
-  is multiprocess DDP's collective backend, which an SPMD program does not use.
+* a ``xla`` backend that raises :class:`XlaBackendNotSupportedError` (a
+  :class:`MultiprocessNotSupportedError`, and an ``AssertionError`` as
+  PyTorch/XLA's refusal of it in SPMD mode is): it is multiprocess DDP's
+  collective backend, which an SPMD program does not use.
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ import torch.distributed as dist
 from spmdtorch import config, runtime
 from spmdtorch.compat.errors import MultiprocessNotSupportedError
 
-__all__ = ["XLA_INIT_METHOD", "register"]
+__all__ = ["XLA_INIT_METHOD", "XlaBackendNotSupportedError", "register"]
 
 XLA_INIT_METHOD = "xla://"
+
+
+class XlaBackendNotSupportedError(MultiprocessNotSupportedError, AssertionError):
+    """``dist.init_process_group('xla')``: refused, as PyTorch/XLA refuses it in SPMD mode (an ``AssertionError``)."""
+
+
 _DEFAULT_PORT = 12355
 
 
@@ -44,7 +52,7 @@ def _xla_rendezvous(
 
 
 def _xla_backend(*args: Any, **kwargs: Any) -> Any:
-    raise MultiprocessNotSupportedError(
+    raise XlaBackendNotSupportedError(
         "dist.init_process_group('xla', ...) is PyTorch/XLA's multiprocess DDP backend; spmdtorch runs SPMD only "
         "and its programs need no process-group collectives on devices. Drop DDP and the 'xla' process group: "
         "shard the batch over a mesh (xs.mark_sharding or pl.MpDeviceLoader(..., input_sharding=...)) and call "

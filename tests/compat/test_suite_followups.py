@@ -3,6 +3,12 @@ tensors, visualize labels, the ``xla`` backend's refusal and the minibatch loade
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -177,3 +183,38 @@ def test_debugging_tensor_sharding_and_spmdtorch_style_unchanged(xla):
     assert "CPU 0,2" in own
     with pytest.raises(sh.VisualizationError, match="style must be"):
         sh.visualize_sharding("{replicated}", style="jax", print_=False)
+
+
+# --- the refused `xla` process-group backend ------------------------------------------------------------------
+
+
+def test_xla_backend_refusal_is_an_assertion_error_and_a_multiprocess_error():
+    # In a subprocess: a process group is process-global state.
+    code = textwrap.dedent(
+        """
+        import os
+        os.environ["MASTER_PORT"] = "29631"
+        import spmdtorch.compat
+        spmdtorch.compat.install()
+        import torch.distributed as dist
+        import torch_xla.runtime as xr
+        from torch_xla.distributed.xla_backend import XlaBackendNotSupportedError
+        xr.use_spmd()
+        try:
+            dist.init_process_group("xla", init_method="xla://")
+        except AssertionError as e:
+            assert type(e) is XlaBackendNotSupportedError, type(e)
+            assert isinstance(e, spmdtorch.compat.MultiprocessNotSupportedError)
+            print("refused:", e)
+        print("initialized:", dist.is_initialized())
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused: dist.init_process_group('xla', ...)" in proc.stdout
+    assert "init_process_group('gloo', init_method='xla://')" in proc.stdout
+    assert "initialized: False" in proc.stdout
