@@ -12,7 +12,10 @@ against it see what they expect:
   PyTorch/XLA's type); spmdtorch alone replicates such keys;
 * a batch that does not fit ``input_sharding`` raises the ``ValueError``
   (:class:`spmdtorch.data.InputShardingError`) from ``next()`` itself, as
-  PyTorch/XLA does, instead of the ``LoaderWorkerError`` that wraps it.
+  PyTorch/XLA does, instead of the ``LoaderWorkerError`` that wraps it; a
+  ``minibatch=True`` part that does not split over this process's devices
+  raises :class:`MinibatchBatchSizeError`, a ``RuntimeError`` with
+  PyTorch/XLA's message too.
 """
 
 from __future__ import annotations
@@ -22,15 +25,30 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from spmdtorch import data, mesh, sharding
+from spmdtorch import data, mesh, runtime, sharding
+from spmdtorch.compat.errors import CompatError
 from spmdtorch.data import ParallelLoader, PerDeviceLoader
 from spmdtorch.data.errors import InputShardingError, LoaderWorkerError
 
-__all__ = ["InputShardingKeyError", "MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
+__all__ = ["InputShardingKeyError", "MinibatchBatchSizeError", "MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
 
 
 class InputShardingKeyError(KeyError):
     """A dict batch has a key that the dict ``input_sharding`` gives no spec (PyTorch/XLA raises ``KeyError``)."""
+
+
+class MinibatchBatchSizeError(InputShardingError, CompatError):
+    """A process's part of a ``minibatch=True`` batch does not split over its devices.
+
+    A ``RuntimeError`` with PyTorch/XLA's message (``When minibatch is
+    configured, the per-host batch size must be divisible by local runtime
+    device count...``) and spmdtorch's ``InputShardingError`` (a ``ValueError``).
+    """
+
+
+def _has_minibatch(spec: Any) -> bool:
+    specs = spec.values() if isinstance(spec, dict) else [spec]
+    return any(getattr(s, "minibatch", False) is True for s in specs)
 
 
 class _Batches:
@@ -55,8 +73,17 @@ class _Batches:
             batch = next(self._inner)
         except LoaderWorkerError as e:
             # PyTorch/XLA raises a batch's sharding error from next() as it is.
-            if isinstance(e.__cause__, InputShardingError):
-                raise e.__cause__ from e
+            cause = e.__cause__
+            if isinstance(cause, InputShardingError):
+                if _has_minibatch(self._input_sharding) and isinstance(cause.__cause__, ValueError):
+                    # A process's part of a minibatch that does not split over its devices:
+                    # PyTorch/XLA's RuntimeError and wording, then what spmdtorch found.
+                    raise MinibatchBatchSizeError(
+                        "When minibatch is configured, the per-host batch size must be divisible by local "
+                        "runtime device count. Per host input data shape (and its sharding): "
+                        f"{cause}; local_runtime_device_count = {runtime.addressable_runtime_device_count()}"
+                    ) from cause
+                raise cause from e
             raise
         spec = self._input_sharding
         if isinstance(spec, dict) and isinstance(batch, dict):

@@ -218,3 +218,32 @@ def test_xla_backend_refusal_is_an_assertion_error_and_a_multiprocess_error():
     assert "refused: dist.init_process_group('xla', ...)" in proc.stdout
     assert "init_process_group('gloo', init_method='xla://')" in proc.stdout
     assert "initialized: False" in proc.stdout
+
+
+# --- a minibatch that does not split over the local devices -----------------------------------------------------
+
+
+def test_minibatch_not_divisible_raises_torch_xla_runtime_error(xla):
+    torch_xla, xs, _ = xla
+    import torch_xla.distributed.parallel_loader as pl
+    from torch_xla.distributed.parallel_loader import MinibatchBatchSizeError
+
+    from spmdtorch.data import InputShardingError
+
+    mesh = xs.get_1d_mesh("data")
+    spec = xs.ShardingSpec(mesh, ("data", None), minibatch=True)
+    good = torch.randn(8, 3)
+    loader = pl.MpDeviceLoader([good], torch_xla.device(), input_sharding=spec)
+    (batch,) = list(loader)
+    torch.testing.assert_close(batch.cpu(), good)
+
+    bad = pl.MpDeviceLoader([torch.randn(7, 3)], torch_xla.device(), input_sharding=spec)
+    with pytest.raises(MinibatchBatchSizeError) as info:
+        next(iter(bad))
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, InputShardingError)
+    msg = str(info.value)
+    assert msg.startswith(
+        "When minibatch is configured, the per-host batch size must be divisible by local runtime device count. "
+        "Per host input data shape"
+    )
+    assert "(7, 3)" in msg and "local_runtime_device_count = 8" in msg
