@@ -115,7 +115,11 @@ def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
         if isinstance(value, debug.LazyRef):  # pragma: no cover - get_hlo_text lowered every pending one
             raise AssertionError(f"tensors[{i}] is pending but had no graph")
         arrays.append(value)
-    identity = jax.jit(lambda *xs: xs, out_shardings=tuple(a.sharding for a in arrays))
+
+    def device_data(*xs: jax.Array) -> tuple[jax.Array, ...]:  # names the module: HloModule jit_device_data
+        return xs
+
+    identity = jax.jit(device_data, out_shardings=tuple(a.sharding for a in arrays))
     return str(identity.lower(*arrays).as_text(dialect="hlo"))
 
 
