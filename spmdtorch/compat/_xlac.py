@@ -84,14 +84,17 @@ def _get_xla_sharding_spec(tensor: torch.Tensor) -> str:
     """The tensor's HLO sharding string (``""`` when it has no annotation), as PyTorch/XLA prints it.
 
     An explicitly replicated tensor (``mark_sharding`` with an all-``None``
-    spec, or a one-way mesh axis) reports ``{replicated}``, as in PyTorch/XLA.
+    spec, or a one-way mesh axis) reports ``{replicated}``, as in PyTorch/XLA,
+    and so does a replicated value a program computed (PyTorch/XLA gives every
+    SPMD program output its executable's output sharding); data just placed
+    from the host reports ``""``.
     """
-    return sharding.get_sharding_spec(tensor)
+    return sharding.get_sharding_spec(tensor, computed=True)
 
 
 def _get_xla_sharding_type(tensor: torch.Tensor) -> int | None:
     """PyTorch/XLA's ``ShardingType`` value of the tensor's sharding, or None when it has none."""
-    if not sharding.get_sharding_spec(tensor):
+    if not sharding.get_sharding_spec(tensor, computed=True):
         return None
     return int(sharding.sharding_type(tensor))
 
@@ -197,7 +200,7 @@ def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
     if not isinstance(tensor, spmdtorch.XlaTensor):
         return "Not a XLATensor\n"
     shape = _shape_string(tensor.dtype, tensor.shape)
-    spec = sharding.get_sharding_spec(tensor)
+    spec = sharding.get_sharding_spec(tensor, computed=True)
     value = debug.read_value(tensor)
     lines = [
         "XLATensor {",
