@@ -89,6 +89,7 @@ def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
             if out is None:
                 out = numpy_to_torch(np.asarray(shard))
         else:  # sharded; across processes this is a collective (tensor/multihost.py)
+            metrics.inc("TransferFromDeviceSharded")  # PyTorch/XLA's ReplicateShardedData (spmdtorch.compat)
             out = numpy_to_torch(multihost.gather(arr))
     if out.dtype != dtype:
         out = out.to(dtype)

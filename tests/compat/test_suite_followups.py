@@ -247,3 +247,20 @@ def test_minibatch_not_divisible_raises_torch_xla_runtime_error(xla):
         "Per host input data shape"
     )
     assert "(7, 3)" in msg and "local_runtime_device_count = 8" in msg
+
+
+# --- ReplicateShardedData ---------------------------------------------------------------------------------------
+
+
+def test_replicate_sharded_data_counts_host_reads_of_sharded_arrays_only(xla):
+    torch_xla, xs, met = xla
+    met.clear_all()
+    sharded = torch.arange(16.0).reshape(2, 8).to("xla")
+    xs.mark_sharding(sharded, _mesh(xs, (1, 8)), (0, 1))
+    replicated = torch.arange(4.0).to("xla")
+    torch_xla.sync()
+    assert not met.counter_value("ReplicateShardedData")
+    assert replicated.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert not met.counter_value("ReplicateShardedData")  # one whole copy: nothing to assemble
+    assert torch.equal(sharded.cpu(), torch.arange(16.0).reshape(2, 8))
+    assert met.counter_value("ReplicateShardedData") == 1
