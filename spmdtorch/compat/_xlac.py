@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import signal
 import threading
@@ -99,8 +100,14 @@ def _get_xla_sharding_type(tensor: torch.Tensor) -> int | None:
     return int(sharding.sharding_type(tensor))
 
 
+def _post_optimizations() -> bool:
+    """``XLA_DUMP_POST_OPTIMIZATIONS`` is set true: HLO dumps show the compiled (partitioned) program."""
+    return os.environ.get("XLA_DUMP_POST_OPTIMIZATIONS", "").strip().lower() in ("1", "true", "yes")
+
+
 def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
-    """HLO text of a program computing ``tensors``, as PyTorch/XLA gives it (before partitioning).
+    """HLO text of a program computing ``tensors``, as PyTorch/XLA gives it (before partitioning, or
+    after when ``XLA_DUMP_POST_OPTIMIZATIONS`` is set).
 
     Pending tensors: the pending graph computing them. Tensors already
     computed (all of them): PyTorch/XLA's graph of a computed tensor is its
@@ -109,7 +116,8 @@ def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
     (``sharding={devices=[1,8]...}``, ``{replicated}``).
     """
     tensors = list(tensors)
-    text = debug.get_hlo_text(tensors)
+    # PyTorch/XLA reads XLA_DUMP_POST_OPTIMIZATIONS at each call (its suite patches it around one test).
+    text = debug.get_hlo_text(tensors, optimized=_post_optimizations())
     if text or not tensors:
         return text
     arrays = []

@@ -243,12 +243,30 @@ def _pending_refs(tensors, what: str):
     return refs
 
 
-def get_hlo_text(tensors=None) -> str:
-    """HLO text of the pending graph computing ``tensors`` (before partitioning; None: every pending tensor)."""
+def get_hlo_text(tensors=None, *, optimized: bool = False) -> str:
+    """HLO text of the pending graph computing ``tensors`` (None: every pending tensor).
+
+    Args:
+        tensors: the tensors whose pending graph to print (None: every pending tensor).
+        optimized: the program as XLA compiled it for the devices (partitioned,
+            its collectives inserted, fused) instead of the program before
+            partitioning. It compiles the program (not cached for the run).
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> x = torch.arange(4.0, device="xla")
+        >>> spmdtorch.sync()
+        >>> y = x * x
+        >>> "multiply" in get_hlo_text([y]), "ENTRY" in get_hlo_text([y], optimized=True)
+        (True, True)
+    """
     refs = _pending_refs(tensors, "get_hlo_text")
     if not refs:
         return ""
-    return executor.lower(refs).as_text(dialect="hlo")
+    lowered = executor.lower(refs)
+    if optimized:
+        return str(lowered.compile().as_text())
+    return str(lowered.as_text(dialect="hlo"))
 
 
 def get_stablehlo(tensors=None) -> str:

@@ -264,3 +264,19 @@ def test_replicate_sharded_data_counts_host_reads_of_sharded_arrays_only(xla):
     assert not met.counter_value("ReplicateShardedData")  # one whole copy: nothing to assemble
     assert torch.equal(sharded.cpu(), torch.arange(16.0).reshape(2, 8))
     assert met.counter_value("ReplicateShardedData") == 1
+
+
+# --- XLA_DUMP_POST_OPTIMIZATIONS ----------------------------------------------------------------------------------
+
+
+def test_hlo_dump_post_optimizations_shows_the_partitioned_program(xla, monkeypatch):
+    torch_xla, xs, _ = xla
+    a = torch.randn(1, 128).to("xla")
+    b = torch.randn(128, 1).to("xla")
+    xs.mark_sharding(a, _mesh(xs, (1, 8)), (0, 1))
+    c = a @ b
+    # Before partitioning there is no collective; the compiled program sums the 8 partial products.
+    assert "all-reduce" not in torch_xla._XLAC._get_xla_tensors_hlo([c])
+    monkeypatch.setenv("XLA_DUMP_POST_OPTIMIZATIONS", "1")
+    assert "all-reduce" in torch_xla._XLAC._get_xla_tensors_hlo([c])
+    torch.testing.assert_close(c.cpu(), a.cpu() @ b.cpu())
