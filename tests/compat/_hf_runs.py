@@ -10,7 +10,7 @@ downloaded: the models are built from small configs with a fixed seed.
     python [-m spmdtorch.compat] _hf_runs.py accelerate OUT
 
 Each run writes ``OUT/result.json`` (the per-step losses, the device it ran
-on) and ``OUT/trained.pt`` (the trained weights, read back to the CPU under the
+on; the ``trainer_eval`` run its eval losses and the steps they were taken at) and ``OUT/trained.pt`` (the trained weights, read back to the CPU under the
 unwrapped model's names), plus what the library saved (the Trainer run also
 ``OUT/reloaded.pt``: ``from_pretrained`` of its ``save_pretrained`` folder).
 """
@@ -57,9 +57,9 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _write(out: Path, losses: list[float], device: str, trained: dict[str, torch.Tensor]) -> None:
+def _write(out: Path, losses: list[float], device: str, trained: dict[str, torch.Tensor], **extra: object) -> None:
     torch.save(trained, out / "trained.pt")
-    (out / "result.json").write_text(json.dumps({"losses": losses, "device": device}))
+    (out / "result.json").write_text(json.dumps({"losses": losses, "device": device, **extra}))
 
 
 def _trainer_class():
@@ -124,8 +124,30 @@ def run_trainer(out: Path, mode: str) -> None:
     _write(out, losses, str(next(model.parameters()).device), trained)
 
 
+def _eval_at_last_step_callback():
+    from transformers import IntervalStrategy, TrainerCallback
+
+    class _EvalAtLastStep(TrainerCallback):
+        # transformers 5.x's DefaultFlowCallback also evaluates at the last step under a "steps"
+        # strategy (when that step is not a multiple of eval_steps); 4.57's does not. Asking for
+        # it here makes both versions evaluate at the same steps (on 5.x it is already asked for).
+        def on_step_end(self, args, state, control, **kwargs):
+            if (
+                args.eval_strategy == IntervalStrategy.STEPS
+                and state.global_step >= state.max_steps
+                and args.eval_delay <= state.global_step
+            ):
+                control.should_evaluate = True
+            return control
+
+    return _EvalAtLastStep()
+
+
 def run_trainer_eval(out: Path, mode: str) -> None:
-    """Training with evaluation and a checkpoint every 2 steps (the eval loop, xm.save of the optimizer)."""
+    """Training with evaluation and a checkpoint every 2 steps (the eval loop, xm.save of the optimizer).
+
+    It evaluates at step 2 and at the last step, and records those steps in ``eval_steps``.
+    """
     args = _training_args(
         out,
         mode,
@@ -135,11 +157,23 @@ def run_trainer_eval(out: Path, mode: str) -> None:
         save_steps=2,
         per_device_eval_batch_size=BATCH,
     )
-    trainer = _trainer_class()(model=_tiny_llama(), args=args, train_dataset=_Tokens(), eval_dataset=_Tokens())
+    trainer = _trainer_class()(
+        model=_tiny_llama(),
+        args=args,
+        train_dataset=_Tokens(),
+        eval_dataset=_Tokens(),
+        callbacks=[_eval_at_last_step_callback()],
+    )
     trainer.train()
-    losses = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    evals = [h for h in trainer.state.log_history if "eval_loss" in h]
     trained = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
-    _write(out, losses, str(next(trainer.model.parameters()).device), trained)
+    _write(
+        out,
+        [h["eval_loss"] for h in evals],
+        str(next(trainer.model.parameters()).device),
+        trained,
+        eval_steps=[h["step"] for h in evals],
+    )
 
 
 def run_accelerate(out: Path) -> None:

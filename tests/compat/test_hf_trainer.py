@@ -104,7 +104,9 @@ def test_accelerate_xla_loop_matches_cpu_and_saves_every_key(tmp_path):
 def test_trainer_fsdpv2_evaluation_and_checkpoints_match_cpu(tmp_path):
     cpu = _run(tmp_path / "cpu", "trainer_eval", "cpu", compat=False)
     xla = _run(tmp_path / "xla", "trainer_eval", "fsdpv2", compat=True)
-    assert len(xla["losses"]) == len(cpu["losses"]) == 2  # evaluated at step 2 and at the last step
+    # evaluated at step 2 and at the last step (3), in both runs
+    assert xla["eval_steps"] == cpu["eval_steps"] == [2, 3]
+    assert len(xla["losses"]) == len(cpu["losses"]) == 2
     assert xla["losses"] == pytest.approx(cpu["losses"], abs=1e-4)
     _assert_same_weights(_strip(xla["trained"]), cpu["trained"], rtol=1e-4, atol=1e-4)
     # the step-2 checkpoint: xm.save wrote the optimizer state as CPU tensors, equal to the CPU run's
