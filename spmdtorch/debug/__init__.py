@@ -260,6 +260,7 @@ def get_hlo_text(tensors=None, *, optimized: bool = False) -> str:
         >>> "multiply" in get_hlo_text([y]), "ENTRY" in get_hlo_text([y], optimized=True)
         (True, True)
     """
+    optimized = check_bool(optimized, "get_hlo_text", "optimized", ArgumentTypeError)
     refs = _pending_refs(tensors, "get_hlo_text")
     if not refs:
         return ""

@@ -24,7 +24,7 @@ import re
 import struct
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -318,6 +318,12 @@ def _rehome(plan, mesh) -> None:
             plan.leaves[i] = rehome(leaf, target)
 
 
+#: Called as ``hook(old, new)`` when :func:`rehome` moves an array, so facts kept
+#: about the old array by higher layers follow it (registration, not a back-import:
+#: ``tensor.multihost`` keeps its "placed from host data" mark this way).
+REHOME_HOOKS: list[Callable[[jax.Array, jax.Array], None]] = []
+
+
 def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
     """Move a replicated ``array`` to ``target`` (replicated too) for every storage that holds it.
 
@@ -325,6 +331,8 @@ def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
     program re-homed (see ``_rehome``).
     """
     new = jax.device_put(array, target)
+    for hook in REHOME_HOOKS:
+        hook(array, new)
     for holder in _storage.holders_of(array):
         if holder.sharding is not None and not holder.annotated:
             holder.sharding = None  # inherited placement: let the new one apply

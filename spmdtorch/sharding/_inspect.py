@@ -7,8 +7,9 @@ from typing import Any
 import jax
 import torch
 
+from spmdtorch import _checks
 from spmdtorch.sharding._hlo_sharding import hlo_sharding_string
-from spmdtorch.sharding._marking import CLEARED_AT, _check_tensor, view_constraint
+from spmdtorch.sharding._marking import CLEARED_AT, ShardingTypeError, _check_tensor, view_constraint
 from spmdtorch.sharding._sharding_type import ShardingType, sharding_type_of
 from spmdtorch.sharding._visualize import visualize_sharding
 from spmdtorch.tensor import multihost
@@ -84,6 +85,7 @@ def get_sharding_spec(t: torch.Tensor, *, computed: bool = False) -> str:
         >>> get_sharding_spec(y, computed=True), get_sharding_spec(y)
         ('{replicated}', '')
     """
+    computed = _checks.check_bool(computed, "get_sharding_spec", "computed", ShardingTypeError)
     sharding = _effective_sharding(t, computed)
     if sharding is None:
         return ""

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from spmdtorch import runtime
+from spmdtorch.lazy import executor
 
 __all__ = [
     "ENV_MAX_GATHER_BYTES",
@@ -74,6 +75,15 @@ def placed_from_host(arr: object) -> bool:
     """Whether ``arr`` is an array :func:`put_global`/:func:`put_process_local` placed from host data."""
     ref = _HOST_PLACED.get(id(arr))
     return ref is not None and ref() is arr
+
+
+def _keep_host_mark(old: jax.Array, new: jax.Array) -> None:
+    """The executor moved ``old`` to the user's mesh unchanged: still data from the host."""
+    if placed_from_host(old):
+        _note_host_placed(new)
+
+
+executor.REHOME_HOOKS.append(_keep_host_mark)
 
 
 def put_global(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

@@ -96,3 +96,20 @@ def test_loader_batch_without_a_spec_is_host_data():
     doubled = batch * 2
     spmdtorch.sync()
     assert get_sharding_spec(doubled, computed=True) == "{replicated}"
+
+
+def test_host_data_moved_onto_the_user_mesh_still_reports_no_sharding():
+    # A program over a user mesh re-homes replicated host data onto that mesh
+    # (a relabelling of the same data); it is still host data, not a program output.
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    mesh = xs.Mesh(list(range(8)), (1, 8))
+    host = torch.ones(8, 8).to("xla")
+    sharded = torch.ones(8, 8).to("xla")
+    xs.mark_sharding(sharded, mesh, (0, 1))
+    out = host + sharded
+    torch_xla.sync()
+    assert torch_xla._XLAC._get_xla_sharding_spec(host) == ""
+    assert torch_xla._XLAC._get_xla_sharding_spec(out) != ""
+    assert torch.equal(out.cpu(), torch.full((8, 8), 2.0))
