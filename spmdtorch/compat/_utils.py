@@ -9,17 +9,17 @@ helpers use, with PyTorch/XLA 2.9's signatures and results.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, Generic, TypeVar
+
+from spmdtorch.launch import free_port
 
 __all__ = [
     "Cleaner",
@@ -184,13 +184,8 @@ def check_env_flag(name: str, default: str = "") -> bool:
 
 
 def get_free_tcp_ports(n: int = 1) -> list[int]:
-    """``n`` TCP ports the OS reports free now (each bound to port 0 and released)."""
-    ports = []
-    for _ in range(n):
-        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-            s.bind(("", 0))
-            ports.append(s.getsockname()[1])
-    return ports
+    """``n`` TCP ports the OS reports free now on every interface (:func:`spmdtorch.launch.free_port`)."""
+    return [free_port("0.0.0.0") for _ in range(n)]
 
 
 def _children(value: Any) -> Iterator[Any]:
