@@ -38,8 +38,9 @@ __all__ = [
 COUNTER_ALIASES: dict[str, str] = {
     "ExecuteReplicated": "ExecuteCount",  # SPMD: every program runs on all devices at once
     "VirtualDeviceUsage": "TransferToDevice",  # SPMD: every transfer goes to the virtual device SPMD:0
-    # A sharded array read to the host is assembled from its shards (PyTorch/XLA replicates it first).
-    "ReplicateShardedData": "TransferFromDeviceSharded",
+    # PyTorch/XLA counts every host read of SPMD data (PjRtShardedData: any array on all
+    # devices, replicated ones included, which it returns without a copy).
+    "ReplicateShardedData": "TransferFromDeviceMultiDevice",
 }
 
 

@@ -78,6 +78,10 @@ def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     metrics.inc("TransferFromDevice")
     metrics.inc("InboundBytes", arr.nbytes)  # PyTorch/XLA's InboundData metric (spmdtorch.compat)
     with metrics.timed("TransferFromDeviceTime"):
+        if len(arr.sharding.device_set) > 1:
+            # Data spread over several devices, replicated or sharded: what PyTorch/XLA
+            # calls sharded data (PjRtShardedData), read back through ReplicateShardedData.
+            metrics.inc("TransferFromDeviceMultiDevice")
         if arr.is_fully_replicated or len(arr.sharding.device_set) == 1:
             shard = arr.addressable_data(0)
             out = None

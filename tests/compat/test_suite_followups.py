@@ -252,18 +252,22 @@ def test_minibatch_not_divisible_raises_torch_xla_runtime_error(xla):
 # --- ReplicateShardedData ---------------------------------------------------------------------------------------
 
 
-def test_replicate_sharded_data_counts_host_reads_of_sharded_arrays_only(xla):
+def test_replicate_sharded_data_counts_every_host_read_of_spmd_results(xla):
+    # PyTorch/XLA counts a read of any data spread over the devices (PjRtShardedData),
+    # replicated results included (its test_sharding_propagation reads one of each: 2).
     torch_xla, xs, met = xla
-    met.clear_all()
     sharded = torch.arange(16.0).reshape(2, 8).to("xla")
     xs.mark_sharding(sharded, _mesh(xs, (1, 8)), (0, 1))
-    replicated = torch.arange(4.0).to("xla")
+    replicated = torch.arange(4.0).to("xla") * 2
     torch_xla.sync()
+    met.clear_all()
     assert not met.counter_value("ReplicateShardedData")
-    assert replicated.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert not met.counter_value("ReplicateShardedData")  # one whole copy: nothing to assemble
-    assert torch.equal(sharded.cpu(), torch.arange(16.0).reshape(2, 8))
+    assert replicated.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
     assert met.counter_value("ReplicateShardedData") == 1
+    assert met.counter_value("TransferFromDeviceSharded") is None  # nothing to assemble
+    assert torch.equal(sharded.cpu(), torch.arange(16.0).reshape(2, 8))
+    assert met.counter_value("ReplicateShardedData") == 2
+    assert met.counter_value("TransferFromDeviceSharded") == 1
 
 
 # --- XLA_DUMP_POST_OPTIMIZATIONS ----------------------------------------------------------------------------------
