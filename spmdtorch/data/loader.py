@@ -194,7 +194,9 @@ class ParallelLoader:
                 if not self._put((index, batch)):
                     return
                 index += 1
-        except Exception as e:  # noqa: BLE001 - the dataset failed: the consumer re-raises it
+        # BaseException too: a dataset raising SystemExit or CancelledError must
+        # not end this thread silently, or the consumer would wait forever.
+        except BaseException as e:  # noqa: BLE001 - the dataset failed: the consumer re-raises it
             self._put((index, _Failed(e, "loading")))
             index += 1
         with self._cond:
@@ -219,7 +221,7 @@ class ParallelLoader:
             if not isinstance(batch, _Failed):
                 try:
                     batch = transfer.place(batch, self._shardings, index)
-                except Exception as e:  # noqa: BLE001 - the consumer re-raises it with the index
+                except BaseException as e:  # noqa: BLE001 - the consumer re-raises it with the index
                     batch = _Failed(e, "transferring")
             with self._cond:
                 self._ready[index] = batch
@@ -263,9 +265,17 @@ class ParallelLoader:
             self._cond.notify_all()
         if isinstance(item, _Failed):
             self.close()
+            error = item.error
+            if not isinstance(error, Exception):
+                # SystemExit, KeyboardInterrupt, CancelledError...: not a data error
+                # to wrap but a request to stop, carried out on the consumer's thread.
+                error.add_note(
+                    f"raised by the wrapped loader while {item.stage} batch {index} (spmdtorch loader thread)"
+                )
+                raise error
             raise LoaderWorkerError(
-                f"batch {index} failed while {item.stage}: {type(item.error).__name__}: {item.error}", index
-            ) from item.error
+                f"batch {index} failed while {item.stage}: {type(error).__name__}: {error}", index
+            ) from error
         return transfer.wrap(*item)
 
     def close(self) -> None:

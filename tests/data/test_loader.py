@@ -9,6 +9,7 @@ its part, ``minibatch=True``) is in tests/multiprocess.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import doctest
 import importlib
@@ -175,6 +176,36 @@ def test_dataset_error_reaches_the_consumer_with_the_batch_index():
     with pytest.raises(LoaderWorkerError, match=r"batch 2 failed while loading: Boom: bad record 17") as e:
         next(it)
     assert e.value.batch_index == 2 and isinstance(e.value.__cause__, Boom)
+    deadline = time.monotonic() + 3
+    while _threads_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _threads_alive()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error", [SystemExit(3), asyncio.CancelledError(), KeyboardInterrupt()])
+def test_a_dataset_raising_a_base_exception_stops_the_consumer_instead_of_hanging_it(error):
+    # The loader thread used to catch only Exception: a BaseException ended it
+    # silently and next() waited forever. Now the consumer raises that very
+    # exception (a request to stop, not a data error to wrap), noting the batch.
+    class Stops(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            if i == 2:
+                raise error
+            return torch.full((2,), float(i))
+
+    # batch_size=1 and the first batch taken before the loader thread runs
+    # (MpDeviceLoader fetches it on the consumer's thread): item 2 is the thread's.
+    it = iter(MpDeviceLoader(torch.utils.data.DataLoader(Stops(), batch_size=1), "xla"))
+    assert next(it).cpu().tolist() == [[0.0, 0.0]]
+    assert next(it).cpu().tolist() == [[1.0, 1.0]]
+    with pytest.raises(type(error)) as e:
+        next(it)
+    assert e.value is error
+    assert any("batch 2" in note for note in getattr(e.value, "__notes__", []))
     deadline = time.monotonic() + 3
     while _threads_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
