@@ -18,14 +18,14 @@ seed draw never races the training loop's own use of the global generator.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
 
 from spmdtorch.data.errors import LoaderStateError
 
-__all__ = ["EpochStart", "LoaderState", "order_generators"]
+__all__ = ["EpochStart", "InputSizes", "LoaderState", "order_generators"]
 
 
 def order_generators(loader: Iterable[Any]) -> list[torch.Generator]:
@@ -57,6 +57,45 @@ class EpochStart:
             g.set_state(state)
 
 
+def _length(obj: object) -> int | None:
+    if not isinstance(obj, Sized):
+        return None
+    try:
+        return len(obj)
+    except TypeError:  # an IterableDataset may define __len__ that refuses
+        return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InputSizes:
+    """The sizes that fix which sample a batch index means: resuming with other sizes would repeat and skip samples.
+
+    Attributes:
+        dataset: ``len(loader.dataset)`` (None: the loader has no sized dataset).
+        batches: ``len(loader)``, batches per epoch (None: the loader has no length).
+    """
+
+    dataset: int | None
+    batches: int | None
+
+    @classmethod
+    def of(cls, loader: Iterable[Any]) -> InputSizes:
+        return cls(_length(getattr(loader, "dataset", None)), _length(loader))
+
+    def check_same(self, now: InputSizes) -> None:
+        """Raises ``LoaderStateError`` when a size known at both times changed."""
+        for what, saved, current in (
+            ("samples (len(loader.dataset))", self.dataset, now.dataset),
+            ("batches per epoch (len(loader))", self.batches, now.batches),
+        ):
+            if saved is not None and current is not None and saved != current:
+                raise LoaderStateError(
+                    f"load_state_dict: the state was saved over a loader with {saved} {what}, but this loader "
+                    f"has {current}; resuming would repeat some samples and skip others. Resume with the dataset "
+                    "and loader settings of the saved run, or start a new epoch without load_state_dict"
+                )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoaderState:
     """Where a loader stands: the epoch's start, how many of its batches were taken, whether it ended."""
@@ -65,6 +104,7 @@ class LoaderState:
     batches: int  # batches of the current epoch taken by the training loop
     finished: bool  # the loop saw the current epoch end (the next iter() starts a new one)
     start: EpochStart | None  # None before the first iter()
+    sizes: InputSizes = InputSizes(None, None)  # the loader's sizes when saved (None: unknown, states saved before)
 
     def to_dict(self) -> dict[str, Any]:
         """A checkpointable dict: ints and CPU uint8 tensors (``MpDeviceLoader.state_dict()``)."""
@@ -75,6 +115,9 @@ class LoaderState:
             "finished": int(self.finished),
             "torch_rng": start.torch_rng.clone(),
             "generators": {str(i): s.clone() for i, s in enumerate(start.generators)},
+            # -1: no length (ints only, so that any checkpoint format holds the state).
+            "dataset_len": -1 if self.sizes.dataset is None else self.sizes.dataset,
+            "loader_len": -1 if self.sizes.batches is None else self.sizes.batches,
         }
 
     @classmethod
@@ -84,17 +127,20 @@ class LoaderState:
         if not isinstance(state, dict):
             raise LoaderStateError(f"load_state_dict: state must be a dict, got {type(state).__name__}; {fix}")
         expected = {"epochs", "batches", "finished", "torch_rng", "generators"}
-        if set(state) != expected:
-            raise LoaderStateError(
-                f"load_state_dict: state has keys {sorted(state)}, expected {sorted(expected)}; {fix}"
-            )
+        sized = expected | {"dataset_len", "loader_len"}
+        if set(state) not in (expected, sized):  # states saved before the sizes were recorded have none
+            raise LoaderStateError(f"load_state_dict: state has keys {sorted(state)}, expected {sorted(sized)}; {fix}")
         ints = {}
-        for key in ("epochs", "batches", "finished"):
+        for key in ("epochs", "batches", "finished", "dataset_len", "loader_len"):
+            if key not in state:
+                ints[key] = -1
+                continue
             value = state[key]
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = int(value.item())
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise LoaderStateError(f"load_state_dict: state[{key!r}] must be an int >= 0, got {value!r}; {fix}")
+            low = -1 if key.endswith("_len") else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise LoaderStateError(f"load_state_dict: state[{key!r}] must be an int >= {low}, got {value!r}; {fix}")
             ints[key] = value
         gens = state["generators"]
         if not isinstance(gens, dict) or len(gens) != n_generators:
@@ -111,7 +157,8 @@ class LoaderState:
                     f"load_state_dict: a generator state is a {type(t).__name__}, not a tensor; {fix}"
                 )
         cpu = [t.detach().to("cpu", torch.uint8) for t in tensors]
-        return cls(ints["epochs"], ints["batches"], bool(ints["finished"]), EpochStart(cpu[0], tuple(cpu[1:])))
+        sizes = InputSizes(*(None if ints[k] < 0 else ints[k] for k in ("dataset_len", "loader_len")))
+        return cls(ints["epochs"], ints["batches"], bool(ints["finished"]), EpochStart(cpu[0], tuple(cpu[1:])), sizes)
 
 
 def _raising(error: BaseException) -> Iterator[Any]:

@@ -429,18 +429,24 @@ class MpDeviceLoader:
             >>> [b.tolist() for b in again] == rest
             True
         """
+        sizes = _resume.InputSizes.of(self._loader)
         if self._current is None:
-            return _resume.LoaderState(self._epochs, 0, True, None).to_dict()
+            return _resume.LoaderState(self._epochs, 0, True, None, sizes).to_dict()
         # "finished" only once the loop saw the end: a state saved after the
         # last batch but inside the loop resumes into the same (ended) epoch.
         current = self._current
-        return _resume.LoaderState(self._epochs, current._next + self._skipped, current._ended, self._start).to_dict()
+        taken = current._next + self._skipped
+        return _resume.LoaderState(self._epochs, taken, current._ended, self._start, sizes).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s result: the next ``iter()`` continues that epoch.
 
         Raises:
             LoaderStateError: ``state`` is not such a dict, or was saved from a
-                loader whose order depends on a different number of generators.
+                loader whose order depends on a different number of generators,
+                or whose dataset or batches per epoch had another size (resuming
+                would repeat some samples and skip others).
         """
-        self._resume = _resume.LoaderState.from_dict(state, len(self._generators))
+        resume = _resume.LoaderState.from_dict(state, len(self._generators))
+        resume.sizes.check_same(_resume.InputSizes.of(self._loader))
+        self._resume = resume

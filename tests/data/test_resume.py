@@ -132,14 +132,53 @@ def test_bad_state_is_a_named_error(mutate, match):
         loader.load_state_dict(mutate(state))
 
 
-def test_state_from_a_longer_dataset_is_a_named_error():
-    long_data = torch.utils.data.DataLoader(torch.arange(30.0), batch_size=2)
-    loader = MpDeviceLoader(long_data, "xla")
+def _state_after(data, batches):
+    loader = MpDeviceLoader(data, "xla")
     it = iter(loader)
-    _take_plain = [next(it) for _ in range(12)]
-    assert len(_take_plain) == 12
-    state = loader.state_dict()
+    taken = [next(it) for _ in range(batches)]
+    assert len(taken) == batches
+    return loader.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("resume_on", "match"),
+    [
+        # fewer samples: the saved position may not even exist
+        ((10, 2), r"saved over a loader with 30 samples \(len\(loader.dataset\)\), but this loader has 10"),
+        # more samples (the case that used to resume silently, repeating and skipping samples)
+        ((40, 2), r"with 30 samples .* but this loader has 40"),
+        # same samples, another batch size: batch 12 is other samples
+        ((30, 3), r"with 15 batches per epoch \(len\(loader\)\), but this loader has 10"),
+    ],
+)
+def test_resuming_over_inputs_of_another_size_is_a_named_error(resume_on, match):
+    state = _state_after(torch.utils.data.DataLoader(torch.arange(30.0), batch_size=2), 12)
+    n, batch_size = resume_on
+    other = MpDeviceLoader(torch.utils.data.DataLoader(torch.arange(float(n)), batch_size=batch_size), "xla")
+    with pytest.raises(LoaderStateError, match=match):
+        other.load_state_dict(state)
+    assert other._resume is None  # nothing half-applied: the next iter() starts a fresh epoch
+
+
+def test_a_state_saved_without_sizes_still_resumes_and_checks_what_it_can():
+    # States saved before the sizes were recorded have no dataset_len/loader_len:
+    # they load, and a position past the end is still caught when iterating.
+    state = _state_after(torch.utils.data.DataLoader(torch.arange(30.0), batch_size=2), 12)
+    old = {k: v for k, v in state.items() if k not in ("dataset_len", "loader_len")}
+    same = MpDeviceLoader(torch.utils.data.DataLoader(torch.arange(30.0), batch_size=2), "xla")
+    same.load_state_dict(old)
+    assert [b.cpu().tolist() for b in same] == [[24.0, 25.0], [26.0, 27.0], [28.0, 29.0]]
     short = MpDeviceLoader(torch.utils.data.DataLoader(torch.arange(10.0), batch_size=2), "xla")
-    short.load_state_dict(state)
+    short.load_state_dict(old)
     with pytest.raises(LoaderStateError, match="took 12 batches of its epoch but the loader now yields only 5"):
         iter(short)
+
+
+def test_a_loader_without_length_records_no_sizes():
+    def gen():
+        yield from (torch.full((2,), float(i)) for i in range(6))
+
+    state = _state_after(gen(), 2)
+    assert (state["dataset_len"], state["loader_len"]) == (-1, -1)
+    with pytest.raises(LoaderStateError, match=r"state\['loader_len'\] must be an int >= -1, got -2"):
+        MpDeviceLoader(gen(), "xla").load_state_dict({**state, "loader_len": -2})
