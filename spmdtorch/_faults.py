@@ -196,7 +196,8 @@ def peer_lost_error(
 ) -> PeerLostError:
     """Builds the :class:`PeerLostError` a survivor reports (one line).
 
-    ``failing``: the type name of an uncaught exception this process is ending on (its stack is gone by then).
+    ``failing``: the type name of an uncaught exception this process is ending on (its stack is gone by
+    then), or ``SystemExit(<code>)`` for a failing ``sys.exit``.
 
     Example:
         >>> e = peer_lost_error(1, "killed", 0, 2, 100)
@@ -205,7 +206,7 @@ def peer_lost_error(
     """
     what = _describe_activity()
     if failing is not None:
-        what = f"ending on an uncaught {failing}" + ("" if what == "running Python code" else f", {what}")
+        what = f"ending on {_ending(failing)}" + ("" if what == "running Python code" else f", {what}")
     who = f"process {peer} of {num_processes}" if peer is not None else "a peer process"
     message = (
         f"{who} was lost ({how}) while this process ({process_id} of {num_processes}) was {what}; it was "
@@ -242,7 +243,8 @@ class _Watch:
         self.lock = threading.Lock()
         self.peers: dict[int, socket.socket] = {}  # process 0: rank -> its connection; others: {0: ...}
         self.leaving = False  # this process is exiting normally: ends are no longer losses
-        self.failing: str | None = None  # an uncaught exception's type name
+        self.failing: str | None = None  # an uncaught exception's type name, or "SystemExit(<status>)"
+        self.exit_status = 1  # the status a failing process ends with (sys.exit's, else Python's 1)
 
     def lost(self, peer: int | None, how: str) -> NoReturn:
         error = peer_lost_error(
@@ -270,7 +272,21 @@ class _Watch:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
-            os._exit(1)
+            os._exit(self.exit_status)
+
+    def note_exit(self, code: object) -> None:
+        """``sys.exit(code)`` was called: a non-zero status is a failure the peers must hear of.
+
+        Python never shows ``SystemExit`` to ``sys.excepthook``, so without this
+        a ``sys.exit(3)`` said ``bye`` and its peers waited in their next
+        collective until JAX's barrier timed out, losing the status.
+        """
+        if code is None or code == 0:
+            return
+        # Python's own rule: an int is the status, anything else is printed and gives 1.
+        status = code if isinstance(code, int) and not isinstance(code, bool) else 1
+        self.failing = f"SystemExit({code!r})"
+        self.exit_status = status & 0xFF if status & 0xFF else 1
 
     def forget_in_child(self) -> None:
         """In a forked child: the connections are the parent's; never speak or close them for it."""
@@ -296,10 +312,17 @@ def _lines(sock: socket.socket, buffer: bytearray) -> tuple[list[str], bool]:
     return lines, False
 
 
+def _ending(failing: str) -> str:
+    """How a failing process ends, in words: ``sys.exit(3)`` or ``an uncaught ValueError``."""
+    if failing.startswith("SystemExit(") and failing.endswith(")"):
+        return f"sys.exit{failing[len('SystemExit') :]}"
+    return f"an uncaught {failing}"
+
+
 def _fail_reason(line: str) -> str:
     _, _, exc = line.partition(" ")
     _, _, exc = exc.partition(" ")
-    return f"it ended on an uncaught {exc or 'exception'}"
+    return f"it ended on {_ending(exc or 'exception')}"
 
 
 _KILLED = "its connection closed without a goodbye: killed, crashed or aborted"
@@ -456,6 +479,17 @@ def start_peer_watch(
         previous_hook(kind, value, tb)
 
     sys.excepthook = excepthook
+    previous_exit = sys.exit
+
+    def exit_(code: str | int | None = None) -> NoReturn:
+        watch.note_exit(code)
+        previous_exit(code)
+        raise AssertionError("unreachable: sys.exit returned")  # keeps the NoReturn contract for type checkers
+
+    # sys.exit is wrapped (only in a process that joined a multi-process job):
+    # SystemExit reaches no hook, and `raise SystemExit(n)` written directly
+    # still ends with a goodbye (docs/reliability.md says so).
+    sys.exit = exit_
     _delay_aborts()
     # Registered after JAX's own atexit shutdown, so it runs before it (LIFO):
     # the goodbye goes out before the shutdown barrier waits for the others.

@@ -4,7 +4,7 @@
         tests/multiprocess/dead_peer.py 1
 
 Process ``argv[1]`` kills itself (SIGKILL, no cleanup) after one collective
-step (with ``raise`` as ``argv[2]``: it raises an uncaught ``ValueError``); the others keep running collective steps. They print ``SURVIVED`` if
+step (with ``raise`` as ``argv[2]``: it raises an uncaught ``ValueError``; with ``exit``: ``sys.exit(3)``); the others keep running collective steps. They print ``SURVIVED`` if
 they are still alive after ``SURVIVE_S`` seconds (the test then fails).
 """
 
@@ -34,6 +34,8 @@ if __name__ == "__main__":
         print("dying now", flush=True)
         if sys.argv[2:] == ["raise"]:
             raise ValueError("the victim fails")
+        if sys.argv[2:] == ["exit"]:
+            sys.exit(3)
         os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     while time.monotonic() - start < SURVIVE_S:

@@ -140,6 +140,19 @@ def test_a_peer_failing_with_an_exception_ends_the_others_and_is_named_the_cause
     assert "[launch] first failure: rank 1 (failed (exit status 1))" in text, _tail(text)
 
 
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_a_peer_calling_sys_exit_with_a_failure_status_ends_the_job_with_that_status(devices8):
+    # sys.exit(3) used to say a normal goodbye: the survivor waited in its next
+    # collective until JAX gave up (~300 s), every process aborted, status 3 was lost.
+    result, text, _ = run_job("dead_peer.py", "1", "exit", heartbeat_timeout_s=30, grace_period_s=80.0)
+    assert not result.timed_out and "SURVIVED" not in text, _tail(text)
+    failed, survivor = result.ranks[1], result.ranks[0]
+    assert failed.returncode == 3 and survivor.returncode == PEER_LOST_EXIT_STATUS, _tail(text)
+    assert "process 1 of 2 was lost (it ended on sys.exit(3))" in text, _tail(text)
+    assert abs(survivor.elapsed_s - failed.elapsed_s) < 10, (survivor, failed)
+    assert result.first_failure == 1 and result.returncode == 3, result
+
+
 def _roundtrip_job(nprocs, devices_per_proc, *args):
     """Run checkpoint_roundtrip.py as one job; process 0's report."""
     result, text, reports = run_job("checkpoint_roundtrip.py", *args, nprocs=nprocs, devices_per_proc=devices_per_proc)
