@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import torch
 
 from spmdtorch import _checks
 from spmdtorch._checks import ArgumentTypeError, check_bool, check_str
@@ -40,7 +44,7 @@ from spmdtorch.debug.profiler import (
     trace_detached,
     trace_me,
 )
-from spmdtorch.lazy import executor, metrics
+from spmdtorch.lazy import executor, metrics, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor.dispatch import read_value
@@ -58,6 +62,9 @@ __all__ = [
     "clear_metrics",
     "clear_timers",
     "get_hlo_text",
+    "GraphParameter",
+    "LoweredGraph",
+    "lower_graph",
     "get_stablehlo",
     "get_stablehlo_bytecode",
     "metric_samples",
@@ -268,6 +275,92 @@ def get_hlo_text(tensors=None, *, optimized: bool = False) -> str:
     if optimized:
         return str(lowered.compile().as_text())
     return str(lowered.as_text(dialect="hlo"))
+
+
+class GraphParameter(NamedTuple):
+    """One parameter of a program :func:`lower_graph` lowered.
+
+    Attributes:
+        number: its parameter number in the HLO entry computation.
+        role: ``"data"`` (a tensor's device array), ``"scalar"`` (a number
+            kept as an input) or ``"rng_key"`` (the random key's data).
+        value: the ``jax.Array`` (or, for the key, the numpy data) the program
+            would be given if it ran now.
+    """
+
+    number: int
+    role: str
+    value: Any
+
+
+class LoweredGraph(NamedTuple):
+    """The program computing some tensors, lowered and not run (:func:`lower_graph`).
+
+    Attributes:
+        lowered: the ``jax.stages.Lowered`` program (``as_text()``,
+            ``compiler_ir("hlo")``); it returns the tensors in the order given.
+        parameters: its parameters, in parameter-number order.
+    """
+
+    lowered: jax.stages.Lowered
+    parameters: tuple[GraphParameter, ...]
+
+    def parameter_of(self, tensor: XlaTensor) -> int:
+        """The parameter number whose argument is ``tensor``'s device data, or -1 (pending, or not an input)."""
+        value = read_value(tensor)
+        if isinstance(value, LazyRef):
+            return -1
+        return next((p.number for p in self.parameters if p.role == "data" and p.value is value), -1)
+
+
+def lower_graph(tensors, *, name: str = "spmdtorch_program") -> LoweredGraph:
+    """Lower the program computing ``tensors`` without running it or changing any state.
+
+    Pending tensors are the graph's outputs; a computed tensor is a
+    parameter returned as it is. Python numbers are constants; the random key
+    is the one the next program would draw (torch's generator is left
+    where it was).
+
+    Args:
+        tensors: xla tensors (a list; one tensor is taken as a list of one).
+        name: the program's name (the HLO module is ``jit_<name>``).
+
+    Raises:
+        ArgumentTypeError: ``tensors`` is not a list of xla tensors or ``name`` not a string.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> x = torch.ones(4, device="xla")
+        >>> spmdtorch.sync()
+        >>> g = lower_graph([x * 2], name="double")
+        >>> [p.role for p in g.parameters], g.parameter_of(x)
+        (['data'], 0)
+    """
+    check_str(name, "lower_graph", "name", ArgumentTypeError)
+    if isinstance(tensors, XlaTensor):
+        tensors = [tensors]
+    if not isinstance(tensors, (list, tuple)):
+        raise ArgumentTypeError(
+            f"lower_graph: tensors must be a list of xla tensors, got {type(tensors).__name__}; pass [t1, t2, ...]"
+        )
+    roots = []
+    for i, t in enumerate(tensors):
+        if not isinstance(t, XlaTensor):
+            raise ArgumentTypeError(
+                f"lower_graph: tensors[{i}] must be an xla tensor, got "
+                f"{type(t).__name__ if not isinstance(t, torch.Tensor) else f'a tensor on {t.device}'}; "
+                "move it with t.to('xla')"
+            )
+        roots.append(read_value(t))
+    # The key the next program would draw: drawn, then the generator put back.
+    state = torch.default_generator.get_state()
+    try:
+        key_data = rng.next_key_data()
+    finally:
+        torch.default_generator.set_state(state)
+    program = executor.lower_program(roots, name=name, key_data=key_data)
+    params = tuple(GraphParameter(i, role, value) for i, (role, value) in enumerate(zip(program.roles, program.args)))
+    return LoweredGraph(program.lowered, params)
 
 
 def get_stablehlo(tensors=None) -> str:

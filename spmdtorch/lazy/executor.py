@@ -40,7 +40,7 @@ from spmdtorch.lazy._record import record
 from spmdtorch.lazy.constraint import CONSTRAINT
 from spmdtorch.lazy.graph import LazyRef, Node, Scalar, Slot, fill
 
-__all__ = ["sync", "evaluate", "lower", "LoweringError"]
+__all__ = ["sync", "evaluate", "lower", "lower_program", "LoweredProgram", "LoweringError"]
 
 log = logging.getLogger("spmdtorch.compile")
 
@@ -1071,8 +1071,83 @@ def evaluate(ref: LazyRef) -> jax.Array:
     return _run([ref], [None])[0]
 
 
+class LoweredProgram(NamedTuple):
+    """A program lowered for inspection, never run (:func:`lower_program`).
+
+    Attributes:
+        lowered: the ``jax.stages.Lowered`` program.
+        args: the program's arguments in parameter order: per parameter the
+            ``jax.Array`` it would be given now (a plan leaf, a root that is
+            already computed, a number's 0-d array, or the random key's data).
+        roles: per parameter, what it is: ``"data"`` (a tensor's array),
+            ``"scalar"`` (a number kept as an input) or ``"rng_key"``.
+    """
+
+    lowered: Any
+    args: tuple
+    roles: tuple[str, ...]
+
+
+def lower_program(
+    roots: Sequence[LazyRef | jax.Array], *, name: str | None = None, key_data: np.ndarray | None = None
+) -> LoweredProgram:
+    """Lower the program returning ``roots`` (pending values or computed arrays), in their order; runs nothing.
+
+    Python numbers are constants of the program (as in a compiled step),
+    so its parameters are the tensors' arrays (a computed root is a parameter
+    returned as it is), numbers that must stay inputs, and the random key's
+    data last when the graph draws random numbers. ``key_data``: that key
+    (None: a placeholder; torch's generator is never advanced here, so
+    inspecting a graph does not change the random numbers its run draws).
+    ``name``: the function's name, hence the module's (``jit_<name>``).
+    """
+    refs = [r for r in roots if type(r) is LazyRef]
+    plan = _Plan(refs)
+    layout = _Layout(plan, bake=True)
+    inner = _make_fn(plan, layout)
+    mesh = _user_mesh(plan, ())
+    if mesh is not None:
+        _rehome(plan, mesh)
+    leaf_args = _call_args(plan, mesh, draw_key=False)
+    n = len(plan.leaves)
+    args = layout.pack(leaf_args[:n], mesh)
+    roles = ["data" if type(plan.leaves[p]) is not Scalar else "scalar" for p in layout.array_pos]
+    if plan.has_random:
+        args.append(rng.placeholder_key_data() if key_data is None else np.asarray(key_data, np.uint32))
+        roles.append("rng_key")
+    n_inner = len(args)
+    # A computed root is a parameter of its own unless it is already one (a leaf).
+    where: list[int] = []  # per root: >= 0 the inner output's index, < 0 -1 - parameter number
+    k = 0
+    for r in roots:
+        if type(r) is LazyRef:
+            where.append(k)
+            k += 1
+            continue
+        same = next((i for i, a in enumerate(args) if a is r), None)
+        if same is None:
+            same = len(args)
+            args.append(r)
+            roles.append("data")
+        where.append(-1 - same)
+
+    def program(*xs):
+        outs = inner(*xs[:n_inner]) if refs else []
+        return [outs[w] if w >= 0 else xs[-1 - w] for w in where]
+
+    program.__name__ = program.__qualname__ = name or "spmdtorch_program"
+    with jax.default_matmul_precision(_precision.current()):
+        lowered = jax.jit(program).lower(*args)
+    return LoweredProgram(lowered, tuple(args), tuple(roles))
+
+
 def lower(refs):
-    """``jax.stages.Lowered`` for the program computing ``refs`` (for debugging)."""
+    """``jax.stages.Lowered`` for the program computing ``refs`` (for debugging).
+
+    No random key is drawn: the placeholder key lowers the same program, and
+    torch's generator stays where it was, so printing a step's HLO (or saving
+    it with ``XLA_SAVE_TENSORS_FILE``) does not change the numbers it draws.
+    """
     plan = _Plan(refs)
     layout = _Layout(plan)
     fn = _make_fn(plan, layout)
@@ -1080,7 +1155,7 @@ def lower(refs):
     mesh = _user_mesh(plan, ())
     if mesh is not None:
         _rehome(plan, mesh)
-    leaf_args = _call_args(plan, mesh)
+    leaf_args = _call_args(plan, mesh, draw_key=False)
     n = len(plan.leaves)
     with jax.default_matmul_precision(_precision.current()):
         return jax.jit(fn).lower(*layout.pack(leaf_args[:n], mesh), *leaf_args[n:])
