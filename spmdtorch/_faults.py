@@ -236,8 +236,11 @@ def _report_and_exit(error: PeerLostError) -> NoReturn:
 class _Watch:
     """One process's side of the peer watch (see the module docstring)."""
 
-    def __init__(self, process_id: int, num_processes: int, heartbeat_timeout_s: int) -> None:
+    def __init__(
+        self, process_id: int, num_processes: int, heartbeat_timeout_s: int, finished_marker: str | None = None
+    ) -> None:
         self.process_id = process_id
+        self.finished_marker = finished_marker  # a file to create when the script ends without failure
         self.num_processes = num_processes
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.lock = threading.Lock()
@@ -264,6 +267,12 @@ class _Watch:
                 return
             self.leaving = True
             word = b"bye\n" if self.failing is None else f"fail {self.process_id} {self.failing}\n".encode()
+            if self.failing is None and self.finished_marker is not None:
+                # For the launcher: this script finished. If this process dies
+                # later, waiting in JAX's shutdown barrier, a peer that never
+                # finished is to blame, not this one (spmdtorch.launch.local).
+                with contextlib.suppress(OSError), open(self.finished_marker, "w"):
+                    pass
             for sock in self.peers.values():
                 with contextlib.suppress(OSError):
                     sock.settimeout(1.0)
@@ -457,6 +466,8 @@ def start_peer_watch(
     coordinator_host: str,
     heartbeat_timeout_s: int,
     init_timeout_s: int,
+    *,
+    finished_marker: str | None = None,
 ) -> None:
     """Joins this process to the job's peer watch (once; see the module docstring).
 
@@ -467,10 +478,12 @@ def start_peer_watch(
         coordinator_host: The host of the coordinator address (process 0's).
         heartbeat_timeout_s: JAX's heartbeat timeout, named in the error.
         init_timeout_s: How long to wait for process 0's port.
+        finished_marker: A file created when the script ends without failure
+            (``spmdtorch.launch`` reads it to name a hung peer); None: none.
     """
     if _STARTED or num_processes < 2:
         return
-    watch = _Watch(process_id, num_processes, heartbeat_timeout_s)
+    watch = _Watch(process_id, num_processes, heartbeat_timeout_s, finished_marker)
     _STARTED.append(watch)
     previous_hook = sys.excepthook
 

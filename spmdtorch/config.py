@@ -28,6 +28,8 @@ Variable                          Settings field     Default     Meaning
 ``SPMDTORCH_CONNECT_TIMEOUT``     connect_timeout    None (120)  seconds to wait for the coordinator to answer
 ``SPMDTORCH_JOINED_PID``          joined_pid         None        set by spmdtorch once joined (for subprocesses)
 ``SPMDTORCH_PEER_WATCH``          peer_watch         True        a lost peer ends the others at once (exit 75)
+``SPMDTORCH_LAUNCH_FINISHED_DIR`` launch_finished_d. None        set by spmdtorch.launch: where scripts note a
+                                                                 clean end (to name a hung rank)
 ``SPMDTORCH_ATTENTION_KERNEL``    attention_kernel   auto        SDPA's kernel: auto (Pallas flash attention on
                                                                  TPU where it applies, else XLA's), xla, pallas
 ``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
@@ -452,6 +454,16 @@ KNOBS: tuple[Knob, ...] = (
         "but must not join again as the same process.",
     ),
     Knob(
+        "launch_finished_dir",
+        "SPMDTORCH_LAUNCH_FINISHED_DIR",
+        _text,
+        None,
+        "a directory",
+        "Set by spmdtorch.launch in each process it starts: a process whose script ended without failure "
+        "creates a file named after its rank there, so that when it then dies waiting for a hung peer (JAX's "
+        "shutdown barrier) the launcher names the peer that never finished, not this one.",
+    ),
+    Knob(
         "connect_timeout_s",
         "SPMDTORCH_CONNECT_TIMEOUT",
         _whole(1),
@@ -570,6 +582,7 @@ class Settings:
     megascale_num_slices: int | None = None
     auto_distributed: bool = True
     joined_pid: int | None = None
+    launch_finished_dir: str | None = None
     connect_timeout_s: int | None = None
     peer_watch: bool = True
     attention_kernel: str = "auto"

@@ -425,6 +425,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 120
 ENV_CONNECT_TIMEOUT = "SPMDTORCH_CONNECT_TIMEOUT"
 #: Set in a process once it joined: its subprocesses inherit the launcher's variables but must not join.
 ENV_JOINED_PID = "SPMDTORCH_JOINED_PID"
+ENV_LAUNCH_FINISHED_DIR = "SPMDTORCH_LAUNCH_FINISHED_DIR"
 ENV_AUTO_DISTRIBUTED = "SPMDTORCH_AUTO_DISTRIBUTED"
 
 
@@ -799,7 +800,11 @@ def _start_peer_watch(cfg: DistributedConfig, init_timeout_s: int) -> None:
     else:  # JAX found the coordinator itself (TPU slice, Slurm, MPI)
         address = distributed.global_state.coordinator_address or ""
         host = address.rsplit(":", 1)[0].strip("[]")
-    _faults.start_peer_watch(client, index, count, host, cfg.heartbeat_timeout_s, init_timeout_s)
+    finished_dir = config.read_one("launch_finished_dir")
+    finished = None if finished_dir is None else os.path.join(finished_dir, str(index))
+    _faults.start_peer_watch(
+        client, index, count, host, cfg.heartbeat_timeout_s, init_timeout_s, finished_marker=finished
+    )
 
 
 def _check_coordinator(cfg: DistributedConfig) -> None:

@@ -58,6 +58,7 @@ GOOD = {
     "MEGASCALE_NUM_SLICES": [("2", 2)],
     "SPMDTORCH_AUTO_DISTRIBUTED": [("0", False), ("on", True)],
     "SPMDTORCH_JOINED_PID": [("1234", 1234)],
+    "SPMDTORCH_LAUNCH_FINISHED_DIR": [("/tmp/spmdtorch-launch-x", "/tmp/spmdtorch-launch-x")],
     "SPMDTORCH_CONNECT_TIMEOUT": [("5", 5)],
     "SPMDTORCH_PEER_WATCH": [("0", False), ("yes", True)],
     "SPMDTORCH_ATTENTION_KERNEL": [("auto", "auto"), ("XLA", "xla"), ("pallas", "pallas")],

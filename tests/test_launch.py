@@ -161,6 +161,43 @@ def test_a_rank_killed_from_outside_is_the_cause_even_when_its_peer_is_seen_endi
     assert any(line.startswith("[launch] first failure: rank 0 (killed by SIGKILL)") for line in lines), lines
 
 
+
+def test_a_hung_rank_is_named_not_the_peer_that_finished_and_died_waiting_for_it():
+    # Stand-in for JAX: rank 0 finishes its script (the peer watch notes it in
+    # SPMDTORCH_LAUNCH_FINISHED_DIR, done here by hand) and then aborts, as JAX's
+    # shutdown barrier does after waiting for a hung rank; rank 1 hangs. The
+    # launcher used to name rank 0 (the first to fail) as the cause.
+    result, lines = run(
+        """
+        import os, time
+        if os.environ["RANK"] == "0":
+            open(os.path.join(os.environ["SPMDTORCH_LAUNCH_FINISHED_DIR"], "0"), "w").close()
+            os.abort()
+        time.sleep(60)
+        """,
+        grace_period_s=1.0,
+    )
+    r0, r1 = result.ranks
+    assert r0.returncode == -signal.SIGABRT and r0.finished_script and not r1.finished_script
+    assert result.first_failure == 1, lines
+    assert any("rank 1 never finished its script (hung or still running)" in line for line in lines), lines
+    assert "after its script had finished (waiting for the others)" in r0.meaning
+    assert any(line.startswith("[launch] first failure: rank 1 ") for line in lines), lines
+
+
+def test_a_rank_that_fails_before_finishing_stays_the_cause():
+    # Without the note, nothing changes: the first rank to fail is named.
+    result, lines = run(
+        """
+        import os, sys, time
+        if os.environ["RANK"] == "0":
+            sys.exit(4)
+        time.sleep(60)
+        """,
+        grace_period_s=1.0,
+    )
+    assert result.first_failure == 0 and result.returncode == 4 and not result.ranks[0].finished_script, lines
+
 def test_a_rank_killed_by_a_signal_gives_a_shell_style_status():
     result, lines = run(
         """

@@ -21,10 +21,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -54,12 +56,16 @@ class RankResult:
             failed (or the launch was interrupted); False when it died of a
             SIGKILL that the launcher did not send (it only sent SIGTERM).
         elapsed_s: Seconds from the start of the launch to its exit.
+        finished_script: Its script ended without failure (it noted so at
+            exit); a process that then dies (e.g. aborted by JAX after
+            waiting for a hung peer in the shutdown barrier) is not the cause.
     """
 
     rank: int
     returncode: int
     stopped_by_launcher: bool
     elapsed_s: float
+    finished_script: bool = False
 
     @property
     def meaning(self) -> str:
@@ -72,7 +78,12 @@ class RankResult:
         # A process the launcher signalled may still have ended by itself (JAX traps SIGTERM): only
         # a death by signal is the launcher's doing.
         stopped = self.stopped_by_launcher and self.returncode < 0
-        return describe_exit(self.returncode) + (", stopped by the launcher" if stopped else "")
+        waited = self.finished_script and self.returncode != 0
+        return (
+            describe_exit(self.returncode)
+            + (", after its script had finished (waiting for the others)" if waited else "")
+            + (", stopped by the launcher" if stopped else "")
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +132,7 @@ def child_env(
     *,
     heartbeat_timeout_s: int | None = None,
     base: Mapping[str, str] | None = None,
+    finished_dir: str | None = None,
 ) -> dict[str, str]:
     """The environment of process ``rank``: distributed settings and CPU devices.
 
@@ -130,7 +142,9 @@ def child_env(
     ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (for code that reads them; the port
     differs from the coordinator's so ``torch.distributed`` can use it), CPU
     as the platform with ``devices_per_proc`` devices (``XLA_FLAGS``) and
-    enough XLA threads (``NPROC``), and unbuffered Python output.
+    enough XLA threads (``NPROC``), and unbuffered Python output. With
+    ``finished_dir``, ``SPMDTORCH_LAUNCH_FINISHED_DIR``: where the process
+    notes that its script finished (``RankResult.finished_script``).
 
     Example:
         >>> env = child_env(1, 2, 4, "127.0.0.1:5000", 5001, base={})
@@ -179,6 +193,9 @@ def child_env(
     env["NPROC"] = str(max(nproc, 16, 2 * devices_per_proc))
     if heartbeat_timeout_s is not None:
         env[runtime.ENV_HEARTBEAT_TIMEOUT] = str(int(heartbeat_timeout_s))
+    env.pop(runtime.ENV_LAUNCH_FINISHED_DIR, None)  # a nested launch's children note in their own
+    if finished_dir is not None:
+        env[runtime.ENV_LAUNCH_FINISHED_DIR] = finished_dir
     return env
 
 
@@ -291,6 +308,13 @@ def launch(
     first_failure: int | None = None
     kill_at: float | None = None
     timed_out = False
+    # Each process creates <finished_dir>/<rank> when its script ends without
+    # failure: one that dies after that was waiting for a peer, not the cause.
+    finished_dir = tempfile.mkdtemp(prefix="spmdtorch-launch-")
+
+    def finished(rank: int) -> bool:
+        return os.path.exists(os.path.join(finished_dir, str(rank)))
+
     try:
         for rank in range(nprocs):
             proc = subprocess.Popen(
@@ -303,6 +327,7 @@ def launch(
                     master_port,
                     heartbeat_timeout_s=heartbeat_timeout_s,
                     base=env,
+                    finished_dir=finished_dir,
                 ),
                 stdin=subprocess.DEVNULL,
                 # Two pipes, each copied line by line: with one shared pipe a
@@ -327,10 +352,22 @@ def launch(
                 if proc.returncode != 0 and first_failure is None and rank not in stopped:
                     first_failure = rank
                     kill_at = now + grace_period_s
+                    note = ""
+                    if finished(rank):
+                        # It finished its script and died waiting (JAX's shutdown
+                        # barrier): a peer that never finished is the cause.
+                        hung = [r for r, p in enumerate(procs) if r not in ended and p.poll() is None]
+                        hung = [r for r in hung if not finished(r)]
+                        if hung:
+                            first_failure = hung[0]
+                            note = (
+                                f" after its script had finished; rank {hung[0]} never finished its script "
+                                "(hung or still running)"
+                            )
                     with lock:
                         out.write(
                             f"[launch] rank {rank} failed with exit status "
-                            f"{_status(proc.returncode)}; stopping the other processes\n"
+                            f"{_status(proc.returncode)}{note}; stopping the other processes\n"
                         )
                         out.flush()
                     for other, p in enumerate(procs):
@@ -371,12 +408,15 @@ def launch(
     finally:
         for pump in pumps:
             pump.join(timeout=5.0)
+        done = {r for r in range(len(procs)) if finished(r)}
+        shutil.rmtree(finished_dir, ignore_errors=True)
     # A rank signalled only with SIGTERM that died of SIGKILL was killed by
     # someone else (the OOM killer, a scheduler, a test) before or while the
     # launcher stopped it: not the launcher's doing, so it may be the cause.
     by_launcher = {r for r in stopped if not (procs[r].returncode == -signal.SIGKILL and r not in sigkilled)}
     ranks = tuple(
-        RankResult(rank, proc.returncode, rank in by_launcher, ended[rank]) for rank, proc in enumerate(procs)
+        RankResult(rank, proc.returncode, rank in by_launcher, ended[rank], rank in done)
+        for rank, proc in enumerate(procs)
     )
     if first_failure is not None and procs[first_failure].returncode == runtime.PEER_LOST_EXIT_STATUS:
         # The peers of a failing process may end first (they are told at once,

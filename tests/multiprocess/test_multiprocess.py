@@ -74,6 +74,8 @@ def test_fsdp_training_two_processes_matches_one_process_and_eager(devices8):
 def test_multihost_semantics(devices8):
     result, text, reports = run_job("multihost_checks.py")
     assert result.returncode == 0, _tail(text)
+    # Each process noted that its script finished (the launcher's way to tell a hung rank from one waiting for it).
+    assert all(r.finished_script for r in result.ranks), result.ranks
     assert sorted(reports) == [0, 1], _tail(text)
     host = torch.arange(64, dtype=torch.float32).reshape(8, 8)
     for rank, rep in reports.items():

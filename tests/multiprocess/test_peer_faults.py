@@ -177,3 +177,21 @@ def test_the_peer_lost_message_is_one_line_naming_peer_activity_timeout_and_fix(
         assert str(failing).startswith(
             "a peer process was lost (x) while this process (1 of 2) was ending on an uncaught ValueError"
         )
+
+
+def test_only_a_clean_end_notes_that_the_script_finished(tmp_path):
+    from spmdtorch import _faults
+
+    clean = _faults._Watch(0, 2, 30, str(tmp_path / "0"))
+    clean.say_goodbye()  # no peers connected: nothing is sent, the note is still written
+    assert (tmp_path / "0").exists()
+    failing = _faults._Watch(1, 2, 30, str(tmp_path / "1"))
+    failing.note_exit(3)
+    assert failing.failing == "SystemExit(3)" and failing.exit_status == 3
+    failing.say_goodbye()  # without peers it does not end the process
+    assert not (tmp_path / "1").exists()
+    # Python's sys.exit rules: None and 0 are success; other objects end with status 1.
+    for code, status in ((None, None), (0, None), ("bad config", 1), (256, 1), (True, 1)):
+        w = _faults._Watch(1, 2, 30)
+        w.note_exit(code)
+        assert (w.failing is None) == (status is None) and (status is None or w.exit_status == status), code
