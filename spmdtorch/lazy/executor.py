@@ -292,14 +292,18 @@ def _user_mesh(plan, out_shardings):
     default_mesh = replicated_sharding().mesh
     candidates = [getattr(leaf, "sharding", None) for leaf in plan.leaves if type(leaf) is not Scalar]
     candidates += list(out_shardings)
-    candidates += [dict(n.template[1]).get("sharding") for n in plan.nodes if n.name == CONSTRAINT]
+    candidates += [
+        dict(n.template[1]).get("sharding")
+        for n in plan.nodes
+        if n.name == CONSTRAINT or n.name in manual.WITH_SHARDING
+    ]
     for sh in candidates:
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh != default_mesh:
             return sh.mesh
     return None
 
 
-def _rehome(plan, mesh) -> None:
+def _rehome(plan, mesh, *, inspect_only: bool = False) -> None:
     """Move default-placed (replicated) leaves onto the user's ``mesh``.
 
     JAX carries an array's mesh into the avals of everything computed from it
@@ -307,6 +311,13 @@ def _rehome(plan, mesh) -> None:
     1-D mesh cannot express a tiling over the user's mesh (IndivisibleError).
     A replicated array has the same data on every device, so re-homing it is
     a relabelling, done once per tensor (its storage keeps the new array).
+
+    ``inspect_only`` (lowering a graph to look at it, not to run it): only
+    this plan gets the re-homed arrays; storages keep theirs. Re-homing for
+    real would leave the still-pending graph holding the old array while the
+    storage holds the new one, which shares its buffers: the step that runs
+    next would then pass one buffer twice and donate it (XLA refuses, and
+    the process crashed).
     """
     default_mesh = replicated_sharding().mesh
     target = _replicated_on(mesh)
@@ -315,7 +326,7 @@ def _rehome(plan, mesh) -> None:
             continue
         sh = leaf.sharding
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh:
-            plan.leaves[i] = rehome(leaf, target)
+            plan.leaves[i] = jax.device_put(leaf, target) if inspect_only else rehome(leaf, target)
 
 
 #: Called as ``hook(old, new)`` when :func:`rehome` moves an array, so facts kept
@@ -1107,7 +1118,7 @@ def lower_program(
     inner = _make_fn(plan, layout)
     mesh = _user_mesh(plan, ())
     if mesh is not None:
-        _rehome(plan, mesh)
+        _rehome(plan, mesh, inspect_only=True)
     leaf_args = _call_args(plan, mesh, draw_key=False)
     n = len(plan.leaves)
     args = layout.pack(leaf_args[:n], mesh)
@@ -1154,7 +1165,7 @@ def lower(refs):
 
     mesh = _user_mesh(plan, ())
     if mesh is not None:
-        _rehome(plan, mesh)
+        _rehome(plan, mesh, inspect_only=True)
     leaf_args = _call_args(plan, mesh, draw_key=False)
     n = len(plan.leaves)
     with jax.default_matmul_precision(_precision.current()):
