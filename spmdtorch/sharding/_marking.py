@@ -37,6 +37,7 @@ from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.constraint import constrained_input, record_constraint
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.mesh import Mesh
+from spmdtorch.sharding._in_graph import mark_sharding_in_graph
 from spmdtorch.tensor.dispatch import base_value, constrained_chain
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -169,6 +170,10 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
     """
     if isinstance(t, torch.nn.Module):
         return _mark_module(t, mesh, partition_spec)
+    if torch.compiler.is_compiling():
+        # TorchDynamo is tracing (t is a fake): the annotation becomes an op
+        # in the captured graph, applied when the graph runs.
+        return mark_sharding_in_graph(t, mesh, partition_spec)
     xt = _check_tensor(t)
     sharding = _named_sharding(mesh, partition_spec, xt)
     if xt._chain:

@@ -91,6 +91,12 @@ def forget_meta_key(t: torch.Tensor) -> None:
     t.__dict__.pop("_mk", None)
 
 
+class _FlattenContext(NamedTuple):
+    """``XlaTensor.__tensor_flatten__``'s context: what ``__tensor_unflatten__`` needs besides the shape."""
+
+    dtype: torch.dtype
+
+
 class XlaTensor(torch.Tensor):
     """A tensor on the ``xla`` device whose data lives in JAX.
 
@@ -281,13 +287,34 @@ class XlaTensor(torch.Tensor):
     # (an embedding tied to the output head) and leave optimizers built
     # before the move holding the old CPU parameters.
     def __tensor_flatten__(self):
-        return [], (self._st, self._chain, self.storage_offset())
+        # No inner tensors, and a context that is the same for every tensor of a
+        # dtype: TorchDynamo guards on this context, and neither the storage nor
+        # the sharding changes the captured graph (the engine compiles one XLA
+        # program per input sharding by itself).
+        return [], _FlattenContext(self.dtype)
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
-        # Only tracing stacks (torch.compile, torch.export) rebuild subclasses
-        # from parts; spmdtorch's own tracer is spmdtorch.compile.
-        raise NotImplementedError("torch.compile/torch.export cannot trace xla tensors; use spmdtorch.compile")
+        """The fake stand-in TorchDynamo / AOTAutograd trace with: a ``meta`` tensor of this shape.
+
+        Only tracing stacks rebuild subclasses from parts, and only under a
+        fake mode. The stand-in is on ``meta``, not "xla": torch has no device
+        guard for "xla" without torch_xla, and autograd needs one for every
+        tensor that requires grad (the reason the wrapper's storage is on
+        meta too). ``spmdtorch.dynamo`` maps the ``meta`` device that a
+        captured graph records back to xla.
+        """
+        from torch._guards import detect_fake_mode  # loaded with torch._dynamo, the only caller
+
+        mode = detect_fake_mode()
+        if mode is None:
+            raise NotImplementedError(
+                "an xla tensor can be rebuilt from parts only as a fake tensor inside torch.compile / "
+                "AOTAutograd tracing; to run a function as one program use torch.compile(fn, backend='spmdtorch') "
+                "or spmdtorch.compile(fn)"
+            )
+        with mode:
+            return torch.empty_strided(outer_size, outer_stride, dtype=ctx.dtype, device=_META_DEVICE)
 
     # A classmethod, as torch documents __torch_dispatch__; torch's stub types the
     # base attribute as the (instance-level) disabled implementation.
