@@ -47,7 +47,6 @@ __all__ = [
     "MarkShardingFunction",
     "Mesh",
     "MeshAssertionError",
-    "ManualShardingNotSupportedError",
     "OpSharding",
     "ShardingSpec",
     "ShardingType",
@@ -92,10 +91,6 @@ class MeshAssertionError(MeshError, AssertionError):
 
 class MarkShardingError(CompatError, ValueError):
     """``mark_sharding`` refused the annotation (a ``RuntimeError`` as in PyTorch/XLA, and a ``ValueError``)."""
-
-
-class ManualShardingNotSupportedError(CompatError):
-    """``_mark_manual_sharding``: spmdtorch has no manual annotation outside a manual region."""
 
 
 class _MeshType(type):
@@ -407,17 +402,17 @@ def mark_sharding_with_gradients(t: torch.Tensor, mesh: _SpmdMesh, partition_spe
 
 
 def _mark_manual_sharding(t: Any) -> XLAShardedTensor:
-    """PyTorch/XLA's internal manual annotation, paired with ``_XLAC._spmd_shard_to_full_shape``.
+    """Mark a pending tensor manually sharded in place (``spmdtorch.sharding.mark_manual_sharding``).
+
+    Pair it with ``_XLAC._spmd_shard_to_full_shape``, as PyTorch/XLA's internal API is.
 
     Raises:
-        ManualShardingNotSupportedError: always; a manual region is entered
-            and left with ``xs.enable_manual_sharding`` / ``xs.disable_manual_sharding``.
+        spmdtorch.sharding.ManualShardingError: ``t`` holds data rather than a
+            pending value (a ``RuntimeError``, as in PyTorch/XLA).
     """
-    raise ManualShardingNotSupportedError(
-        "xs._mark_manual_sharding marks a tensor as manually sharded outside any manual region, which spmdtorch "
-        "(JAX's shard_map) has no form for; use xs.enable_manual_sharding(t, spec, mesh=...) to enter a manual "
-        "region and xs.disable_manual_sharding(t, spec, full_shape, mesh=...) to leave it"
-    )
+    inner = unwrap_sharded_tensor(t)
+    sharding.mark_manual_sharding(inner)
+    return wrap_as_sharded_tensor(inner)
 
 
 def enable_manual_sharding(t: Any, partition_spec: Sequence[Any], *, mesh: _SpmdMesh | None = None) -> XLAShardedTensor:

@@ -21,15 +21,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 
 import spmdtorch
-from spmdtorch import debug, runtime, sharding
-from spmdtorch.compat.errors import CompatError, TorchXlaNameError
+from spmdtorch import debug, lazy, runtime, sharding
+from spmdtorch.compat.errors import CompatError
+from spmdtorch.mesh import Mesh as _Mesh
 from spmdtorch.sharding import ShardingError
 
 __all__ = [
     "CpuShardsError",
+    "OpSharding",
+    "OpShardingError",
     "_activate_preemption_sync_manager",
     "_deactivate_preemption_sync_manager",
     "_ensure_xla_coordinator_initialized",
@@ -42,6 +46,7 @@ __all__ = [
     "_get_xla_tensors_text",
     "_global_tensor_from_cpu_shards",
     "_is_placecholder",
+    "_mark_manual_sharding",
     "_spmd_full_to_shard_shape",
     "_spmd_shard_to_full_shape",
     "_sync_point_reached",
@@ -362,25 +367,122 @@ def _global_tensor_from_cpu_shards(
     return out
 
 
+class OpShardingError(CompatError, ValueError):
+    """``_XLAC.OpSharding(...)`` with a kind or layout spmdtorch does not build (a ``RuntimeError`` and ``ValueError``)."""
+
+
+class OpSharding:
+    """PyTorch/XLA's ``_XLAC.OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type)``.
+
+    The kinds its manual-sharding calls take: ``REPLICATED`` and ``MANUAL``
+    (every list empty), and ``TILED`` with a ``tile_assignment`` (an n-d list
+    of device ids, one dim per tensor dim). Partial replication
+    (``group_assignment`` / ``replication_groups``) is refused: build it with
+    ``xs.Mesh(...).get_op_sharding(partition_spec)``.
+
+    Attributes:
+        type: the ``ShardingType``.
+        sharding: the ``jax.sharding.NamedSharding`` it stands for (None for MANUAL).
+    """
+
+    def __init__(
+        self,
+        tile_assignment: Sequence[Any],
+        group_assignment: Sequence[Any],
+        replication_groups: Sequence[Any],
+        sharding_type: int,
+    ) -> None:
+        try:
+            self.type = sharding.ShardingType(int(sharding_type))
+        except (TypeError, ValueError):
+            raise OpShardingError(
+                f"OpSharding: sharding_type must be an xs.ShardingType, got {sharding_type!r}"
+            ) from None
+        self.sharding: jax.sharding.NamedSharding | None = None
+        if list(group_assignment) or list(replication_groups):
+            raise OpShardingError(
+                "OpSharding: group_assignment / replication_groups (partial replication) are not built from lists "
+                "in spmdtorch; use xs.Mesh(device_ids, mesh_shape, axis_names).get_op_sharding(partition_spec)"
+            )
+        tiles = np.asarray(tile_assignment, dtype=np.int64)
+        if self.type in (sharding.ShardingType.REPLICATED, sharding.ShardingType.MANUAL):
+            if tiles.size:
+                raise OpShardingError(
+                    f"OpSharding: a {self.type.name} sharding takes an empty tile_assignment, got {tile_assignment!r}"
+                )
+            if self.type == sharding.ShardingType.REPLICATED:
+                self.sharding = lazy.replicated_sharding()
+        elif self.type == sharding.ShardingType.TILED and tiles.size:
+            names = tuple(f"tile{i}" for i in range(tiles.ndim))
+            tile_mesh = _Mesh(tiles.reshape(-1), tiles.shape, names)
+            self.sharding = tile_mesh.named_sharding(names)
+        else:
+            raise OpShardingError(
+                f"OpSharding: a {self.type.name} sharding with tile_assignment {tile_assignment!r} is not built "
+                "from lists in spmdtorch; use xs.Mesh(device_ids, mesh_shape, axis_names).get_op_sharding(spec)"
+            )
+
+    def __repr__(self) -> str:
+        return f"OpSharding(type={self.type.name}, sharding={self.sharding})"
+
+
 def _spmd_full_to_shard_shape(tensor: torch.Tensor) -> torch.Tensor:
-    """PyTorch/XLA's manual-sharding primitive: refused, with the spmdtorch form to use."""
-    raise TorchXlaNameError(
-        "torch_xla._XLAC._spmd_full_to_shard_shape(t) turns a tensor annotated with xs._mark_manual_sharding into "
-        "its local shard; spmdtorch's manual regions are JAX's shard_map, entered with "
-        "xs.enable_manual_sharding(t, partition_spec, mesh=mesh) (spmdtorch.sharding.enable_manual_sharding)"
-    )
+    """This device's block of a sharded tensor, manually sharded (``spmdtorch.sharding.full_to_shard_shape``).
+
+    Raises:
+        spmdtorch.sharding.ManualShardingError: the tensor has no sharding (a
+            ``RuntimeError``, as PyTorch/XLA's check).
+    """
+    return sharding.full_to_shard_shape(_xla_tensor(tensor, "_spmd_full_to_shard_shape"))
+
+
+def _target_sharding(sharding_: Any, fn: str) -> jax.sharding.NamedSharding:
+    target = getattr(sharding_, "sharding", None)
+    if not isinstance(target, jax.sharding.NamedSharding):
+        raise OpShardingError(
+            f"torch_xla._XLAC.{fn}: sharding must be a non-manual OpSharding (mesh.get_op_sharding(partition_spec) "
+            f"or _XLAC.OpSharding([], [], [], xs.ShardingType.REPLICATED)), got {sharding_!r}"
+        )
+    return target
 
 
 def _spmd_shard_to_full_shape(
     tensor: torch.Tensor, sharding_: Any, full_shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
-    """PyTorch/XLA's manual-sharding primitive: refused, with the spmdtorch form to use."""
-    raise TorchXlaNameError(
-        "torch_xla._XLAC._spmd_shard_to_full_shape(t, op_sharding, full_shape, dtype) leaves a manual region; "
-        "spmdtorch's manual regions are JAX's shard_map, left with "
-        "xs.disable_manual_sharding(t, partition_spec, full_shape, mesh=mesh) "
-        "(spmdtorch.sharding.disable_manual_sharding)"
-    )
+    """The global tensor of ``full_shape`` whose blocks are each device's manual ``tensor``.
+
+    ``spmdtorch.sharding.shard_to_full_shape`` with the ``OpSharding``'s sharding.
+
+    Raises:
+        spmdtorch.sharding.ManualShardingError: the tensor is not manually
+            sharded, or its shape is not the sharding's block of ``full_shape``.
+        OpShardingError: ``sharding_`` is not a non-manual ``OpSharding``, or
+            ``dtype`` is not the tensor's.
+    """
+    fn = "_spmd_shard_to_full_shape"
+    t = _xla_tensor(tensor, fn)
+    target = _target_sharding(sharding_, fn)
+    if dtype != t.dtype:
+        raise OpShardingError(
+            f"torch_xla._XLAC.{fn}: dtype {dtype} is not the tensor's {t.dtype}; convert the tensor first "
+            "(a manual value keeps its dtype)"
+        )
+    return sharding.shard_to_full_shape(t, target, full_shape)
+
+
+def _mark_manual_sharding(tensor: torch.Tensor, sharding_: Any) -> None:
+    """Mark a pending tensor manually sharded in place (``spmdtorch.sharding.mark_manual_sharding``).
+
+    Raises:
+        OpShardingError: ``sharding_`` is not a MANUAL ``OpSharding``.
+        spmdtorch.sharding.ManualShardingError: the tensor holds data (a ``RuntimeError``).
+    """
+    if not (isinstance(sharding_, OpSharding) and sharding_.type == sharding.ShardingType.MANUAL):
+        raise OpShardingError(
+            "torch_xla._XLAC._mark_manual_sharding: sharding must be "
+            f"_XLAC.OpSharding([], [], [], xs.ShardingType.MANUAL), got {sharding_!r}"
+        )
+    sharding.mark_manual_sharding(_xla_tensor(tensor, "_mark_manual_sharding"))
 
 
 def _ensure_xla_coordinator_initialized(

@@ -33,7 +33,7 @@ import numpy as np
 from jax._src.lax.lax import _convert_element_type  # weak-typed scalars (no public spelling)
 
 from spmdtorch import config
-from spmdtorch.lazy import _precision, _profiling, _storage, contract, keys, metrics, padding, rng
+from spmdtorch.lazy import _precision, _profiling, _storage, contract, keys, manual, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
@@ -855,7 +855,13 @@ def _call_args(plan: _Plan, mesh=None, draw_key=True) -> list:
 
 
 def _run(refs, storages):
-    """Compile (or reuse) and run the program computing ``refs``."""
+    """Compile (or reuse) and run the program computing ``refs``.
+
+    Raises:
+        manual.ManualValueError: one of ``refs`` is manually sharded (XLA
+            cannot return it; ``shard_to_full`` must come first).
+    """
+    manual.check_not_manual(refs, "computing a tensor")
     return run_plan(_Plan(refs), storages)[0]
 
 
@@ -1050,6 +1056,10 @@ def _sync(wait: bool, _on_plan, _recycle=None, _bake: bool = False) -> None:
     rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
     storages = pending_storages()
     _storage.PENDING.clear()
+    # Manually sharded values cannot be program outputs: they stay pending (a later shard_to_full reads them).
+    storages, kept_manual = manual.split_manual(storages, [st.value for st in storages])
+    for st in kept_manual:
+        _storage.PENDING.add(st)
     if storages:
         plan = _Plan([_padded_output(st) for st in storages])
         storages = plan.pair_outputs(storages)

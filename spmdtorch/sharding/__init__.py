@@ -12,7 +12,9 @@ What a tensor's sharding is and how to read it back:
   :func:`visualize_array_sharding`;
 * this process's shards: :func:`local_shards`, :func:`load_local_shards_`;
 * manual regions: :func:`shard_map`, :func:`enable_manual_sharding` /
-  :func:`disable_manual_sharding` and the collectives usable inside them.
+  :func:`disable_manual_sharding` and the collectives usable inside them;
+* manual sharding one op at a time: :func:`full_to_shard_shape`,
+  :func:`shard_to_full_shape`, :func:`mark_manual_sharding`.
 
 ``spmdtorch.partition`` re-exports the PyTorch/XLA-named part of this API.
 
@@ -47,6 +49,12 @@ from spmdtorch.sharding._manual import (
     ppermute,
     reduce_scatter,
     shard_map,
+)
+from spmdtorch.sharding._manual_shapes import (
+    ManualShardingError,
+    full_to_shard_shape,
+    mark_manual_sharding,
+    shard_to_full_shape,
 )
 from spmdtorch.sharding._marking import (
     ShardingError,
@@ -97,4 +105,9 @@ __all__ = [
     "ppermute",
     "reduce_scatter",
     "shard_map",
+    # manual sharding one op at a time (PyTorch/XLA's _spmd_full_to_shard_shape / _spmd_shard_to_full_shape)
+    "ManualShardingError",
+    "full_to_shard_shape",
+    "mark_manual_sharding",
+    "shard_to_full_shape",
 ]

@@ -8,6 +8,8 @@ import jax
 import torch
 
 from spmdtorch import _checks
+from spmdtorch.lazy import manual
+from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.sharding._hlo_sharding import hlo_sharding_string
 from spmdtorch.sharding._marking import CLEARED_AT, ShardingTypeError, _check_tensor, view_constraint
 from spmdtorch.sharding._sharding_type import ShardingType, sharding_type_of
@@ -41,6 +43,10 @@ def _effective_sharding(t: torch.Tensor, computed: bool = False) -> jax.sharding
         view_sharding: jax.sharding.Sharding = computed_value.sharding
         return view_sharding
     st = _check_tensor(t, "get_sharding_spec")._st
+    if isinstance(st.value, LazyRef):
+        manual_sharding = manual.manual_sharding(st.value)  # between full_to_shard and shard_to_full
+        if manual_sharding is not None:
+            return manual_sharding
     if st.annotated:
         annotation: jax.sharding.Sharding | None = st.sharding
         return annotation

@@ -332,11 +332,6 @@ def test_shard_as_gives_the_unannotated_side_the_sharding(xs):
         xs.shard_as([x], (y,))
 
 
-def test_mark_manual_sharding_names_the_replacement(xs):
-    with pytest.raises(xs.ManualShardingNotSupportedError, match="enable_manual_sharding"):
-        xs._mark_manual_sharding(torch.zeros(2, device="xla") + 1)
-
-
 def test_manual_sharding_returns_sharded_tensors(xs):
     mesh = _mesh(xs, (8,), ("d",))
     t = torch.arange(16.0)

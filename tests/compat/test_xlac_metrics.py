@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from spmdtorch.compat import TorchXlaNameError
-
 
 @pytest.fixture
 def xla():
@@ -124,10 +122,6 @@ def test_small_xlac_calls(xla):
     assert X._xla_get_auto_sharding() is False
     assert X._is_placecholder(torch.ones(2, device="xla")) is False
     assert "Counter:" in X._xla_metrics_report() or X._xla_metrics_report() == ""
-    with pytest.raises(TorchXlaNameError, match="enable_manual_sharding"):
-        X._spmd_full_to_shard_shape(torch.ones(2, device="xla"))
-    with pytest.raises(TorchXlaNameError, match="disable_manual_sharding"):
-        X._spmd_shard_to_full_shape(torch.ones(2, device="xla"), None, (2,), torch.float32)
 
 
 # --- metrics under PyTorch/XLA's names -------------------------------------------------------------------------
