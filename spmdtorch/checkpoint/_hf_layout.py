@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 
 from spmdtorch import _checks
@@ -93,31 +94,86 @@ def _header_names(path: str) -> tuple[str, ...]:
         raise CheckpointCorruptionError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
 
 
+def _shard_name(file: object, name: str, index_path: str) -> str:
+    """``file`` if it names a file inside the model directory, else a named corruption error.
+
+    The names are constrained, not where they lead: a shard that is a
+    symbolic link (the Hugging Face cache's ``snapshots/<rev>/x`` ->
+    ``blobs/<hash>``) still loads, but a name that is absolute or climbs out
+    with ``..`` would read weights from anywhere on the machine.
+    """
+    field = f"weight_map[{name!r}]"
+    if not isinstance(file, str) or not file:
+        raise CheckpointCorruptionError(
+            f"{index_path}: field {field} must be a shard file name (a non-empty string), got {file!r:.80}"
+        )
+    parts = re.split(r"[\\/]", file)
+    if (
+        "\0" in file
+        or os.path.isabs(file)
+        or os.path.splitdrive(file)[0]
+        or file.startswith(("/", "\\"))
+        or ".." in parts
+    ):
+        raise CheckpointCorruptionError(
+            f"{index_path}: field {field} is {file!r:.120}, which is not a file name inside the model directory "
+            "(absolute, or climbing out with '..'); shard names are relative to the directory holding the index. "
+            "Fix the index, or copy the shards next to it and name them there"
+        )
+    return file
+
+
+def _refuse_special(path: str) -> None:
+    """Refuse a FIFO, socket or device where a file is expected: opening it could block forever.
+
+    ``os.stat`` follows symbolic links (linked shards load) and never blocks.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # absent (or a dangling link): reported as absent by the caller
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise CheckpointCorruptionError(
+            f"{path} is not a regular file (a FIFO, socket or device); a model directory holds regular files "
+            "(or links to them): replace it with the real file"
+        )
+
+
 def read_layout(directory: str | os.PathLike[str]) -> HfLayout:
     """Read a model directory's index (or its single ``model.safetensors``).
 
     Raises:
         NotACheckpointError: the directory has neither file, or the index names
             a shard that is not there.
-        CheckpointCorruptionError: the index is not valid JSON with a ``weight_map``.
+        CheckpointCorruptionError: the index is not valid JSON with a ``weight_map``
+            of names to files inside ``directory``, or a file is not a
+            regular file (a FIFO...); the message names the file and field.
     """
     directory = os.fspath(directory)
     index_path = os.path.join(directory, INDEX_NAME)
     single = os.path.join(directory, WEIGHTS_NAME)
+    for special in (index_path, single):
+        _refuse_special(special)
     if os.path.isfile(index_path):
         try:
             with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-        except (ValueError, KeyError, TypeError) as e:
+                index = json.load(f)
+        except (ValueError, OSError, RecursionError) as e:
             raise CheckpointCorruptionError(
                 f"{index_path} is not a Hugging Face index (a JSON object with a 'weight_map' of tensor name "
                 f"-> shard file): {type(e).__name__}: {e}"
             ) from e
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointCorruptionError(
+                f"{index_path}: field weight_map must be an object of tensor name -> shard file, got "
+                f"{type(weight_map).__name__ if isinstance(index, dict) and 'weight_map' in index else 'nothing'}"
+            )
         files: dict[str, list[str]] = {}
         for name, file in weight_map.items():
-            files.setdefault(str(file), []).append(str(name))
+            files.setdefault(_shard_name(file, name, index_path), []).append(str(name))
+        for file in files:
+            _refuse_special(os.path.join(directory, file))
         absent = [file for file in files if not os.path.isfile(os.path.join(directory, file))]
         if absent:
             raise NotACheckpointError(

@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import typing
@@ -29,6 +30,7 @@ import jax
 import numpy as np
 import numpy.typing as npt
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from spmdtorch import _checks, _dtypes
@@ -36,6 +38,7 @@ from spmdtorch.checkpoint import placement
 from spmdtorch.checkpoint._hf_layout import HfLayout, read_layout
 from spmdtorch.checkpoint.errors import (
     CheckpointArgumentTypeError,
+    CheckpointCorruptionError,
     CheckpointError,
     DtypeMismatchError,
     KeyMismatchError,
@@ -142,13 +145,21 @@ def _targets(model: nn.Module) -> dict[int, _Target]:
     return out
 
 
+def _corrupt(path: str, key: str | None, e: Exception) -> CheckpointCorruptionError:
+    """A safetensors library failure (a lying or damaged header) as a corruption error naming the file."""
+    field = f" (tensor {key!r})" if key is not None else " (its header)"
+    return CheckpointCorruptionError(
+        f"{path}{field} cannot be read as safetensors ({type(e).__name__}: {str(e)[:300]}); the file is damaged "
+        "or not what its index says: download or copy the model directory again",
+        [key] if key is not None else [],
+    )
+
+
 def _read_sources(layout: HfLayout, rename: Callable[[str], str | None] | None) -> dict[str, _SourceInfo]:
     """Model-side name -> where the checkpoint stores it (headers only; no tensor data is read)."""
-    from safetensors import safe_open
-
     out: dict[str, _SourceInfo] = {}
     for file, keys in layout.files.items():
-        with safe_open(layout.path(file), framework="pt", device="cpu") as f:
+        with _safe_open(layout.path(file)) as f:
             on_disk = set(f.keys())
             for key in keys:
                 if key not in on_disk:
@@ -167,15 +178,32 @@ def _read_sources(layout: HfLayout, rename: Callable[[str], str | None] | None) 
                         + "; make rename= map them to different names (or one of them to None)",
                         [name],
                     )
-                sl = f.get_slice(key)
-                dtype = _ST_DTYPES.get(sl.get_dtype())
+                try:
+                    sl = f.get_slice(key)
+                    st_dtype, shape = sl.get_dtype(), tuple(sl.get_shape())
+                except Exception as e:
+                    raise _corrupt(layout.path(file), key, e) from e
+                dtype = _ST_DTYPES.get(st_dtype)
                 if dtype is None:
                     raise UnsupportedValueError(
-                        f"{layout.path(file)}[{key!r}] has safetensors dtype {sl.get_dtype()}, which spmdtorch "
+                        f"{layout.path(file)}[{key!r}] has safetensors dtype {st_dtype}, which spmdtorch "
                         f"cannot load; supported: {sorted(_ST_DTYPES)}"
                     )
-                out[name] = _SourceInfo(file, key, tuple(sl.get_shape()), dtype)
+                out[name] = _SourceInfo(file, key, shape, dtype)
     return out
+
+
+@contextlib.contextmanager
+def _safe_open(path: str) -> Iterator[Any]:
+    """``safetensors.safe_open`` of ``path``; a header it refuses is a ``CheckpointCorruptionError`` naming it."""
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(path, framework="pt", device="cpu")
+    except Exception as e:  # safetensors' own SafetensorError (or an OSError) on a damaged file
+        raise _corrupt(path, None, e) from e
+    with handle as f:
+        yield f
 
 
 def _check_names(
@@ -452,12 +480,10 @@ def _by_file(targets: Mapping[int, _Target], sources: Mapping[str, _SourceInfo])
 
 
 def _open_files(layout: HfLayout, order: Sequence[str]) -> Iterator[tuple[str, Any]]:
-    from safetensors import safe_open
-
     for file in order:
         # The context closes (unmaps) the file before the next one opens: that
         # is what bounds host memory by one shard file.
-        with safe_open(layout.path(file), framework="pt", device="cpu") as handle:
+        with _safe_open(layout.path(file)) as handle:
             yield file, handle
 
 
@@ -578,13 +604,16 @@ def load_pretrained(
                 assert target.source is not None  # _by_file lists only targets with a source
                 src = sources[target.source]
                 t = target.tensor
-                if isinstance(t, XlaTensor):
-                    layout_ = placement.layout_of(t, (target.names[0],))
-                    placement.install(t, _build(handle, src, t.dtype, layout_.sharding, layout_.storage_shape))
-                    continue
-                where = shardings[key]
-                storage_shape = padding.padded_shape(tuple(t.shape), where.sharding) or tuple(t.shape)
-                array = _build(handle, src, t.dtype, where.sharding, tuple(storage_shape))
+                try:
+                    if isinstance(t, XlaTensor):
+                        layout_ = placement.layout_of(t, (target.names[0],))
+                        placement.install(t, _build(handle, src, t.dtype, layout_.sharding, layout_.storage_shape))
+                        continue
+                    where = shardings[key]
+                    storage_shape = padding.padded_shape(tuple(t.shape), where.sharding) or tuple(t.shape)
+                    array = _build(handle, src, t.dtype, where.sharding, tuple(storage_shape))
+                except SafetensorError as e:  # data the header promised cannot be read
+                    raise _corrupt(layout.path(file), src.key, e) from e
                 _replace(target, _new_tensor(array, target, where))
     except BaseException:
         # Put the replaced tensors back (meta, CPU), so that the call can be retried;

@@ -153,7 +153,7 @@ class XlaCheckpointManager(_NativeManager):
         save back; calling the patched method here instead would block the
         caller forever.
         """
-        return _NativeManager._save(self, step, state, force, asynchronous=True)
+        return _NativeManager._save(self, step, state, force, asynchronous=True, func="save_async")
 
     def restore(self, step: int, state_dict: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Restore ``step`` into ``state_dict`` in place (PyTorch/XLA's argument order; returns None).

@@ -24,6 +24,7 @@ __all__ = [
     "KeyMismatchError",
     "MissingKeysError",
     "NotACheckpointError",
+    "OverwriteRefusedError",
     "ShapeMismatchError",
     "StepNotFoundError",
     "UnexpectedKeysError",
@@ -57,6 +58,15 @@ class StepNotFoundError(CheckpointError, KeyError):
 
 class CheckpointExistsError(CheckpointError, FileExistsError):
     """Saving to a path or step that already holds a checkpoint."""
+
+
+class OverwriteRefusedError(CheckpointExistsError):
+    """``save(path, overwrite=True)`` where ``path`` holds something other than one checkpoint.
+
+    ``overwrite`` replaces a checkpoint; it never deletes a directory of other
+    files (a home directory, a dataset, a ``CheckpointManager``'s steps) that a
+    mistyped path would point at.
+    """
 
 
 class KeyMismatchError(CheckpointError, KeyError):

@@ -18,8 +18,10 @@ import torch
 
 from spmdtorch import _checks, _dtypes
 from spmdtorch.checkpoint import placement
+from spmdtorch.checkpoint._hf_load import _ST_DTYPES
 from spmdtorch.checkpoint.errors import (
     CheckpointArgumentTypeError,
+    CheckpointCorruptionError,
     DtypeMismatchError,
     MissingKeysError,
     NotACheckpointError,
@@ -34,25 +36,54 @@ __all__ = ["import_state_dict"]
 
 
 class _SafetensorsSource:
+    """One safetensors file; tensor metadata from its header, data one tensor at a time."""
+
     def __init__(self, path: str) -> None:
         from safetensors import safe_open
 
-        self._file = safe_open(os.fspath(path), framework="pt", device="cpu")
-        self._keys = list(self._file.keys())
+        self._path = path
+        try:
+            self._file = safe_open(os.fspath(path), framework="pt", device="cpu")
+            self._keys = list(self._file.keys())
+        except Exception as e:  # safetensors' SafetensorError: a damaged or lying header
+            raise self._corrupt(None, e) from e
+
+    def _corrupt(self, key: str | None, e: Exception) -> CheckpointCorruptionError:
+        field = f" (tensor {key!r})" if key is not None else " (its header)"
+        return CheckpointCorruptionError(
+            f"import_state_dict: {self._path}{field} cannot be read as safetensors ({type(e).__name__}: "
+            f"{str(e)[:300]}); the file is damaged: copy it again",
+            [key] if key is not None else [],
+        )
 
     def keys(self) -> list[str]:
         return self._keys
 
+    def describe(self, key: str) -> tuple[tuple[int, ...], torch.dtype | None]:
+        """Shape and dtype from the header (no data read); dtype None when it has no torch name here."""
+        try:
+            sl = self._file.get_slice(key)
+            return tuple(sl.get_shape()), _ST_DTYPES.get(sl.get_dtype())
+        except Exception as e:
+            raise self._corrupt(key, e) from e
+
     def get(self, key: str) -> Any:
-        return self._file.get_tensor(key)
+        try:
+            return self._file.get_tensor(key)
+        except Exception as e:
+            raise self._corrupt(key, e) from e
 
 
 class _MappingSource:
-    def __init__(self, mapping: Mapping[str, Any]) -> None:
+    def __init__(self, mapping: Mapping[Any, Any]) -> None:
         self._map = mapping
 
     def keys(self) -> list[str]:
         return list(self._map.keys())
+
+    def describe(self, key: str) -> tuple[tuple[int, ...], torch.dtype | None]:
+        value = self._map[key]
+        return (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else ((), None)
 
     def get(self, key: str) -> Any:
         return self._map[key]
@@ -70,13 +101,35 @@ def _open(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[_Safetens
             source,
         )
     path = os.fspath(source)
+    # os.path.isfile stats (never opens): a FIFO is refused here instead of blocking the read below.
     if not os.path.isfile(path):
-        raise NotACheckpointError(f"import_state_dict: file_or_dict {path} is not a file")
+        what = "is not a regular file" if os.path.exists(path) else "does not exist"
+        raise NotACheckpointError(f"import_state_dict: file_or_dict {path} {what}")
     with open(path, "rb") as f:
         head = f.read(8)
     if head[:2] == b"PK":  # torch's zip format; mmap keeps host memory to what is touched
-        return _MappingSource(torch.load(path, map_location="cpu", mmap=True, weights_only=True)), path
+        try:
+            loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as e:  # a damaged zip, or a pickle of more than tensors (weights_only refuses it)
+            raise CheckpointCorruptionError(
+                f"import_state_dict: {path} cannot be read as a torch state_dict file ({type(e).__name__}: "
+                f"{_reason(e)}); only tensors and plain data are unpickled (weights_only=True): save "
+                "model.state_dict(), or a safetensors file"
+            ) from e
+        if not isinstance(loaded, Mapping):
+            raise CheckpointCorruptionError(
+                f"import_state_dict: {path} holds a {type(loaded).__name__}, not a state_dict (a dict of name -> "
+                "tensor); save model.state_dict()"
+            )
+        return _MappingSource(loaded), path
     return _SafetensorsSource(path), path
+
+
+def _reason(e: BaseException) -> str:
+    """The line of a torch load failure that says what was wrong (its weights_only refusal names the global)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    named = [line for line in lines if "WeightsUnpickler error" in line]
+    return (named or lines or [type(e).__name__])[0][:300]
 
 
 def _host(t: torch.Tensor, dtype: torch.dtype) -> npt.NDArray[Any]:
@@ -106,7 +159,13 @@ def import_state_dict(
         ``(missing_keys, unexpected_keys)``: lists, empty when ``strict``.
 
     Raises:
-        MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError.
+        MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError,
+        UnsupportedValueError: checked for every key before any tensor changes
+            (the model is left as it was).
+        NotACheckpointError: the path is not a regular file.
+        CheckpointCorruptionError: the file cannot be read (a damaged or lying
+            safetensors header, a torch file holding more than tensors); the
+            message names the file and the tensor.
 
     Example:
         >>> import torch, spmdtorch
@@ -140,22 +199,32 @@ def import_state_dict(
             "pass strict=False to skip them",
             unexpected,
         )
-    for key, target in targets.items():
-        if key not in src_keys:
-            continue
-        src = source.get(key)
-        if not isinstance(src, torch.Tensor):
-            raise UnsupportedValueError(f"{where}[{key!r}] is a {type(src).__name__}, not a tensor")
-        if tuple(src.shape) != tuple(target.shape):
+    # Every key is checked (from the safetensors header: no data read) before
+    # any tensor changes, so a mismatch on one key leaves the model as it was.
+    todo = [(key, target) for key, target in targets.items() if key in src_keys]
+    for key, target in todo:
+        shape, dtype = source.describe(key)
+        if dtype is None:  # not a tensor, or a dtype the header table does not name: look at the value
+            value = source.get(key)
+            if not isinstance(value, torch.Tensor):
+                raise UnsupportedValueError(
+                    f"import_state_dict: {where}[{key!r}] is a {type(value).__name__}, not a tensor; a state_dict "
+                    "maps names to tensors"
+                )
+            shape, dtype = tuple(value.shape), value.dtype
+            del value
+        if shape != tuple(target.shape):
             raise ShapeMismatchError(
-                f"{where}[{key!r}] has shape {tuple(src.shape)}, {type(model).__name__}.{key} has shape "
+                f"{where}[{key!r}] has shape {shape}, {type(model).__name__}.{key} has shape "
                 f"{tuple(target.shape)}; build the model with the source's configuration"
             )
-        if src.dtype != target.dtype and not cast:
+        if dtype != target.dtype and not cast:
             raise DtypeMismatchError(
-                f"{where}[{key!r}] has dtype {src.dtype}, {type(model).__name__}.{key} is {target.dtype}; "
+                f"{where}[{key!r}] has dtype {dtype}, {type(model).__name__}.{key} is {target.dtype}; "
                 "pass cast=True to convert"
             )
+    for key, target in todo:
+        src = source.get(key)
         if isinstance(target, XlaTensor):
             layout = placement.layout_of(target, (key,))
             placement.install(target, placement.device_put(_host(src, target.dtype), layout))

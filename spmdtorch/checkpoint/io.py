@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import stat
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, TypeAlias
@@ -42,6 +44,7 @@ from spmdtorch.checkpoint.errors import (
     DtypeMismatchError,
     MissingKeysError,
     NotACheckpointError,
+    OverwriteRefusedError,
     ShapeMismatchError,
     UnexpectedKeysError,
     ValueKindMismatchError,
@@ -278,6 +281,45 @@ def saving(pending: SaveFingerprints, *, defer: bool = False) -> Iterator[None]:
         pending.dispatch()
 
 
+# What Orbax writes at the top of a checkpoint directory besides the two items.
+_ORBAX_TOP_FILES = frozenset({"_CHECKPOINT_METADATA", "commit_success.txt"})
+
+
+def _check_replaceable(path: epath.Path) -> None:
+    """Refuse ``overwrite=True`` unless ``path`` is empty or holds one checkpoint and nothing else.
+
+    Orbax's ``force`` deletes the whole directory; a mistyped path (a home
+    directory, a dataset, a ``CheckpointManager`` directory of steps) must
+    not be deleted for it.
+
+    Raises:
+        OverwriteRefusedError: ``path`` is a file, or a directory holding
+            anything but an spmdtorch checkpoint.
+    """
+    if not path.is_dir():
+        raise OverwriteRefusedError(
+            f"save: path {path} exists and is a file, not a checkpoint directory; overwrite=True replaces only a "
+            "checkpoint: pick another path, or remove the file yourself if it is disposable"
+        )
+    names = sorted(child.name for child in path.iterdir())
+    holds_checkpoint = (path / META).is_dir() or (path / ARRAYS).is_dir()
+    others = [n for n in names if n not in (ARRAYS, META) and n not in _ORBAX_TOP_FILES]
+    if names and (not holds_checkpoint or others):
+        steps = _list_steps(path)
+        what = (
+            f"is a CheckpointManager directory (steps {steps})"
+            if steps
+            else f"holds {'no spmdtorch checkpoint' if not holds_checkpoint else 'a checkpoint and other files'}"
+        )
+        shown = others or names
+        raise OverwriteRefusedError(
+            f"save: path {path} {what}: found {shown[:8]}{' ...' if len(shown) > 8 else ''}; overwrite=True "
+            f"replaces only a checkpoint (a directory holding {ARRAYS}/ and {META}/) and would have deleted "
+            "all of it. Pick a new path (or a subdirectory of it), or remove the directory yourself if its "
+            "contents are disposable"
+        )
+
+
 def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> None:
     """Save ``state`` to the checkpoint directory ``path`` (blocking; atomic).
 
@@ -286,10 +328,13 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
         state: dicts/lists/tuples of xla tensors, CPU tensors and None/bool/int/
             float/str values, e.g. ``{"model": model.state_dict(),
             "optimizer": opt.state_dict(), "step": step}``.
-        overwrite: replace an existing checkpoint at ``path``.
+        overwrite: replace an existing checkpoint at ``path`` (an empty
+            directory too); anything else at ``path`` is never deleted.
 
     Raises:
         CheckpointExistsError: ``path`` exists and ``overwrite`` is False.
+        OverwriteRefusedError: ``overwrite`` is True but ``path`` holds
+            something other than one checkpoint (nothing is deleted).
         UnsupportedValueError: an entry that cannot be checkpointed.
 
     Example:
@@ -307,10 +352,12 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
     with _faults.activity(f"saving the checkpoint {path}"):
         path = checkpoint_path(path)
         overwrite = _checks.check_bool(overwrite, "save", "overwrite", CheckpointArgumentTypeError)
-        if path.exists() and not overwrite:
-            raise CheckpointExistsError(
-                f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
-            )
+        if path.exists():
+            if not overwrite:
+                raise CheckpointExistsError(
+                    f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
+                )
+            _check_replaceable(path)
         args, pending = save_args(state)
         # Orbax's async checkpointer, waited for here: the fingerprints run while
         # Orbax writes (a blocking Checkpointer would wait for the record, hence
@@ -337,7 +384,8 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
 def _list_steps(path: epath.Path) -> list[int]:
     out = []
     for child in path.iterdir():
-        if child.name.isdigit() and (child / META / META_FILE).exists():
+        # isascii: str.isdigit() also accepts digits such as '²' that int() refuses.
+        if child.name.isascii() and child.name.isdigit() and (child / META / META_FILE).exists():
             out.append(int(child.name))
     return sorted(out)
 
@@ -370,24 +418,129 @@ def read_record(path: CheckpointPath) -> Record:
         raise NotACheckpointError(
             f"{path} is not an spmdtorch checkpoint: expected {META}/{META_FILE} and {ARRAYS}/ inside it"
         )
+    _refuse_special_files(path)
     try:
         record = json.loads(meta_file.read_text())
-    except (ValueError, OSError) as e:
-        raise CheckpointCorruptionError(f"checkpoint record {meta_file} cannot be read: {e}") from e
+    except (ValueError, OSError, RecursionError) as e:
+        # RecursionError: json nested deeper than Python's stack (a hand-made record).
+        raise CheckpointCorruptionError(f"checkpoint record {meta_file} cannot be read: {type(e).__name__}: {e}") from e
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise NotACheckpointError(
             f"{meta_file} is not an spmdtorch checkpoint record (format {record.get('format') if isinstance(record, dict) else None!r}, "
             f"expected {FORMAT!r})"
         )
-    if record.get("version", 0) > VERSION:
+    version = record.get("version", 0)
+    if not _checks.is_int(version) or version < 0:
+        raise _damaged(meta_file, "version", f"must be a non-negative int, got {version!r:.80}")
+    if version > VERSION:
         raise NotACheckpointError(
             f"checkpoint {path} has format version {record['version']}; this spmdtorch reads up to {VERSION}: upgrade"
         )
+    _check_record(record, meta_file)
     if record["arrays"] and not (path / ARRAYS).exists():
         raise CheckpointCorruptionError(
             f"checkpoint {path} lists {len(record['arrays'])} arrays but its {ARRAYS}/ directory is missing"
         )
     return record
+
+
+def _damaged(meta_file: epath.Path, field: str, what: str) -> CheckpointCorruptionError:
+    return CheckpointCorruptionError(
+        f"checkpoint record {meta_file}: field {field} {what}; the record was altered or damaged: restore "
+        "another checkpoint"
+    )
+
+
+def _is_local(path: epath.Path) -> bool:
+    return "://" not in str(path)
+
+
+def _refuse_special_files(path: epath.Path) -> None:
+    """Refuse a checkpoint holding a FIFO, socket or device, before anything is opened.
+
+    Opening a FIFO for reading blocks until a writer comes, which for a
+    planted ``meta/metadata`` is forever; ``os.stat`` (which follows
+    symbolic links, so linked regular files still load) never blocks.
+    Remote paths hold no such files and are not walked.
+
+    Raises:
+        CheckpointCorruptionError: naming the file and what it is.
+    """
+    if not _is_local(path):
+        return
+    for root, dirs, files in os.walk(os.fspath(path)):
+        for name in dirs + files:
+            full = os.path.join(root, name)
+            try:
+                mode = os.stat(full).st_mode
+            except OSError as e:  # a dangling or looping symbolic link
+                raise CheckpointCorruptionError(
+                    f"checkpoint {path}: {full} cannot be read ({type(e).__name__}: {e}); restore another checkpoint"
+                ) from e
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+                raise CheckpointCorruptionError(
+                    f"checkpoint {path}: {full} is {kind}, not a regular file; a checkpoint holds only regular "
+                    "files and directories (reading it could block forever): restore another checkpoint"
+                )
+
+
+_ARRAY_KINDS = ("xla", "cpu")
+
+
+def _check_record(record: Record, meta_file: epath.Path) -> None:
+    """Check every field ``load``/``export`` read from the record, so damage is named, never an IndexError.
+
+    Raises:
+        CheckpointCorruptionError: naming ``meta_file`` and the field.
+    """
+    arrays = record.get("arrays")
+    if not isinstance(arrays, list):
+        raise _damaged(meta_file, "arrays", f"must be a list, got {type(arrays).__name__}")
+    for i, info in enumerate(arrays):
+        field = f"arrays[{i}]"
+        if not isinstance(info, dict):
+            raise _damaged(meta_file, field, f"must be an object, got {type(info).__name__}")
+        p = info.get("path")
+        if not isinstance(p, list) or any(isinstance(k, bool) or not isinstance(k, (str, int)) for k in p):
+            raise _damaged(meta_file, f"{field}.path", f"must be a list of str/int keys, got {p!r:.80}")
+        if info.get("kind") not in _ARRAY_KINDS:
+            raise _damaged(meta_file, f"{field}.kind", f"must be one of {_ARRAY_KINDS}, got {info.get('kind')!r:.80}")
+        dtype = info.get("dtype")
+        if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise _damaged(meta_file, f"{field}.dtype", f"must name a torch dtype, got {dtype!r:.80}")
+        try:
+            np.dtype(info.get("storage_dtype"))
+            if not isinstance(info.get("storage_dtype"), str):
+                raise TypeError("not a string")
+        except (TypeError, ValueError) as e:
+            raise _damaged(
+                meta_file, f"{field}.storage_dtype", f"must name a numpy dtype, got {info.get('storage_dtype')!r:.80}"
+            ) from e
+        shape = info.get("shape")
+        if not isinstance(shape, list) or not all(_checks.is_int(n) and n >= 0 for n in shape):
+            raise _damaged(meta_file, f"{field}.shape", f"must be a list of non-negative ints, got {shape!r:.80}")
+        fp = info.get("fingerprint")
+        if not isinstance(fp, list) or len(fp) != 2 or not all(_checks.is_int(v) for v in fp):
+            raise _damaged(meta_file, f"{field}.fingerprint", f"must be a list of two ints, got {fp!r:.80}")
+    if "tree" not in record:
+        raise _damaged(meta_file, "tree", "is missing")
+    used: dict[int, KeyPath] = {}
+    for key, (kind, payload) in tree.decode(record["tree"], f"checkpoint record {meta_file}").items():
+        if kind != "array":
+            continue
+        field = f"tree{tree.keystr(key)}.array"
+        if payload >= len(arrays):
+            raise _damaged(meta_file, field, f"is {payload}, but 'arrays' has {len(arrays)} entries")
+        if payload in used:
+            raise _damaged(meta_file, field, f"is {payload}, which tree{tree.keystr(used[payload])} also uses")
+        used[payload] = key
+        if tuple(arrays[payload]["path"]) != key:
+            raise _damaged(
+                meta_file,
+                f"arrays[{payload}].path",
+                f"is {arrays[payload]['path']!r:.80}, but the tree has it at {list(key)!r:.80}",
+            )
 
 
 def _paths(saved_path_lists: Sequence[Sequence[str | int]]) -> list[KeyPath]:

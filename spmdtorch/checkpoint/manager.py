@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import signal
 import threading
 import types
+import typing
 import warnings
 import weakref
 from collections.abc import Callable
@@ -78,6 +80,23 @@ def _positive_int(value: object, name: str, allow_none: bool = False) -> int | N
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise CheckpointArgumentError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+def _check_step(step: object, func: str) -> int:
+    """``step`` as an int if it is a non-negative int (not a bool), else a named argument error.
+
+    A step is a directory name under the manager's directory: ``"../x"``
+    would write outside it, and ``-1``, ``2.5`` or ``True`` would be saved and
+    listed by this manager but never found again by a restarted one (Orbax
+    lists only non-negative integer names).
+    """
+    fix = "steps are directory names: pass the training step as an int >= 0"
+    if not _checks.is_int(step):
+        _checks.fail(CheckpointArgumentTypeError, func, "step", "an int >= 0", step, fix)
+    value = operator.index(typing.cast(typing.SupportsIndex, step))  # an Integral (numpy's included)
+    if value < 0:
+        _checks.fail(CheckpointArgumentError, func, "step", "an int >= 0", step, fix)
     return value
 
 
@@ -227,6 +246,7 @@ class CheckpointManager:
 
     def should_save(self, step: int) -> bool:
         """Whether ``save(step, ...)`` would save (interval reached, or preemption)."""
+        step = _check_step(step, f"{type(self).__name__}.should_save")
         if self._preempted and step not in self.all_steps():
             return True
         return self._due(step)
@@ -237,7 +257,7 @@ class CheckpointManager:
         Returns after the device→host copy; the write goes on in the
         background (``wait_until_finished``/``join`` wait for it).
         """
-        return self._save(step, state, force, asynchronous=True)
+        return self._save(step, state, force, asynchronous=True, func="save_async")
 
     def save(self, step: int, state: object, force: bool = False) -> bool:
         """Save ``state`` as ``step`` if ``should_save(step)`` (or ``force``); return whether it did.
@@ -246,6 +266,8 @@ class CheckpointManager:
         default), else it returns once the step is written.
 
         Raises:
+            CheckpointArgumentTypeError: ``step`` is not an int (a bool, a float, a str).
+            CheckpointArgumentError: ``step`` is negative.
             CheckpointExistsError: ``step`` is already saved.
             UnsupportedValueError: an entry of ``state`` cannot be checkpointed.
             Exception: the save failed (nothing of it is finalised); with
@@ -254,7 +276,8 @@ class CheckpointManager:
         """
         return self._save(step, state, force, asynchronous=self._async)
 
-    def _save(self, step: int, state: object, force: bool, *, asynchronous: bool) -> bool:
+    def _save(self, step: int, state: object, force: bool, *, asynchronous: bool, func: str = "save") -> bool:
+        step = _check_step(step, f"{type(self).__name__}.{func}")
         preempted = self._preempted or bool(self._mgr.reached_preemption(step))
         if not (force or preempted or self._due(step)):
             return False
@@ -338,6 +361,7 @@ class CheckpointManager:
 
     def step_path(self, step: int) -> epath.Path:
         """The checkpoint directory of ``step`` (what ``spmdtorch.checkpoint.load`` takes)."""
+        step = _check_step(step, f"{type(self).__name__}.step_path")
         return self._directory / str(step)
 
     def restore(
@@ -358,6 +382,7 @@ class CheckpointManager:
         self._finish_writes()
         steps = self.all_steps()
         if step is not None:
+            step = _check_step(step, f"{type(self).__name__}.restore")
             if step not in steps:
                 raise StepNotFoundError(
                     f"step {step} is not saved in {self._directory}; saved steps: {steps}; "

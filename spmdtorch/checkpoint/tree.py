@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from spmdtorch.checkpoint.errors import UnsupportedValueError
+from spmdtorch.checkpoint.errors import CheckpointCorruptionError, UnsupportedValueError
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -147,25 +147,76 @@ def encode(state: object, array_index: Mapping[KeyPath, int]) -> JsonNode:
     return enc(state, ())
 
 
-def decode(node: JsonNode) -> dict[KeyPath, tuple[str, Any]]:
-    """``{path: ("array", i) | ("value", python value)}`` for every leaf of an encoded state."""
+_NODE_TAGS = frozenset({"dict", "list", "tuple", "array", "float", "v"})
+
+
+def _field(path: KeyPath) -> str:
+    return f"tree{keystr(path)}" if path else "tree"
+
+
+def decode(node: JsonNode, where: str = "the checkpoint record") -> dict[KeyPath, tuple[str, Any]]:
+    """``{path: ("array", i) | ("value", python value)}`` for every leaf of an encoded state.
+
+    The record is read from disk, so every node is checked against what
+    :func:`encode` writes. The walk is iterative: a hand-made record nested
+    100,000 deep is refused by name instead of exhausting Python's stack.
+
+    Raises:
+        CheckpointCorruptionError: a node that :func:`encode` cannot have
+            written (a wrong tag, a non-str/int key, a duplicate key, an array
+            index that is not a non-negative int, a float that does not
+            parse); the message names ``where`` and the node's key path.
+    """
     out: dict[KeyPath, tuple[str, Any]] = {}
 
-    def dec(n: JsonNode, path: KeyPath) -> None:
-        if "dict" in n:
-            for k, v in n["dict"]:
-                dec(v, path + (k,))
-        elif "list" in n or "tuple" in n:
-            for i, v in enumerate(n["list"] if "list" in n else n["tuple"]):
-                dec(v, path + (i,))
-        elif "array" in n:
-            out[path] = ("array", n["array"])
-        elif "float" in n:
-            out[path] = ("value", float(n["float"]))
-        else:
-            out[path] = ("value", n["v"])
+    def bad(path: KeyPath, what: str) -> CheckpointCorruptionError:
+        return CheckpointCorruptionError(
+            f"{where}: field {_field(path)} {what}; the record was altered or damaged: restore another checkpoint"
+        )
 
-    dec(node, ())
+    stack: list[tuple[Any, KeyPath]] = [(node, ())]
+    while stack:
+        n, path = stack.pop()
+        if not isinstance(n, dict) or len(n) != 1 or next(iter(n)) not in _NODE_TAGS:
+            shown = sorted(map(str, n)) if isinstance(n, dict) else type(n).__name__
+            raise bad(path, f"must be an object with one of the keys {sorted(_NODE_TAGS)}, got {shown}")
+        ((tag, body),) = n.items()
+        if tag == "dict":
+            if not isinstance(body, list):
+                raise bad(path, f"'dict' must be a list of [key, node] pairs, got {type(body).__name__}")
+            seen: set[Key] = set()
+            children = []
+            for pair in body:
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise bad(path, f"'dict' holds {pair!r:.80}, not a [key, node] pair")
+                k, v = pair
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise bad(path, f"has the key {k!r:.80} of type {type(k).__name__}; keys are str or int")
+                if k in seen:
+                    raise bad(path, f"holds the key {k!r:.80} twice")
+                seen.add(k)
+                children.append((v, path + (k,)))
+            stack.extend(reversed(children))
+        elif tag in ("list", "tuple"):
+            if not isinstance(body, list):
+                raise bad(path, f"{tag!r} must be a list of nodes, got {type(body).__name__}")
+            stack.extend(reversed([(v, path + (i,)) for i, v in enumerate(body)]))
+        elif tag == "array":
+            if isinstance(body, bool) or not isinstance(body, int) or body < 0:
+                raise bad(path, f"'array' must be a non-negative int (an index into 'arrays'), got {body!r:.80}")
+            out[path] = ("array", body)
+        elif tag == "float":
+            try:
+                value = float(body) if isinstance(body, str) else None
+            except ValueError:
+                value = None
+            if value is None:
+                raise bad(path, f"'float' must be a string such as 'nan' or 'inf', got {body!r:.80}")
+            out[path] = ("value", value)
+        else:
+            if not isinstance(body, _PLAIN):
+                raise bad(path, f"'v' must be null, a bool, a number or a string, got {type(body).__name__}")
+            out[path] = ("value", body)
     return out
 
 
