@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 import spmdtorch
 from spmdtorch import ArgumentError, data, debug, fsdp, runtime
 from spmdtorch.compat._spmd import ShardingSpec
-from spmdtorch.compat.errors import MultiprocessNotSupportedError
+from spmdtorch.compat.errors import MultiprocessNotSupportedError, ReplicaGroupsError
 from spmdtorch.lazy import metrics
 
 __all__ = [
@@ -266,14 +266,51 @@ def _multiprocess_collective(name: str) -> MultiprocessNotSupportedError:
     )
 
 
+#: The spmdtorch.sharding collective (inside shard_map) that does what each xm one does between devices.
+_SHARD_MAP_COLLECTIVE = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "collective_broadcast": "all_gather (then take the root's block)",
+}
+
+
+def _check_groups(groups: Any, name: str) -> None:
+    """Refuses ``groups`` naming any replica but 0: one process is one replica in SPMD mode.
+
+    ``groups=[[0, 1], [2, 3], ...]`` asks for a collective between devices;
+    taken as one replica it would return the input unchanged, where the
+    collective the user meant (a ``shard_map`` psum over those devices) gives
+    another value.
+    """
+    if groups is None:
+        return
+    try:
+        members = [int(r) for group in groups for r in group]
+    except (TypeError, ValueError):
+        raise ReplicaGroupsError(
+            f"xm.{name}: groups must be a list of lists of replica ordinals, got {groups!r}"
+        ) from None
+    if any(r != 0 for r in members):
+        raise ReplicaGroupsError(
+            f"xm.{name}(groups={groups!r}): in SPMD mode this process is one replica (ordinal 0), so groups over "
+            f"other ordinals name replicas that do not exist; the collective you mean is one between devices. "
+            f"Write it as spmdtorch.sharding.{_SHARD_MAP_COLLECTIVE.get(name, 'all_reduce')} inside "
+            "spmdtorch.sharding.shard_map over the mesh axis that forms those groups, or drop groups= "
+            "(the whole job is one replica: the result is the input)"
+        )
+
+
 def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Any = None, pin_layout: bool = True) -> Any:
     """A job of one process holds one replica: a copy of the tensor (times ``scale``), as PyTorch/XLA does.
 
     Raises:
         MultiprocessNotSupportedError: the job has several processes.
+        ReplicaGroupsError: ``groups`` names replicas other than 0.
     """
     if runtime.world_size() != 1:
         raise _multiprocess_collective("all_reduce")
+    _check_groups(groups, "all_reduce")
     if isinstance(inputs, torch.Tensor):
         return inputs.clone() if scale == 1.0 else inputs * scale
     if scale != 1.0:
@@ -285,9 +322,15 @@ def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Any = 
 def all_gather(
     value: torch.Tensor, dim: int = 0, groups: Any = None, output: Any = None, pin_layout: bool = True
 ) -> Any:
-    """One replica: the value itself (copied into ``output`` when given)."""
+    """One replica: the value itself (copied into ``output`` when given).
+
+    Raises:
+        MultiprocessNotSupportedError: the job has several processes.
+        ReplicaGroupsError: ``groups`` names replicas other than 0.
+    """
     if runtime.world_size() != 1:
         raise _multiprocess_collective("all_gather")
+    _check_groups(groups, "all_gather")
     if output is not None:
         output.copy_(value)
         return output
@@ -307,6 +350,7 @@ def reduce_scatter(
     """One replica (``shard_count`` 1): the input times ``scale``."""
     if runtime.world_size() != 1 or shard_count != 1:
         raise _multiprocess_collective("reduce_scatter")
+    _check_groups(groups, "reduce_scatter")
     out = input * scale
     if output is not None:
         output.copy_(out)
@@ -326,9 +370,11 @@ def collective_broadcast(
     Raises:
         ArgumentError: ``root_ordinal`` is not a replica's ordinal (only 0 exists).
         MultiprocessNotSupportedError: the job has several processes.
+        ReplicaGroupsError: ``groups`` names replicas other than 0.
     """
     if runtime.world_size() != 1:
         raise _multiprocess_collective("collective_broadcast")
+    _check_groups(groups, "collective_broadcast")
     if root_ordinal != 0:
         raise ArgumentError(
             f"xm.collective_broadcast: root_ordinal must be a replica's ordinal (0: a one-process SPMD job has "

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CompatError",
     "MultiprocessNotSupportedError",
+    "ReplicaGroupsError",
     "TorchXlaInstalledError",
     "TorchXlaNameError",
     "TorchXlaModuleNotProvidedError",
@@ -27,6 +28,15 @@ class MultiprocessNotSupportedError(CompatError):
     """A multiprocess-only PyTorch/XLA API (``xmp.spawn``, the ``xla`` DDP backend, FSDPv1) was called.
 
     spmdtorch has only SPMD mode: one process per host drives all its devices.
+    """
+
+
+class ReplicaGroupsError(CompatError, ValueError):
+    """``groups=`` of an ``xm`` collective names replicas that do not exist.
+
+    In SPMD mode a process is one replica (ordinal 0); groups over device
+    ordinals mean a per-device collective, which only a ``shard_map`` region
+    can express. Returning the input unchanged would be a silently wrong value.
     """
 
 

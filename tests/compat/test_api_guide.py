@@ -239,6 +239,31 @@ def test_replica_collectives_are_identities_in_a_job_of_one():
     torch.testing.assert_close(xm.all_gather(t).cpu(), torch.arange(4.0))
 
 
+def test_replica_collectives_refuse_groups_naming_replicas_that_do_not_exist():
+    # Issue 42 item 5: groups over device ordinals used to return the input
+    # unchanged, where the collective meant (a psum over device pairs) gives 2x.
+    import torch_xla.core.xla_model as xm
+
+    from spmdtorch.compat.errors import ReplicaGroupsError
+
+    t = torch.arange(4.0, device="xla")
+    pairs = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    for call in (
+        lambda: xm.all_reduce(xm.REDUCE_SUM, t, groups=pairs),
+        lambda: xm.all_gather(t, groups=pairs),
+        lambda: xm.reduce_scatter(xm.REDUCE_SUM, t, 1.0, 0, 1, groups=pairs),
+        lambda: xm.collective_broadcast([t], groups=pairs),
+    ):
+        with pytest.raises(ReplicaGroupsError, match=r"groups=\[\[0, 1\].*shard_map") as e:
+            call()
+        assert isinstance(e.value, ValueError)
+    with pytest.raises(ReplicaGroupsError, match="list of lists of replica ordinals"):
+        xm.all_reduce(xm.REDUCE_SUM, t, groups=[0, 1])
+    # The one group a one-replica job has is accepted: the identity, as without groups.
+    torch.testing.assert_close(xm.all_reduce(xm.REDUCE_SUM, t, groups=[[0]]).cpu(), torch.arange(4.0))
+    torch.testing.assert_close(xm.all_gather(t, groups=[]).cpu(), torch.arange(4.0))
+
+
 def test_debugging_calls_from_the_troubleshooting_guide():
     import torch_xla
     import torch_xla.core.xla_model as xm
