@@ -15,6 +15,8 @@ Variable                          Settings field     Default     Meaning
 ``SPMDTORCH_COMPILE_CACHE_SIZE``  compile_cache_size 1024        compiled programs kept (least recently used are
                                                                  evicted; PyTorch/XLA's default cache size)
 ``SPMDTORCH_LOG_RECOMPILES``      log_recompiles     False       log which input changed on every recompilation
+``SPMDTORCH_DEFER_UPLOAD``        defer_upload       True        keep ``.to("xla")`` data on the host until first
+                                                                 use (``mark_sharding`` then uploads it sharded)
 ``SPMDTORCH_MAX_GATHER_BYTES``    max_gather_bytes   1 GiB       largest tensor read from other hosts
 ``PJRT_DEVICE``                   pjrt_device        None        device type (CPU, CUDA/GPU, TPU), as PyTorch/XLA
 ``SPMDTORCH_COORDINATOR_ADDRESS`` coordinator_addr.  None        process 0's ``host:port`` (the local launcher)
@@ -268,6 +270,17 @@ KNOBS: tuple[Knob, ...] = (
         False,
         "1/true/yes/on or 0/false/no/off",
         "Log a line on every recompilation saying which input changed (logger spmdtorch.compile).",
+    ),
+    Knob(
+        "defer_upload",
+        "SPMDTORCH_DEFER_UPLOAD",
+        _flag,
+        True,
+        "1/true/yes/on or 0/false/no/off",
+        "Keep a CPU tensor moved with .to('xla') (and torch.tensor(..., device='xla')) on the host until it "
+        "is first needed, as PyTorch/XLA's SPMD virtual device does: mark_sharding then places each shard "
+        "straight on its device instead of replicating the whole tensor first; an op, a read or a sync "
+        "uploads it replicated. 0 uploads at once.",
     ),
     Knob(
         "max_gather_bytes",
@@ -558,6 +571,7 @@ class Settings:
     max_in_flight: int = 8
     compile_cache_size: int = 1024
     log_recompiles: bool = False
+    defer_upload: bool = True
     max_gather_bytes: int = 1 << 30
     pjrt_device: str | None = None
     coordinator_address: str | None = None

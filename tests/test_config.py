@@ -24,6 +24,7 @@ GOOD = {
         ("0", False),
         ("off", False),
     ],
+    "SPMDTORCH_DEFER_UPLOAD": [("1", True), ("0", False), ("off", False)],
     "SPMDTORCH_MAX_GATHER_BYTES": [("0", 0), ("123", 123)],
     "PJRT_DEVICE": [("CPU", "CPU"), (" cpu ", "CPU"), ("gpu", "CUDA"), ("CUDA", "CUDA"), ("tpu", "TPU")],
     "SPMDTORCH_COORDINATOR_ADDRESS": [("10.0.0.1:1234", "10.0.0.1:1234")],
@@ -69,6 +70,7 @@ BAD = {
     "SPMDTORCH_MAX_IN_FLIGHT": [("eight", ConfigError, "is not an integer"), ("-1", ConfigError, "must be >= 0")],
     "SPMDTORCH_COMPILE_CACHE_SIZE": [("0", ConfigError, "must be >= 1"), ("1k", ConfigError, "is not an integer")],
     "SPMDTORCH_LOG_RECOMPILES": [("maybe", ConfigError, "is not a boolean")],
+    "SPMDTORCH_DEFER_UPLOAD": [("later", ConfigError, "is not a boolean")],
     "SPMDTORCH_MAX_GATHER_BYTES": [
         ("lots", ConfigError, "must be a whole number of bytes"),
         ("-5", ConfigError, "must be >= 0"),

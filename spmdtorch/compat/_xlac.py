@@ -30,6 +30,7 @@ from spmdtorch.compat.errors import CompatError
 from spmdtorch.mesh import Mesh as _Mesh
 from spmdtorch.sharding import ShardingError
 
+from spmdtorch.tensor import transfer
 __all__ = [
     "CpuShardsError",
     "OpSharding",
@@ -204,17 +205,18 @@ def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
     The fields and their names are PyTorch/XLA's (``TensorID``, ``Device:
     SPMD:0``, ``XLA Shape``, ``ShardingSpec``, ``IR``, ``XLAShardedData`` with
     ``Data Shape``, ``OpSharding`` and ``NumShards``, ``Tensor on host``). A
-    pending tensor shows the op computing it (``IR: [] <op>``) and no data; a
-    computed one ``IR: [] xla::device_data`` and its data's sharding.
-    spmdtorch uploads a CPU tensor when it is moved to ``xla`` (PyTorch/XLA's
-    virtual device may keep it on the host until first use), so ``Tensor on
-    host`` is always ``None``.
+    tensor whose upload is still deferred (``t.to("xla")`` before its first
+    use: ``spmdtorch.tensor.transfer``) shows ``IR: None``, ``XLAData: None``
+    and ``Tensor on host: with size [..]``; a pending tensor the op computing
+    it (``IR: [] <op>``) and no data; a computed one ``IR: [] xla::device_data``
+    and its data's sharding. Asking about a tensor on the host uploads
+    nothing; a view holds no host data of its own (its value is an op on its
+    base's, as PyTorch/XLA's view IR), so asking about one uploads its base.
     """
     if not isinstance(tensor, spmdtorch.XlaTensor):
         return "Not a XLATensor\n"
     shape = _shape_string(tensor.dtype, tensor.shape)
     spec = sharding.get_sharding_spec(tensor, computed=True)
-    value = debug.read_value(tensor)
     lines = [
         "XLATensor {",
         f"TensorID: {_xla_get_tensor_id(tensor)}",
@@ -224,6 +226,13 @@ def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
     ]
     if isinstance(value, debug.LazyRef):
         lines.append(f"IR: [] {_op_name(value.node.name)}, xla_shape={shape}")
+    on_host = transfer.host_shape(tensor)
+    if on_host is not None:
+        # PyTorch/XLA prints the host tensor's sizes as an IntArrayRef ("[5, 5]").
+        sizes = ", ".join(map(str, on_host))
+        lines += ["IR: None", "XLAData: None", f"Tensor on host: with size [{sizes}]", "}"]
+        return "\n".join(lines) + "\n"
+    value = debug.read_value(tensor)
         lines.append("XLAData: None")
     else:
         lines.append(f"IR: [] xla::device_data, xla_shape={shape}, device={_SPMD_DEVICE}")

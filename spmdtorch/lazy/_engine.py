@@ -231,6 +231,8 @@ class Engine:
         trace_hook: one slot: ``spmdtorch.compile``'s callback while it traces,
             called on every storage write (None otherwise).
         seq: the counter that orders pending values (program output order).
+        on_host: the storages whose value is still on the host (deferred
+            upload, ``lazy._storage``); the next barrier uploads them.
     """
 
     __slots__ = (
@@ -246,6 +248,7 @@ class Engine:
         "co_holders",
         "trace_hook",
         "seq",
+        "on_host",
         "_caches",
     )
 
@@ -264,6 +267,7 @@ class Engine:
         self.co_holders: dict[int, dict[int, weakref.ref[Any]]] = {}
         self.trace_hook: list[Callable[[Any, Any], None] | None] = [None]
         self.seq = itertools.count()
+        self.on_host: weakref.WeakSet[Any] = weakref.WeakSet()
         self._caches: dict[str, RegisteredCache] = {}
         self.register_cache("lazy.executor.compile_cache", self.compile_cache)
         self.register_cache("lazy.executor.scalar_arrays", self.scalar_arrays)

@@ -18,6 +18,18 @@ this module names it for its hot paths:
   (buffer donation rests on it: ``holder_of``/``holders_of``).
 * ``TRACE_HOOK``: ``spmdtorch.compile``'s callback while it traces.
 * ``SEQ``: the order in which pending values were set (program output order).
+* ``ON_HOST``: the storages whose value is still on the host (deferred upload).
+
+Deferred upload (PyTorch/XLA's "virtual device"): a storage made with
+:meth:`Storage.on_host` holds a private host copy (``host``) instead of a
+device array until its value is first needed. The ``value`` property is the
+one way to read a storage's value, so every reader (an op recording its input,
+a view's replay, ``.cpu()``, a checkpoint, ``spmdtorch.compile``) uploads it
+first, replicated or with the storage's sharding; ``mark_sharding`` uploads it
+straight to its sharded layout (:meth:`Storage.upload`); a barrier uploads every
+one left (:func:`upload_on_host`). Only the readers that must not upload (the
+sharding and debug inspections) look at ``host`` first. A write that replaces
+the whole value drops the host copy without uploading it.
 
 Nothing here knows about torch tensors: ``spmdtorch.tensor`` wraps storages.
 """
@@ -25,25 +37,31 @@ Nothing here knows about torch tensors: ``spmdtorch.tensor`` wraps storages.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from spmdtorch.lazy import metrics, padding
 from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy.graph import LazyRef
 
 if TYPE_CHECKING:
     import jax
+    import numpy as np
 
 __all__ = [
     "CO_HOLDERS",
     "HOLDERS",
+    "ON_HOST",
     "PENDING",
     "SEQ",
     "TRACE_HOOK",
+    "HostValue",
     "Storage",
     "ViewStep",
     "holder_of",
     "holders_of",
     "sole_holder",
+    "upload_on_host",
 ]
 
 # id(jax.Array) -> a Storage currently holding it. Buffer donation rests on
@@ -68,13 +86,38 @@ _CO_HOLDERS_SWEEP = 1024  # entries kept before those of dead arrays are dropped
 PENDING = ENGINE.pending  # the storages whose value is pending; the next barrier computes them
 TRACE_HOOK = ENGINE.trace_hook  # spmdtorch.compile's callback while it traces (one slot)
 SEQ = ENGINE.seq  # the order in which pending values were set
+ON_HOST = ENGINE.on_host  # the storages whose value is still on the host (deferred upload)
+
+
+class HostValue(Protocol):
+    """What a storage needs of a value kept on the host until first use.
+
+    ``spmdtorch.tensor`` provides it (a private copy of a CPU tensor's data);
+    this layer only decides *when* and *where* it is placed.
+
+    Attributes:
+        shape: the value's shape.
+        dtype: the numpy/JAX dtype of its device storage.
+    """
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    def place(self, sharding: jax.sharding.Sharding, padded_shape: tuple[int, ...] | None) -> jax.Array:
+        """The value on the devices with ``sharding``, zero-padded to ``padded_shape`` when given."""
+        ...
 
 
 class Storage:
     """A mutable cell holding the current value of one dense base array.
 
     Attributes:
-        value: a concrete ``jax.Array`` or a pending ``LazyRef``.
+        value: a concrete ``jax.Array`` or a pending ``LazyRef`` (read-only;
+            :meth:`set` writes it). Reading it uploads a value still on the host.
+        host: the value while it is still on the host (deferred upload), else None.
         version: bumped on every write, so cached view values know they are stale.
         sharding: the ``jax.sharding.Sharding`` the next program must give this
             storage's value (None lets XLA choose). Either a user annotation
@@ -84,7 +127,8 @@ class Storage:
     """
 
     __slots__ = (
-        "value",
+        "_value",
+        "host",
         "version",
         "sharding",
         "annotated",
@@ -97,7 +141,8 @@ class Storage:
         "__weakref__",
     )
 
-    value: jax.Array | LazyRef
+    _value: jax.Array | LazyRef
+    host: HostValue | None
     version: int
     sharding: jax.sharding.Sharding | None
     annotated: bool
@@ -111,7 +156,8 @@ class Storage:
     def __init__(self, value: jax.Array | LazyRef, sharding: jax.sharding.Sharding | None = None) -> None:
         # None only until set() below, which reads the old value (None: there was none);
         # typing it Optional would make every reader narrow a value that is never None.
-        self.value = None  # type: ignore[assignment]
+        self._value = None  # type: ignore[assignment]
+        self.host = None
         self.queued = 0  # the PENDING generation this storage was added in (0: not a member)
         # {view chain: value} of the views read since the last write (spmdtorch.tensor._values.read_value).
         self.vcache = None
@@ -127,13 +173,23 @@ class Storage:
         # id() of the concrete array a pending value replaced: the executor
         # pairs that (donated) input with this storage's output buffer.
         self.prev = None
+        # on_host() sets these same fields without a value: keep the two in step.
         self.set(value)
 
     def set(self, value: jax.Array | LazyRef) -> None:
         # Runs once per program output on every step (a replayed decoder step
         # sets ~100): one id() per array, the trace hook read once.
-        old = self.value
+        old = self._value
         hook = TRACE_HOOK[0]
+        if old is None and self.host is not None:
+            # The whole value is replaced: its host copy need not reach the
+            # devices, except while spmdtorch.compile traces, whose hook must
+            # see the input array this write replaces.
+            if hook is not None:
+                old = self.upload()
+            else:
+                self.host = None
+                ON_HOST.discard(self)
         if hook is not None:
             hook(self, old)
         if old is not None and not isinstance(old, LazyRef):
@@ -147,7 +203,7 @@ class Storage:
             # keep their sharding across steps).
             if self.sharding is None and self.logical_shape is None and tuple(old.shape) == tuple(value.shape):
                 self.sharding = old.sharding
-        self.value = value
+        self._value = value
         self.version += 1
         # Cached reads of the old value (views, the unpadded slice) are stale:
         # drop them now rather than when next read, so they pin no old graph.
@@ -162,19 +218,93 @@ class Storage:
             PENDING.add(self)
         else:
             self.prev = None
-            value_id = id(value)
-            r = HOLDERS.get(value_id)
-            cur = None if r is None else r()
-            if cur is None or cur is self or cur.value is not value:
-                HOLDERS[value_id] = weakref.ref(self)
-                if len(HOLDERS) > _HOLDERS_SWEEP_AT[0]:
-                    _sweep_holders()
-            else:
-                _hold_shared(self, value)
+            self._hold(value)
+
+    def _hold(self, value: Any) -> None:
+        """Registers this storage as a holder of the concrete ``value``, a ``jax.Array`` (buffer donation rests on it).
+
+        Typed ``Any``: ``set`` tells a pending value apart by ``type() is``, a
+        test mypy does not narrow on, and a cast would cost a call per write.
+        """
+        value_id = id(value)
+        r = HOLDERS.get(value_id)
+        cur = None if r is None else r()
+        if cur is None or cur is self or cur._value is not value:
+            HOLDERS[value_id] = weakref.ref(self)
+            if len(HOLDERS) > _HOLDERS_SWEEP_AT[0]:
+                _sweep_holders()
+        else:
+            _hold_shared(self, value)
+
+    @property
+    def value(self) -> jax.Array | LazyRef:
+        """The current value; one still on the host is uploaded first (see the module docstring)."""
+        v = self._value
+        if v is None:  # only while the value is on the host
+            return self.upload()
+        return v
+
+    @classmethod
+    def on_host(cls, host: HostValue, sharding: jax.sharding.Sharding | None = None) -> Storage:
+        """A storage whose value stays on the host until first needed (deferred upload)."""
+        st = cls.__new__(cls)
+        st._value = None  # type: ignore[assignment]
+        st.host = host
+        st.queued = 0
+        st.vcache = None
+        st.version = 1  # as if set() had written it once, like every other storage
+        st.pseq = 0
+        st.sharding = sharding
+        st.annotated = False
+        st.logical_shape = None
+        st.unpadded = None
+        st.prev = None
+        ON_HOST.add(st)
+        metrics.inc("DeferredTransferToDevice")
+        return st
+
+    def upload(self, sharding: jax.sharding.Sharding | None = None) -> jax.Array | LazyRef:
+        """Places a value still on the host on the devices and drops the host copy; returns the value.
+
+        Args:
+            sharding: where to place it (``mark_sharding``'s target: one transfer
+                per shard, straight to its layout). None: the storage's own
+                sharding, else replicated, the default placement.
+
+        A storage already on the devices is left as it is.
+        """
+        host = self.host
+        if host is None:
+            return self._value
+        if sharding is None:
+            sharding = self.sharding if self.sharding is not None else replicated_sharding()
+        padded = padding.padded_shape(tuple(host.shape), sharding)
+        arr = host.place(sharding, padded)
+        # The host copy goes now: after the upload the devices hold the only copy.
+        self.host = None
+        ON_HOST.discard(self)
+        if padded is not None:
+            self.logical_shape = tuple(host.shape)
+        self._value = arr
+        self._hold(arr)
+        return arr
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.value.shape)
+        host = self.host
+        return tuple(host.shape if host is not None else self.value.shape)
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype of the device storage (a value on the host is not uploaded to tell)."""
+        host = self.host
+        return host.dtype if host is not None else self.value.dtype
+
+
+def upload_on_host() -> None:
+    """Uploads every live storage whose value is still on the host (a barrier does, as PyTorch/XLA's sync)."""
+    for st in list(ON_HOST):
+        st.upload()
 
 
 def _sweep_holders() -> None:
@@ -182,7 +312,7 @@ def _sweep_holders() -> None:
     stale = []
     for k, r in HOLDERS.items():
         st = r()
-        if st is None or isinstance(st.value, LazyRef) or id(st.value) != k:
+        if st is None or isinstance(st._value, LazyRef) or id(st._value) != k:
             stale.append(k)
     for k in stale:
         del HOLDERS[k]
@@ -206,7 +336,7 @@ def _release_shared(st: Storage, array) -> None:
         while refs:
             r = refs.pop(next(iter(refs)))
             s = r()
-            if s is not None and s.value is array:
+            if s is not None and s._value is array:
                 HOLDERS[id(array)] = r
                 break
     if not refs:
@@ -217,12 +347,12 @@ def _live_holders(array):
     """The storages that currently hold ``array``: the primary first, then the co-holders."""
     r = HOLDERS.get(id(array))
     st = None if r is None else r()
-    if st is not None and st.value is array:
+    if st is not None and st._value is array:
         yield st
     if CO_HOLDERS:
         for r in CO_HOLDERS.get(id(array), {}).values():
             s = r()
-            if s is not None and s.value is array and s is not st:
+            if s is not None and s._value is array and s is not st:
                 yield s
 
 

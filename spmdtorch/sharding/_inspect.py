@@ -43,6 +43,8 @@ def _effective_sharding(t: torch.Tensor, computed: bool = False) -> jax.sharding
         view_sharding: jax.sharding.Sharding = computed_value.sharding
         return view_sharding
     st = _check_tensor(t, "get_sharding_spec")._st
+    if st.host is not None:
+        return None  # still on the host (deferred upload): placed nowhere yet, and asking must not upload it
     if isinstance(st.value, LazyRef):
         manual_sharding = manual.manual_sharding(st.value)  # between full_to_shard and shard_to_full
         if manual_sharding is not None:

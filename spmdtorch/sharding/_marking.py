@@ -191,6 +191,12 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
         if st.sharding == sharding:
             return t
         raise _already_annotated(t, cast(jax.sharding.Sharding, st.sharding), partition_spec)
+    if st.host is not None:
+        # Still on the host (deferred upload): each device gets only its shard.
+        st.upload(sharding)
+        st.sharding = sharding
+        st.annotated = True
+        return t
     value = base_value(st)
     cleared = constrained_input(value)
     if isinstance(cleared, jax.Array):
@@ -289,6 +295,8 @@ def clear_sharding(t: _T) -> _T:
         _clear_view(xt)
         return t
     st = xt._st
+    if st.host is not None:
+        return t  # still on the host (deferred upload): never annotated, placed nowhere yet
     annotation = st.sharding if st.annotated else None
     st.annotated = False
     value = st.value
@@ -348,7 +356,9 @@ def tensor_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
     """The sharding ``t``'s data has (concrete) or will have (annotated), else None.
 
     For a view: its annotation (or the replicated constraint ``clear_sharding``
-    left), else None (a view holds no data of its own).
+    left), else None (a view holds no data of its own). None too for data still
+    on the host (deferred upload, ``spmdtorch.tensor.transfer``); asking never
+    uploads it.
     """
     xt = _check_tensor(t, "tensor_sharding")
     if xt._chain:
@@ -358,6 +368,10 @@ def tensor_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
     if st.annotated:
         annotation: jax.sharding.Sharding | None = st.sharding
         return annotation
+    if st.host is not None:
+        # Still on the host (deferred upload): placed nowhere yet. Asking must
+        # not upload it, or a mark_sharding that asks first would replicate it.
+        return None
     value = st.value
     if isinstance(value, LazyRef):
         return None

@@ -16,7 +16,16 @@ from spmdtorch import _dtypes
 from spmdtorch.lazy import metrics, replicated_sharding
 from spmdtorch.tensor import multihost
 
-__all__ = ["array_to_torch", "host_numpy", "numpy_to_torch", "plain_cpu", "to_device_array"]
+__all__ = [
+    "HostCopy",
+    "array_to_torch",
+    "host_copy",
+    "host_numpy",
+    "numpy_to_torch",
+    "plain_cpu",
+    "put_host_copy",
+    "to_device_array",
+]
 
 
 def plain_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -53,17 +62,33 @@ def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
     The copy is what keeps device data immutable when the user later writes
     into the CPU tensor.
     """
+    return put_host_copy(host_copy(t), sharding or replicated_sharding(), t.nbytes)
+
+
+def host_copy(t: torch.Tensor) -> np.ndarray:
+    """A private numpy copy of the CPU tensor ``t``'s data, in its device storage dtype.
+
+    On CPU, JAX may alias host memory instead of copying (even with
+    may_alias=False for replicated shardings), and torch users may write into
+    their tensor right after ``.to("xla")``. JAX gets this copy: it is the one
+    copy a transfer makes, JAX may then alias it freely.
+    """
     if t.device.type != "cpu":
         raise RuntimeError(f"expected a CPU tensor to transfer, got one on {t.device}")
+    return np.array(host_numpy(t), copy=True)
+
+
+def put_host_copy(host: np.ndarray, sharding, nbytes: int) -> jax.Array:
+    """Places ``host`` (a private copy: JAX may alias it) with ``sharding``, counted as one transfer.
+
+    ``nbytes`` is what the transfer counts in ``OutboundBytes`` (the torch
+    tensor's size, as PyTorch/XLA's OutboundData).
+    """
     metrics.inc("TransferToDevice")
-    metrics.inc("OutboundBytes", t.nbytes)  # PyTorch/XLA's OutboundData metric (spmdtorch.compat)
+    metrics.inc("OutboundBytes", nbytes)  # PyTorch/XLA's OutboundData metric (spmdtorch.compat)
     with metrics.timed("TransferToDeviceTime"):
-        # On CPU, JAX may alias host memory instead of copying (even with
-        # may_alias=False for replicated shardings), and torch users may write
-        # into their tensor right after .to("xla"). Hand JAX a private copy: it
-        # is the one copy this transfer makes, JAX may then alias it freely.
         # Multi-process: each process puts only its own shards (tensor/multihost.py).
-        return multihost.put_global(np.array(host_numpy(t), copy=True), sharding or replicated_sharding())
+        return multihost.put_global(host, sharding)
 
 
 def array_to_torch(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
@@ -105,3 +130,40 @@ def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(np.array(a.view(np.int16))).view(torch.bfloat16)
     return torch.from_numpy(np.array(a))
+
+
+class HostCopy:
+    """A private host copy of a CPU tensor's data: an xla tensor's value before its upload.
+
+    Implements ``spmdtorch.lazy._storage.HostValue``; made by ``.to("xla")``
+    (``spmdtorch.tensor.transfer``: deferred upload).
+
+    Attributes:
+        array: the data in its device storage dtype (int64 as int32, as on the
+            devices); JAX may alias it once placed.
+        nbytes: the torch tensor's size, which the upload counts as transferred.
+    """
+
+    __slots__ = ("array", "nbytes")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.array = host_copy(t)
+        self.nbytes = t.nbytes
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.array.dtype
+
+    def place(self, sharding: jax.sharding.Sharding, padded_shape: tuple[int, ...] | None) -> jax.Array:
+        """The data on the devices with ``sharding`` (padded on the host when the mesh does not divide it)."""
+        host = self.array
+        if padded_shape is not None:
+            # Uneven: each device gets only its padded block (lazy/padding.py).
+            padded = np.zeros(padded_shape, dtype=host.dtype)
+            padded[tuple(slice(0, n) for n in host.shape)] = host
+            host = padded
+        return put_host_copy(host, sharding, self.nbytes)

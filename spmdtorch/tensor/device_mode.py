@@ -41,7 +41,7 @@ from spmdtorch.tensor.dispatch import (
     factory_kernel,
     under_saved_tensor_hooks,
 )
-from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
+from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["install", "to_xla", "torch_function"]
 
@@ -59,7 +59,7 @@ class _ToXla(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t):
-        return new_base(transfer.to_device_array(t), t.dtype)
+        return transfer.from_host(t)
 
     @staticmethod
     def backward(ctx, grad):
@@ -72,7 +72,7 @@ def to_xla(t: torch.Tensor) -> torch.Tensor:
         return t
     if t.requires_grad and torch.is_grad_enabled():
         return _ToXla.apply(t)
-    return new_base(transfer.to_device_array(t), t.dtype)
+    return transfer.from_host(t)
 
 
 # -- the wrappers over torch's CPU -> xla entry points ------------------------------

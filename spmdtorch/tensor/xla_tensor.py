@@ -21,9 +21,10 @@ from typing import NamedTuple, cast
 import jax
 import torch
 
-from spmdtorch import _dtypes
+from spmdtorch import _dtypes, config
 from spmdtorch.lazy import Storage
 from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.tensor._host import HostCopy, to_device_array
 from spmdtorch.tensor._router import dispatch, torch_function
 from spmdtorch.tensor._values import to_cpu
 
@@ -36,6 +37,7 @@ __all__ = [
     "contiguous_strides",
     "dense_tensor",
     "forget_meta_key",
+    "from_host",
     "is_xla_tensor",
     "new_base",
     "storage_stand_in",
@@ -362,7 +364,7 @@ def _storage_nbytes(st: Storage) -> int:
     numel = 1
     for s in shape:
         numel *= s
-    return numel * _dtypes.to_torch_dtype(st.value.dtype).itemsize
+    return numel * _dtypes.to_torch_dtype(st.dtype).itemsize
 
 
 def storage_stand_in(st: Storage) -> torch.UntypedStorage:
@@ -434,6 +436,22 @@ ENGINE.register_cache("tensor.xla_tensor.contiguous_strides", _STRIDES)
 
 def contiguous_strides(shape) -> tuple:
     """Row-major strides of ``shape`` (cached per shape)."""
+def from_host(t: torch.Tensor) -> XlaTensor:
+    """A new xla tensor holding a copy of the CPU tensor ``t``, uploaded on its first use.
+
+    The copy behind ``t.to("xla")`` (``spmdtorch.tensor.transfer`` describes
+    the deferred upload); with ``SPMDTORCH_DEFER_UPLOAD=0`` it is uploaded
+    at once, replicated.
+
+    Raises:
+        RuntimeError: ``t`` is not on the CPU.
+        OverflowError: an int64 value does not fit the int32 device storage.
+    """
+    if not config.settings().defer_upload:
+        return new_base(to_device_array(t), t.dtype)
+    return XlaTensor(Storage.on_host(HostCopy(t)), (), tuple(t.shape), None, 0, t.dtype)
+
+
     hit = _STRIDES.get(shape)
     if hit is not None:
         return hit

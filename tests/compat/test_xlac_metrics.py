@@ -29,6 +29,7 @@ def test_debug_info_of_computed_pending_and_sharded_tensors(xla):
     torch_xla, xs, _ = xla
     X = torch_xla._XLAC
     t = torch.randn(8, 32).to("xla")
+    torch_xla.sync()  # uploads it (before, it is still on the host: test_virtual_device_debug_info.py)
     info = X._get_xla_tensor_debug_info(t)
     for field in ("XLATensor {", "Device: SPMD:0", "XLA Shape: f32[8,32]", "ShardingSpec: None", "xla::device_data"):
         assert field in info
@@ -146,11 +147,13 @@ def test_execute_replicated_counts_programs(xla):
 
 
 def test_transfers_count_as_virtual_device_usage_and_data_metrics(xla):
-    _, _, met = xla
+    torch_xla, _, met = xla
     met.clear_all()
     assert met.metric_data("OutboundData") is None
     cpu = torch.randn(8, 8)
     t = cpu.to("xla")
+    assert not met.counter_value("VirtualDeviceUsage")  # still on the host until first used
+    torch_xla.sync()  # a sync uploads it
     assert met.counter_value("VirtualDeviceUsage") == 1
     count, nbytes, _ = met.metric_data("OutboundData")
     assert (count, nbytes) == (1, cpu.nelement() * cpu.element_size())

@@ -3,8 +3,9 @@
 Ops whose output *shape* depends on the data (``nonzero``, ``unique``,
 boolean-mask indexing) cannot be recorded as a node with static shapes: like
 PyTorch/XLA, they run on CPU copies of their arguments, and the results come
-back as new xla tensors. Each such call is a sync (and raises inside
-``spmdtorch.compile``).
+back as new xla tensors, whose upload waits for their first use (as
+``t.to("xla")``'s: ``spmdtorch.tensor.transfer``). Each such call is a sync
+(and raises inside ``spmdtorch.compile``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from __future__ import annotations
 import torch
 
 from spmdtorch.lazy import contract, metrics
-from spmdtorch.tensor._host import to_device_array
 from spmdtorch.tensor._router import dispatch, special
 from spmdtorch.tensor._values import to_cpu
 from spmdtorch.tensor.dispatch._paths import dispatch_lowering, dispatch_mutation
 from spmdtorch.tensor.dispatch._special import copy_
-from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XlaTensor, new_base
+from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XlaTensor, from_host
 
 aten = torch.ops.aten
 
@@ -79,7 +79,9 @@ def cpu_fallback(func, args, kwargs, facts):
             for i in facts.mutable_pos:
                 if i < len(args) and o is cpu_args[i]:
                     return args[i]
-            return new_base(to_device_array(o), o.dtype)
+            # Kept on the host until first needed, as PyTorch/XLA keeps a
+            # fallback's result (tensor/transfer.py: deferred upload).
+            return from_host(o)
         if isinstance(o, (list, tuple)):
             return type(o)(back(x) for x in o)
         return o
