@@ -246,6 +246,15 @@ VALID: dict[str, Case] = {
         lambda tmp: {"t": REGION_T, "partition_spec": ("data", None), "full_shape": (8, 2), "mesh": _mesh()},
         region=True,
     ),
+    "full_to_shard_shape": Case(lambda tmp: {"t": sharding.mark_sharding(_xt(8, 2), _mesh(), ("data", None))}),
+    "shard_to_full_shape": Case(
+        lambda tmp: {
+            "t": sharding.full_to_shard_shape(sharding.mark_sharding(_xt(8, 2), _mesh(), ("data", None))),
+            "sharding": sharding.ShardingSpec(_mesh(), ("data", None)),
+            "full_shape": (8, 2),
+        }
+    ),
+    "mark_manual_sharding": Case(lambda tmp: {"t": _xt(8, 2) + 1}),
     "all_gather": Case(lambda tmp: {"t": REGION_T, "axis": "data", "dim": 0}, region=True),
     "all_reduce": Case(lambda tmp: {"t": REGION_T, "axis": "data", "op": "sum"}, region=True),
     "axis_index": Case(lambda tmp: {"axis": "data"}, region=True),
@@ -414,6 +423,9 @@ EXTRA: dict[str, list[tuple[str, Any]]] = {
     "load_local_shards_": [("shards", [torch.zeros(3, 3)])],
     "shard_map": [("in_specs", (("nope", None),))],
     "enable_manual_sharding": [("partition_spec", ("nope", None))],
+    "full_to_shard_shape": [("t", torch.zeros(8, 2))],
+    "mark_manual_sharding": [("t", torch.zeros(8, 2))],
+    "shard_to_full_shape": [("full_shape", (8, 4)), ("full_shape", (8, -2))],
     "FSDPv2": [("mesh", _mesh)],
     "MixedPrecision": [("param_dtype", torch.int64)],
     "memory_plan": [("budget_bytes", -1)],

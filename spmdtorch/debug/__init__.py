@@ -44,7 +44,7 @@ from spmdtorch.debug.profiler import (
     trace_detached,
     trace_me,
 )
-from spmdtorch.lazy import executor, metrics, rng
+from spmdtorch.lazy import executor, manual, metrics, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor.dispatch import read_value
@@ -271,6 +271,8 @@ def get_hlo_text(tensors=None, *, optimized: bool = False) -> str:
     refs = _pending_refs(tensors, "get_hlo_text")
     if not refs:
         return ""
+    if optimized:  # XLA cannot compile a program returning a manual value (an assertion, not an error)
+        manual.check_not_manual(refs, "get_hlo_text(optimized=True)")
     lowered = executor.lower(refs)
     if optimized:
         return str(lowered.compile().as_text())

@@ -1059,7 +1059,7 @@ def _sync(wait: bool, _on_plan, _recycle=None, _bake: bool = False) -> None:
         _storage.upload_on_host()
     _storage.PENDING.clear()
     # Manually sharded values cannot be program outputs: they stay pending (a later shard_to_full reads them).
-    storages, kept_manual = manual.split_manual(storages, [st.value for st in storages])
+    storages, kept_manual = manual.split_manual(storages)
     for st in kept_manual:
         _storage.PENDING.add(st)
     if storages:

@@ -157,14 +157,14 @@ def manual_sharding(value: Any) -> jax.sharding.NamedSharding | None:
     return jax.sharding.NamedSharding(manual_mesh, jax.sharding.PartitionSpec())
 
 
-def split_manual(items: Sequence[Any], values: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """``items`` split by whether their ``values`` are manual: ``(not manual, manual)``, order kept."""
+def split_manual(storages: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """Pending ``storages`` split by whether their values are manual: ``(not manual, manual)``, order kept."""
     if not _ENTRIES:
-        return list(items), []
+        return list(storages), []
     keep: list[Any] = []
     manual: list[Any] = []
-    for item, entry in zip(items, _entries(values)):
-        (manual if entry is not None else keep).append(item)
+    for st, entry in zip(storages, _entries([st.value for st in storages])):
+        (manual if entry is not None else keep).append(st)
     return keep, manual
 
 

@@ -144,3 +144,12 @@ def test_bad_arguments_are_named(mesh):
         shard_to_full_shape(block, ("a", "b"), (8, 8))
     with pytest.raises(TypeError, match="t must be a tensor on the xla device"):
         full_to_shard_shape(torch.zeros(2))
+
+
+def test_hlo_text_of_a_manual_value(mesh):
+    x = mark_sharding(torch.zeros(8, 8).to("xla"), mesh, ("a", "b"))
+    block = full_to_shard_shape(x)
+    text = spmdtorch.debug.get_hlo_text([block])  # the program before partitioning: fine to print
+    assert 'custom_call_target="SPMDFullToShardShape", sharding={manual}' in text
+    with pytest.raises(ManualValueError, match=r"get_hlo_text\(optimized=True\).*manually sharded"):
+        spmdtorch.debug.get_hlo_text([block], optimized=True)
