@@ -224,8 +224,6 @@ def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
         f"XLA Shape: {shape}",
         f"ShardingSpec: {spec or 'None'}",
     ]
-    if isinstance(value, debug.LazyRef):
-        lines.append(f"IR: [] {_op_name(value.node.name)}, xla_shape={shape}")
     on_host = transfer.host_shape(tensor)
     if on_host is not None:
         # PyTorch/XLA prints the host tensor's sizes as an IntArrayRef ("[5, 5]").
@@ -233,6 +231,8 @@ def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
         lines += ["IR: None", "XLAData: None", f"Tensor on host: with size [{sizes}]", "}"]
         return "\n".join(lines) + "\n"
     value = debug.read_value(tensor)
+    if isinstance(value, debug.LazyRef):
+        lines.append(f"IR: [] {_op_name(value.node.name)}, xla_shape={shape}")
         lines.append("XLAData: None")
     else:
         lines.append(f"IR: [] xla::device_data, xla_shape={shape}, device={_SPMD_DEVICE}")
