@@ -188,6 +188,13 @@ def _base_sharding(t: XlaTensor, sharding):
     )
 
 
+def _is_number_or_numbers(v) -> bool:
+    """A Python number, or a tuple of them (Adam's ``betas``), as an optimizer hyperparameter."""
+    if isinstance(v, tuple):
+        return bool(v) and all(_is_number_or_numbers(x) for x in v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _hparams(optimizer):
     out = []
     for group in optimizer.param_groups:
@@ -726,19 +733,32 @@ class CompiledFunction:
             (key, a, b)
             for group_before, group_now in zip(before, now)
             for (key, a), (_, b) in zip(group_before, group_now)
-            if a != b and isinstance(a, (int, float)) and not isinstance(a, bool)
+            if a != b and _is_number_or_numbers(a)
         ]
         if not changed:
             return
         self._warned_hparams = True
         key, a, b = changed[0]
         name = type(opt).__name__
+        if key == "lr":
+            fix = (
+                f"Make it a tensor on the xla device, e.g. {name}(params, lr=torch.tensor({a!r}, device='xla')): "
+                "schedulers then update it in place and the step replays."
+            )
+        else:
+            # A scheduler that cycles momentum (OneCycleLR, CyclicLR) writes new
+            # Python floats into betas/momentum every step; torch's optimizers
+            # do not all take tensors there, so the fix is not to cycle them.
+            fix = (
+                f"If a scheduler changes it (OneCycleLR / CyclicLR cycle {key!r} by default), construct the "
+                "scheduler with cycle_momentum=False, or keep the value fixed; only lr can be a tensor that "
+                "schedulers update in place."
+            )
         warnings.warn(
             f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): the {name} hyperparameter "
             f"{key!r} changed between calls ({a!r} -> {b!r}, e.g. by an LR scheduler); a Python number is "
             "part of the traced step, so every change traces the step again (after one more compilation, "
-            f"which makes such numbers program inputs: lazy-mode speed). Make it a tensor on the xla device, e.g. {name}(params, "
-            f"{key}=torch.tensor({a!r}, device='xla')): schedulers then update it in place and the step replays.",
+            f"which makes such numbers program inputs: lazy-mode speed). {fix}",
             RuntimeWarning,
             stacklevel=3,
         )

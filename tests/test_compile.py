@@ -548,6 +548,56 @@ def test_a_returned_state_tensor_replaced_between_calls_runs_the_step_once():
     assert counter.item() == 5.0
 
 
+def _one_cycle_run(cycle_momentum, steps=6):
+    """AdamW with a tensor lr under OneCycleLR, compiled, beside its eager CPU twin; the losses of both."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = copy.deepcopy(ref).to("xla")
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="xla"))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=20, cycle_momentum=cycle_momentum)
+    ref_sched = torch.optim.lr_scheduler.OneCycleLR(ref_opt, max_lr=1e-2, total_steps=20, cycle_momentum=cycle_momentum)
+    x, y = torch.randn(4, 6), torch.randn(4, 2)
+    xx, yy = x.to("xla"), y.to("xla")
+
+    @spmdtorch.compile
+    def step(x, y):
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    losses, ref_losses = [], []
+    for _ in range(steps):
+        losses.append(step(xx, yy).item())
+        sched.step()
+        loss = (ref(x) - y).pow(2).mean()
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_sched.step()
+        ref_losses.append(loss.item())
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+
+
+def test_one_cycle_lr_with_a_tensor_lr_replays_when_momentum_is_not_cycled():
+    # Issue 42 item 17: OneCycleLR beside a compiled step. With a tensor lr and
+    # cycle_momentum=False the step settles after AdamW's first two steps and replays.
+    debug.clear_metrics()
+    _one_cycle_run(cycle_momentum=False)
+    assert debug.counter_value("CompiledTrace") <= 3 and debug.counter_value("CompiledReplay") >= 3
+
+
+def test_one_cycle_lr_cycling_momentum_warns_with_the_fix_that_works():
+    # OneCycleLR's default cycles AdamW's betas as new Python floats each step:
+    # every call traces. The warning used to suggest betas=torch.tensor(...),
+    # which torch's AdamW cannot use here; it now names cycle_momentum=False.
+    with pytest.warns(RuntimeWarning, match=r"'betas' changed between calls.*cycle_momentum=False") as rec:
+        _one_cycle_run(cycle_momentum=True)
+    assert not any("betas=torch.tensor" in str(w.message) for w in rec)
+
+
 @pytest.mark.filterwarnings("ignore:.*changed between calls:RuntimeWarning")
 def test_float_learning_rate_schedule_stops_baking_after_one_more_compile():
     """Python numbers are compiled in as constants until two traces of one program differ in them; then
