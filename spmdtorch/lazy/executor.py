@@ -1053,10 +1053,10 @@ def sync(wait: bool = False, _on_plan=None, _recycle=None, _bake: bool = False) 
 
 def _sync(wait: bool, _on_plan, _recycle=None, _bake: bool = False) -> None:
     metrics.inc("MarkStep")
-    rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
-    storages = pending_storages()
     if _storage.ON_HOST:  # a barrier places what is still on the host (deferred upload), as PyTorch/XLA's sync
         _storage.upload_on_host()
+    rng.program_boundary()  # an explicit RNG stream ends with its program (tensor/random_state.py)
+    storages = pending_storages()
     _storage.PENDING.clear()
     # Manually sharded values cannot be program outputs: they stay pending (a later shard_to_full reads them).
     storages, kept_manual = manual.split_manual(storages)

@@ -430,12 +430,6 @@ def new_base(value, dtype: torch.dtype, requires_grad: bool = False, sharding=No
     return XlaTensor(Storage(value, sharding), (), shape, None, 0, dtype, requires_grad)
 
 
-_STRIDES: dict = {}
-ENGINE.register_cache("tensor.xla_tensor.contiguous_strides", _STRIDES)
-
-
-def contiguous_strides(shape) -> tuple:
-    """Row-major strides of ``shape`` (cached per shape)."""
 def from_host(t: torch.Tensor) -> XlaTensor:
     """A new xla tensor holding a copy of the CPU tensor ``t``, uploaded on its first use.
 
@@ -452,6 +446,12 @@ def from_host(t: torch.Tensor) -> XlaTensor:
     return XlaTensor(Storage.on_host(HostCopy(t)), (), tuple(t.shape), None, 0, t.dtype)
 
 
+_STRIDES: dict = {}
+ENGINE.register_cache("tensor.xla_tensor.contiguous_strides", _STRIDES)
+
+
+def contiguous_strides(shape) -> tuple:
+    """Row-major strides of ``shape`` (cached per shape)."""
     hit = _STRIDES.get(shape)
     if hit is not None:
         return hit
