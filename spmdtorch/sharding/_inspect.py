@@ -15,7 +15,7 @@ from spmdtorch.sharding._marking import CLEARED_AT, ShardingTypeError, _check_te
 from spmdtorch.sharding._sharding_type import ShardingType, sharding_type_of
 from spmdtorch.sharding._visualize import visualize_sharding
 from spmdtorch.tensor import multihost
-from spmdtorch.tensor.dispatch import concrete_value
+from spmdtorch.tensor.dispatch import concrete_value, read_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["get_sharding_spec", "sharding_type", "visualize_tensor_sharding"]
@@ -35,6 +35,10 @@ def _effective_sharding(t: torch.Tensor, computed: bool = False) -> jax.sharding
         step = view_constraint(t)
         if step is not None:  # an annotated view (or one clear_sharding left replicated)
             return step.sharding if step.annotated else None
+        # A view of a manual value is manual (it cannot be computed on its own).
+        view_manual = manual.manual_sharding(read_value(t)) if isinstance(t._st.value, LazyRef) else None
+        if view_manual is not None:
+            return view_manual
         # Another view (gradients often are: mm's backward returns .t() of a result):
         # report the placement its computed value gets.
         computed_value = concrete_value(t)

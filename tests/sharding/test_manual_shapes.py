@@ -153,3 +153,32 @@ def test_hlo_text_of_a_manual_value(mesh):
     assert 'custom_call_target="SPMDFullToShardShape", sharding={manual}' in text
     with pytest.raises(ManualValueError, match=r"get_hlo_text\(optimized=True\).*manually sharded"):
         spmdtorch.debug.get_hlo_text([block], optimized=True)
+
+
+def test_inside_a_compiled_function(mesh):
+    data = torch.arange(64.0).reshape(8, 8)
+    x = mark_sharding(data.to("xla"), mesh, ("a", "b"))
+
+    def step(x):
+        return shard_to_full_shape(full_to_shard_shape(x).cumsum(0), ShardingSpec(mesh, ("a", "b")), (8, 8))
+
+    compiled = spmdtorch.compile(step)
+    for _ in range(2):  # the trace, then a replay
+        torch.testing.assert_close(compiled(x).cpu(), _blocks(data, 2, 4, lambda b: b.cumsum(0)))
+
+    leaked = spmdtorch.compile(lambda x: full_to_shard_shape(x) + 1)(x)  # a manual result stays pending
+    with pytest.raises(ManualValueError, match="manually sharded"):
+        leaked.cpu()
+
+
+def test_views_of_manual_values(mesh):
+    data = torch.arange(64.0).reshape(8, 8)
+    block = full_to_shard_shape(mark_sharding(data.to("xla"), mesh, ("a", "b")))  # (4, 2) per device
+    top = block[:2]
+    assert sharding_type(top) == ShardingType.MANUAL  # reported, not computed (which would fail)
+    y = shard_to_full_shape(top.t(), ShardingSpec(mesh, ("a", "b")), (4, 8))
+    expected = torch.empty(4, 8)
+    for i in range(2):  # device (i, j) holds data[4i:4i+4, 2j:2j+2]; its result lands at block (i, j) of (4, 8)
+        for j in range(4):
+            expected[2 * i : 2 * i + 2, 2 * j : 2 * j + 2] = data[4 * i : 4 * i + 2, 2 * j : 2 * j + 2].t()
+    torch.testing.assert_close(y.cpu(), expected)
