@@ -141,6 +141,8 @@ class LoaderState:
             low = -1 if key.endswith("_len") else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise LoaderStateError(f"load_state_dict: state[{key!r}] must be an int >= {low}, got {value!r}; {fix}")
+            if key == "finished" and value > 1:
+                raise LoaderStateError(f"load_state_dict: state['finished'] must be 0 or 1, got {value!r}; {fix}")
             ints[key] = value
         gens = state["generators"]
         if not isinstance(gens, dict) or len(gens) != n_generators:
@@ -150,15 +152,37 @@ class LoaderState:
                 f"{n_generators} torch.Generator(s) (the loader's and its sampler's `generator`); build the "
                 "loader as it was when the state was saved"
             )
-        tensors = [state["torch_rng"]] + [gens[str(i)] for i in range(n_generators)]
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                raise LoaderStateError(
-                    f"load_state_dict: a generator state is a {type(t).__name__}, not a tensor; {fix}"
-                )
-        cpu = [t.detach().to("cpu", torch.uint8) for t in tensors]
+        names = [str(i) for i in range(n_generators)]
+        if sorted(gens) != names:
+            raise LoaderStateError(
+                f"load_state_dict: state['generators'] has keys {sorted(gens)!r}, expected {names!r}; {fix}"
+            )
+        named = [("state['torch_rng']", state["torch_rng"])] + [(f"state['generators'][{n!r}]", gens[n]) for n in names]
+        cpu = [_generator_state(where, t, fix) for where, t in named]
         sizes = InputSizes(*(None if ints[k] < 0 else ints[k] for k in ("dataset_len", "loader_len")))
         return cls(ints["epochs"], ints["batches"], bool(ints["finished"]), EpochStart(cpu[0], tuple(cpu[1:])), sizes)
+
+
+def _generator_state(where: str, t: object, fix: str) -> torch.Tensor:
+    """A saved ``torch.Generator`` state, checked: a CPU uint8 copy that a generator accepts.
+
+    No conversion: a float tensor cast to uint8 could pass for a state and
+    silently give another order. Checked on a scratch generator, so a bad
+    state is refused before any generator is touched.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise LoaderStateError(f"load_state_dict: {where} is a {type(t).__name__}, not a tensor; {fix}")
+    if t.dtype != torch.uint8 or t.dim() != 1:
+        raise LoaderStateError(
+            f"load_state_dict: {where} must be a 1-d uint8 tensor (a torch.Generator state), got "
+            f"{t.dtype} of shape {tuple(t.shape)}; {fix}"
+        )
+    cpu = t.detach().to("cpu").clone()
+    try:
+        torch.Generator().set_state(cpu)
+    except RuntimeError as e:
+        raise LoaderStateError(f"load_state_dict: {where} is not a valid torch.Generator state ({e}); {fix}") from e
+    return cpu
 
 
 def _raising(error: BaseException) -> Iterator[Any]:
