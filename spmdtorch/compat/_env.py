@@ -94,14 +94,11 @@ def save_tensors_path(path: str) -> str:
 
 def _output_shardings() -> str:
     """PyTorch/XLA's ``#OUTPUT_SHARDING`` lines (``f32[8,32] {devices=[8,1]0,...}``) of the last program run."""
-    compiled = debug.last_executable()
-    if compiled is None:
-        return ""
     lines = []
-    for out in compiled.out_info:
+    for out in debug.last_executable_outputs():
         shape = f"{_XLA_TYPES.get(out.dtype.name, out.dtype.name)}[{','.join(str(d) for d in out.shape)}]"
         lines.append(f"{shape} {sharding.hlo_sharding_string(out.sharding, len(out.shape))}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _tensors_file_hook(path: str, fmt: str) -> Callable[[str], None]:

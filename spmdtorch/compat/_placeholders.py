@@ -19,11 +19,6 @@ __all__ = ["is_placeholder", "make_placeholder", "reason_for"]
 
 #: Why whole PyTorch/XLA modules have no spmdtorch meaning, and what to use instead (longest prefix wins).
 REASONS: dict[str, str] = {
-    "torch_xla._XLAC.lowering": (
-        "LoweringContext builds an XLA computation from PyTorch/XLA's own IR graph; spmdtorch's program is a JAX "
-        "function. Use spmdtorch.debug.get_hlo_text(tensors) / get_stablehlo(tensors) for the program's text, "
-        "or torch_xla.compile / spmdtorch.compile to compile a function"
-    ),
     "torch_xla._dynamo": (
         "the TorchDynamo backend 'openxla' lowers FX graphs through PyTorch/XLA's IR; spmdtorch's compiled path is "
         "torch_xla.compile(fn) / spmdtorch.compile(fn)"

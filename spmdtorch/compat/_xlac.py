@@ -26,12 +26,14 @@ import torch
 
 import spmdtorch
 from spmdtorch import debug, lazy, runtime, sharding
+from spmdtorch.compat import _lowering as lowering  # torch_xla._XLAC.lowering.LoweringContext
 from spmdtorch.compat.errors import CompatError
 from spmdtorch.mesh import Mesh as _Mesh
 from spmdtorch.sharding import ShardingError
-
 from spmdtorch.tensor import transfer
+
 __all__ = [
+    "lowering",
     "CpuShardsError",
     "OpSharding",
     "OpShardingError",

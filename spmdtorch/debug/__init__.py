@@ -62,6 +62,7 @@ __all__ = [
     "clear_metrics",
     "clear_timers",
     "get_hlo_text",
+    "last_executable_outputs",
     "GraphParameter",
     "LoweredGraph",
     "lower_graph",
@@ -302,10 +303,13 @@ class LoweredGraph(NamedTuple):
         lowered: the ``jax.stages.Lowered`` program (``as_text()``,
             ``compiler_ir("hlo")``); it returns the tensors in the order given.
         parameters: its parameters, in parameter-number order.
+        devices: the program's device assignment: a device number in its HLO
+            shardings (``{devices=[2,4]<=[8]}``) is a position in this tuple.
     """
 
     lowered: jax.stages.Lowered
     parameters: tuple[GraphParameter, ...]
+    devices: tuple = ()
 
     def parameter_of(self, tensor: XlaTensor) -> int:
         """The parameter number whose argument is ``tensor``'s device data, or -1 (pending, or not an input)."""
@@ -362,7 +366,7 @@ def lower_graph(tensors, *, name: str = "spmdtorch_program") -> LoweredGraph:
         torch.default_generator.set_state(state)
     program = executor.lower_program(roots, name=name, key_data=key_data)
     params = tuple(GraphParameter(i, role, value) for i, (role, value) in enumerate(zip(program.roles, program.args)))
-    return LoweredGraph(program.lowered, params)
+    return LoweredGraph(program.lowered, params, program.devices)
 
 
 def get_stablehlo(tensors=None) -> str:
@@ -417,3 +421,23 @@ def last_executable():
         return None
     prog = ENGINE.compile_cache.peek(ENGINE.last_key)
     return None if prog is None else prog.compiled
+
+
+def last_executable_outputs() -> tuple:
+    """The outputs (``shape``, ``dtype``, ``sharding``) of :func:`last_executable`: the tensors it computes.
+
+    Every program spmdtorch compiles also returns a replicated 0-d bool last
+    (the in-flight bound waits on it, ``spmdtorch.lazy.executor``); it is no
+    tensor's value and is left out here. ``()`` when nothing was compiled.
+
+    Example:
+        >>> import torch, spmdtorch
+        >>> y = torch.ones(4, 2, device="xla") * 3
+        >>> spmdtorch.sync()
+        >>> [(tuple(o.shape), str(o.dtype)) for o in spmdtorch.debug.last_executable_outputs()]
+        [((4, 2), 'float32')]
+    """
+    compiled = last_executable()
+    if compiled is None:
+        return ()
+    return tuple(compiled.out_info)[:-1]

@@ -895,8 +895,10 @@ def run_plan(plan: _Plan, storages, recycle=None, bake: bool = False):
             home if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh else sh
             for sh in out_shardings
         )
-    if not any(type(leaf) is not Scalar for leaf in plan.leaves):
-        # No array inputs: without explicit shardings JAX would use one device.
+    if not any(type(leaf) is not Scalar for leaf in plan.leaves) and not any(n.name == CONSTRAINT for n in plan.nodes):
+        # No array inputs: without explicit shardings JAX would use one device. A
+        # sharding constraint names the devices itself, and XLA propagates it to
+        # the outputs (``zeros(...)`` marked sharded, then ``+ 1``, is sharded alike).
         fallback = _replicated_on(mesh)
         out_shardings = tuple(fallback if sh is None else sh for sh in out_shardings)
     donate = tuple(
@@ -1104,11 +1106,14 @@ class LoweredProgram(NamedTuple):
             already computed, a number's 0-d array, or the random key's data).
         roles: per parameter, what it is: ``"data"`` (a tensor's array),
             ``"scalar"`` (a number kept as an input) or ``"rng_key"``.
+        devices: the program's device assignment: device numbers in its HLO
+            shardings (``{devices=[2,4]<=[8]}``) are positions in this tuple.
     """
 
     lowered: Any
     args: tuple
     roles: tuple[str, ...]
+    devices: tuple
 
 
 def lower_program(
@@ -1161,7 +1166,12 @@ def lower_program(
     program.__name__ = program.__qualname__ = name or "spmdtorch_program"
     with jax.default_matmul_precision(_precision.current()):
         lowered = jax.jit(program).lower(*args)
-    return LoweredProgram(lowered, tuple(args), tuple(roles))
+    # jit assigns devices in the order of the mesh its shardings name (all one mesh).
+    home = mesh
+    if home is None:
+        named = [a.sharding for a in args if isinstance(getattr(a, "sharding", None), jax.sharding.NamedSharding)]
+        home = named[0].mesh if named else replicated_sharding().mesh
+    return LoweredProgram(lowered, tuple(args), tuple(roles), tuple(home.devices.flat))
 
 
 def lower(refs):
