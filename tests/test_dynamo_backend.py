@@ -12,6 +12,7 @@ import torch._dynamo
 import torch._dynamo.testing
 
 import spmdtorch
+import spmdtorch.dynamo
 from spmdtorch.mesh import get_1d_mesh
 from spmdtorch.sharding import get_sharding_spec, mark_sharding
 

@@ -105,6 +105,10 @@ def install() -> None:
         )
     _env.apply()
     sys.meta_path.insert(0, TorchXlaFinder())
+    # backend="openxla" becomes spmdtorch's TorchDynamo backend (without importing torch._dynamo).
+    from spmdtorch.compat import _dynamo
+
+    _dynamo.route_openxla()
 
 
 def uninstall() -> None:
@@ -115,4 +119,7 @@ def uninstall() -> None:
     for name in [n for n in sys.modules if n == ROOT or n.startswith(ROOT + ".")]:
         if getattr(sys.modules[name], "__spmdtorch_compat__", False):
             del sys.modules[name]
+    dynamo_bridge = sys.modules.get("spmdtorch.compat._dynamo")
+    if dynamo_bridge is not None:  # install() pointed backend="openxla" at spmdtorch
+        dynamo_bridge.unroute_openxla()
     _env.remove()

@@ -70,6 +70,8 @@ ALIASES: dict[str, str | None] = {
     "torch_xla.experimental.gradient_accumulation": "spmdtorch.compat._gradient_accumulation",
     "torch_xla.experimental.custom_kernel": "spmdtorch.compat._custom_kernel",
     "torch_xla.experimental.eager": "spmdtorch.compat._eager",
+    "torch_xla.core.dynamo_bridge": "spmdtorch.compat._dynamo",
+    "torch_xla._dynamo.dynamo_bridge": "spmdtorch.compat._dynamo",
 }
 
 

@@ -20,10 +20,10 @@ __all__ = ["is_placeholder", "make_placeholder", "reason_for"]
 #: Why whole PyTorch/XLA modules have no spmdtorch meaning, and what to use instead (longest prefix wins).
 REASONS: dict[str, str] = {
     "torch_xla._dynamo": (
-        "the TorchDynamo backend 'openxla' lowers FX graphs through PyTorch/XLA's IR; spmdtorch's compiled path is "
-        "torch_xla.compile(fn) / spmdtorch.compile(fn)"
+        "torch.compile(fn, backend='openxla') runs on spmdtorch (torch_xla.core.dynamo_bridge."
+        "extract_compiled_graph is spmdtorch.dynamo.backend); the rest of PyTorch/XLA's bridge works on its own IR"
     ),
-    "torch_xla.core.dynamo_bridge": "see torch_xla._dynamo: use torch_xla.compile(fn) / spmdtorch.compile(fn)",
+    "torch_xla.core.dynamo_bridge": "see torch_xla._dynamo",
     "torch_xla.experimental.custom_kernel": (
         "Pallas kernels called by hand are PyTorch/XLA's; use F.scaled_dot_product_attention (lowered to JAX's "
         "flash-attention kernel on TPU) or write the kernel in JAX"

@@ -11,6 +11,7 @@ import torch
 
 import spmdtorch
 from spmdtorch import runtime
+from spmdtorch.compat import _dynamo
 from spmdtorch.compat.errors import MultiprocessNotSupportedError
 
 __all__ = [
@@ -26,6 +27,9 @@ __all__ = [
     "step",
     "sync",
 ]
+
+# ``import torch_xla`` defines torch.ops.xla.dynamo_mark_sharding, as PyTorch/XLA's import does.
+_dynamo.register_ops()
 
 #: PyTorch/XLA's package logger (libraries attach handlers to it).
 logger = logging.getLogger("torch_xla")

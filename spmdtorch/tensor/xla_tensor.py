@@ -289,34 +289,53 @@ class XlaTensor(torch.Tensor):
     # (an embedding tied to the output head) and leave optimizers built
     # before the move holding the old CPU parameters.
     def __tensor_flatten__(self):
-        # No inner tensors, and a context that is the same for every tensor of a
-        # dtype: TorchDynamo guards on this context, and neither the storage nor
-        # the sharding changes the captured graph (the engine compiles one XLA
-        # program per input sharding by itself).
-        return [], _FlattenContext(self.dtype)
+        # One inner tensor, a plain meta stand-in (``_meta``): tracing stacks
+        # fakify a subclass through its inner tensors, and AOTAutograd takes a
+        # subclass with none for an already-fake input. The context is the same
+        # for every tensor of a dtype: TorchDynamo guards on it, and neither the
+        # storage nor the sharding changes the captured graph (the engine
+        # compiles one XLA program per input sharding by itself).
+        return ["_meta"], _FlattenContext(self.dtype)
+
+    @property
+    def _meta(self) -> torch.Tensor:
+        """A plain ``meta`` tensor with this tensor's shape, strides and dtype (see ``__tensor_flatten__``)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily  # only tracing stacks ask
+
+        # A real meta tensor even inside a fake mode (AOTAutograd asks there):
+        # a fake one would make the xla tensor look fake already.
+        with unset_fake_temporarily():
+            return torch.empty_strided(tuple(self.shape), self.stride(), dtype=self.dtype, device=_META_DEVICE)
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """An xla gradient fed to an AOTAutograd backward traced with plain fakes: itself.
+
+        AOTAutograd traced the graph with ``meta`` stand-ins (plain tensors);
+        the backward graph runs on xla tensors all the same.
+        """
+        return self
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
-        """The fake stand-in TorchDynamo / AOTAutograd trace with: a ``meta`` tensor of this shape.
+        """The fake stand-in TorchDynamo / AOTAutograd trace with: the fakified ``meta`` inner tensor.
 
-        Only tracing stacks rebuild subclasses from parts, and only under a
-        fake mode. The stand-in is on ``meta``, not "xla": torch has no device
-        guard for "xla" without torch_xla, and autograd needs one for every
-        tensor that requires grad (the reason the wrapper's storage is on
+        Only tracing stacks rebuild subclasses from parts, and only from fake
+        inner tensors. The stand-in stays on ``meta``, not "xla": torch has no
+        device guard for "xla" without torch_xla, and autograd needs one for
+        every tensor that requires grad (the reason the wrapper's storage is on
         meta too). ``spmdtorch.dynamo`` maps the ``meta`` device that a
         captured graph records back to xla.
         """
-        from torch._guards import detect_fake_mode  # loaded with torch._dynamo, the only caller
+        from torch._subclasses.fake_tensor import FakeTensor  # loaded with torch._dynamo, the only caller
 
-        mode = detect_fake_mode()
-        if mode is None:
+        stand_in = inner_tensors.get("_meta")
+        if not isinstance(stand_in, FakeTensor):
             raise NotImplementedError(
                 "an xla tensor can be rebuilt from parts only as a fake tensor inside torch.compile / "
                 "AOTAutograd tracing; to run a function as one program use torch.compile(fn, backend='spmdtorch') "
                 "or spmdtorch.compile(fn)"
             )
-        with mode:
-            return torch.empty_strided(outer_size, outer_stride, dtype=ctx.dtype, device=_META_DEVICE)
+        return stand_in
 
     # A classmethod, as torch documents __torch_dispatch__; torch's stub types the
     # base attribute as the (instance-level) disabled implementation.
