@@ -94,9 +94,9 @@ def cpu_device_env(
 def _backend_started() -> bool:
     if "jax" not in sys.modules:
         return False
-    from jax._src import xla_bridge  # no public "has the backend started" query
+    from spmdtorch import _jax_private  # imports jax: only once something else has
 
-    return bool(xla_bridge._backends)
+    return _jax_private.backends_initialized()
 
 
 def _other_platform_requested() -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import torch
 
-from spmdtorch import _checks, _cluster, _faults, config
+from spmdtorch import _checks, _cluster, _faults, _jax_private, config
 from spmdtorch._checks import ArgumentError, ArgumentTypeError
 from spmdtorch._faults import PEER_LOST_EXIT_STATUS, PeerLostError
 from spmdtorch.config import DistributedInitError, InvalidPjrtDeviceError, RuntimeConfigError
@@ -117,14 +117,7 @@ def _pjrt_device_from_env() -> str | None:
 
 def _backends_initialized() -> bool:
     """Whether JAX has already created its backends (platform is then fixed)."""
-    try:
-        from jax._src import xla_bridge
-    except ImportError:  # pragma: no cover - private module moved
-        return False
-    check = getattr(xla_bridge, "backends_are_initialized", None)
-    if check is None:  # pragma: no cover - private API changed
-        return False
-    return bool(check())
+    return _jax_private.backends_initialized()
 
 
 def _type_of_platform(platform: str) -> str:
@@ -633,9 +626,7 @@ def is_distributed_initialized() -> bool:
         >>> is_distributed_initialized()     # a plain single-process run
         False
     """
-    from jax._src import distributed
-
-    return distributed.global_state.client is not None
+    return _jax_private.distributed_is_initialized()
 
 
 def initialize_distributed(
@@ -789,16 +780,14 @@ def _join(
 
 def _start_peer_watch(cfg: DistributedConfig, init_timeout_s: int) -> None:
     """A lost peer ends this process at once with a named ``PeerLostError`` (``spmdtorch._faults``)."""
-    from jax._src import distributed
-
-    client = distributed.global_state.client
+    client = _jax_private.distributed_client()
     count, index = jax.process_count(), jax.process_index()
     if client is None or count < 2:
         return
     if cfg.coordinator_address is not None:
         host = cfg.coordinator_address.rsplit(":", 1)[0].strip("[]")
     else:  # JAX found the coordinator itself (TPU slice, Slurm, MPI)
-        address = distributed.global_state.coordinator_address or ""
+        address = _jax_private.distributed_coordinator_address() or ""
         host = address.rsplit(":", 1)[0].strip("[]")
     finished_dir = config.read_one("launch_finished_dir")
     finished = None if finished_dir is None else os.path.join(finished_dir, str(index))
@@ -968,13 +957,7 @@ def auto_initialize_distributed() -> DistributedConfig | None:
 
 def _on_cloud_tpu_vm() -> bool:
     """Whether TPU chips are attached and libtpu is installed (JAX's test, without starting it)."""
-    try:
-        from jax._src import hardware_utils
-
-        chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
-    except Exception:  # pragma: no cover - private module moved or sysfs unreadable
-        return False
-    if not chips:
+    if not _jax_private.num_tpu_chips():
         return False
     import importlib.util
 

@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.lax.lax import _convert_element_type  # weak-typed scalars (no public spelling)
 
 from spmdtorch import config
+from spmdtorch._jax_private import convert_element_type as _convert_element_type  # weak-typed scalars
 from spmdtorch.lazy import _precision, _profiling, _storage, contract, keys, manual, metrics, padding, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding

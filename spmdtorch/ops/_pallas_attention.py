@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spmdtorch import config
+from spmdtorch import _jax_private, config
 
 #: The kernel's default tile (jax's ``BlockSizes.get_default``): sequence
 #: lengths must be multiples of it.
@@ -103,15 +103,6 @@ def attention_vjp(grad_out, query, key, value, is_causal, scale):
     return dq, dk, dv
 
 
-@contextlib.contextmanager
-def _swap(state, value):
-    prev = state.swap_local(value)
-    try:
-        yield
-    finally:
-        state.set_local(prev)
-
-
 class _Kernels(NamedTuple):
     forward: Any  # custom_partitioning: (q, k, v) -> out
     backward: Any  # custom_partitioning: (q, k, v, grad_out) -> (dq, dk, dv)
@@ -124,9 +115,7 @@ def _kernels(static: _Static) -> _Kernels:
     def interpret():
         if not static.interpret:
             return contextlib.nullcontext()
-        from jax._src import config as jax_config
-
-        return _swap(jax_config.pallas_tpu_interpret_mode_context_manager, True)
+        return _jax_private.pallas_interpret_mode()
 
     def kernel(q, k, v):
         return flash_attention(q, k, v, causal=static.causal, sm_scale=static.scale)

@@ -28,7 +28,8 @@ A manual value is never a program output on its own: XLA cannot turn a
 ``{manual}`` result into an array without ``SPMDShardToFullShape`` (the lazy
 engine keeps such values out of its programs, ``spmdtorch.lazy.manual``).
 
-JAX private names used (no public form exists; kept in this one module, and
+JAX private names used (no public form exists; reached through
+``spmdtorch._jax_private`` like every private JAX name, and
 ``tests/ops/test_manual_private_jax.py`` fails loudly if JAX moves them):
 ``jax._src.interpreters.mlir.wrap_with_sharding_op``,
 ``wrap_with_full_to_shard_op`` and ``wrap_with_shard_to_full_op`` (the custom
@@ -43,11 +44,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-
-# Private (see the module docstring): the custom calls of JAX's GSPMD shard_map lowering.
-from jax._src.interpreters import mlir as _private_mlir
 from jax.extend.core import Primitive
 from jax.interpreters import mlir as _public_mlir
+
+from spmdtorch import _jax_private
+
+# Private (see the module docstring): the custom calls of JAX's GSPMD shard_map lowering.
+_private_mlir = _jax_private.private_mlir()
 
 __all__ = [
     "ManualOpsError",
