@@ -151,3 +151,56 @@ def test_import_spmdtorch_does_not_import_dynamo():
     code = "import sys, spmdtorch; print('torch._dynamo' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert res.stdout.strip() == "False"
+
+
+def test_aot_function_with_mark_sharding_with_gradients_matches_eager_cpu():
+    from functorch.compile import aot_function, make_boxed_func
+
+    from spmdtorch.sharding import mark_sharding_with_gradients
+
+    mesh = get_1d_mesh("x")
+    graphs: list[torch.fx.GraphModule] = []
+
+    def compiler(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def fn(a):
+        return mark_sharding_with_gradients(torch.sin(a), mesh, ("x",)) * 3
+
+    x = torch.linspace(-2, 2, 8)
+    xx = x.to("xla").requires_grad_(True)
+    out = aot_function(fn, compiler)(xx)
+    out.square().sum().backward()
+    xc = x.clone().requires_grad_(True)
+    (torch.sin(xc) * 3).square().sum().backward()
+
+    torch.testing.assert_close(out.cpu(), torch.sin(x) * 3)
+    torch.testing.assert_close(xx.grad.cpu(), xc.grad)
+    assert get_sharding_spec(out) == SHARDED_8
+    assert get_sharding_spec(xx.grad) == SHARDED_8
+    assert len(graphs) == 2  # forward and backward, each with the annotation as an op
+    for gm in graphs:
+        targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+        assert torch.ops.spmdtorch.sharded_copy.default in targets
+
+
+def test_compiled_mark_sharding_with_gradients_shards_value_and_gradient():
+    from spmdtorch.sharding import mark_sharding_with_gradients
+
+    mesh = get_1d_mesh("x")
+
+    def fn(a):
+        return mark_sharding_with_gradients(a * 2, mesh, ("x", None)).cos()
+
+    recorder = _GraphRecorder()
+    x = torch.randn(8, 4)
+    xx = x.to("xla").requires_grad_(True)
+    out = torch.compile(fn, backend=recorder)(xx)
+    out.sum().backward()
+    xc = x.clone().requires_grad_(True)
+    (xc * 2).cos().sum().backward()
+    assert len(recorder.graphs) == 1
+    torch.testing.assert_close(out.cpu(), (x * 2).cos())
+    torch.testing.assert_close(xx.grad.cpu(), xc.grad)
+    assert get_sharding_spec(xx.grad) == "{devices=[8,1]0,1,2,3,4,5,6,7}"

@@ -36,6 +36,7 @@ from spmdtorch.compat.errors import CompatError
 from spmdtorch.mesh import Mesh
 from spmdtorch.sharding import mark_sharding
 from spmdtorch.tensor import XlaTensor
+from spmdtorch.tensor.dispatch import special_op
 
 __all__ = [
     "DynamoMarkShardingError",
@@ -90,7 +91,7 @@ def dynamo_mark_sharding(
 _XLA_LIB: torch.library.Library | None = None
 
 
-def _on_xla(cls: type, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+def _on_xla(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], facts: Any) -> torch.Tensor:
     return dynamo_mark_sharding(*args, **kwargs)
 
 
@@ -107,7 +108,7 @@ def register_ops() -> None:
     # Any tensor but an xla one (CPU, Dynamo's fakes): the annotation has no meaning; the input is returned,
     # as PyTorch/XLA's CompositeExplicitAutograd kernel does.
     lib.impl("dynamo_mark_sharding", lambda t, *_: t, "CompositeExplicitAutograd")
-    torch.library.register_torch_dispatch("xla::dynamo_mark_sharding", XlaTensor, _on_xla, lib=lib)
+    special_op(torch.ops.xla.dynamo_mark_sharding.default)(_on_xla)
     _XLA_LIB = lib
 
 

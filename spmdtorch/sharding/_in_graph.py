@@ -9,8 +9,16 @@ Dynamo records in the graph like any tensor op. ``key`` names the
 mesh objects); it is computed once per trace, outside the graph
 (``assume_constant_result``), after the spec was checked against the
 tensor's rank. When the graph runs on xla tensors, the op's torch-dispatch
-rule for ``XlaTensor`` applies the real ``mark_sharding``; on other tensors
+handler in spmdtorch's op router (``special_op``, registered by ``_marking``) applies the real ``mark_sharding``; on other tensors
 (CPU) the op does nothing, as ``mark_sharding`` has no meaning there.
+
+AOTAutograd (``aot_function``, or a Dynamo backend built on it) traces with
+functionalization, which would wrap an in-place custom op in a higher-order
+op that xla tensors cannot run. Under AOTAutograd the annotation is therefore
+the functional ``torch.ops.spmdtorch.sharded_copy(t, key)`` written back
+with ``t.copy_``, which functionalization turns into plain data flow: the
+graph's later uses of ``t`` read the sharded copy. Its gradient is the
+incoming gradient unchanged (as ``mark_sharding`` leaves gradients alone).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from typing import Any
 import torch
 
 from spmdtorch.mesh import Mesh
-from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["annotation", "mark_sharding_in_graph"]
 
@@ -60,18 +67,30 @@ def _mark_sharding_op(t: torch.Tensor, key: int) -> None:
     """Non-xla tensors: a sharding annotation has no meaning, nothing to do."""
 
 
-def _on_xla(cls: type, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    from spmdtorch.sharding._marking import mark_sharding  # _marking imports this module
-
-    t, key = args
-    mesh, spec = _ANNOTATIONS[key]
-    mark_sharding(t, mesh, spec)
+@torch.library.custom_op("spmdtorch::sharded_copy", mutates_args=())
+def _sharded_copy_op(t: torch.Tensor, key: int) -> torch.Tensor:
+    """Non-xla tensors: a copy (the annotation has no meaning there)."""
+    return t.clone()
 
 
-torch.library.register_torch_dispatch("spmdtorch::mark_sharding_", XlaTensor, _on_xla)
+@_sharded_copy_op.register_fake
+def _(t: torch.Tensor, key: int) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+def _sharded_copy_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return grad, None
+
+
+_sharded_copy_op.register_autograd(_sharded_copy_backward)
 
 
 def mark_sharding_in_graph(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence[Any]) -> torch.Tensor:
-    """What ``mark_sharding(t, mesh, spec)`` does while TorchDynamo traces: record the custom op, return ``t``."""
-    torch.ops.spmdtorch.mark_sharding_(t, _annotation_key(mesh, tuple(partition_spec)))
+    """What ``mark_sharding(t, mesh, spec)`` does while a tracer runs on fakes: record the annotation, return ``t``."""
+    key = _annotation_key(mesh, tuple(partition_spec))
+    if torch.compiler.is_compiling():  # TorchDynamo: the in-place op, run as is by spmdtorch's backend
+        torch.ops.spmdtorch.mark_sharding_(t, key)
+    else:  # AOTAutograd / make_fx: functional form (see the module docstring)
+        with torch.no_grad():
+            t.copy_(torch.ops.spmdtorch.sharded_copy(t, key))
     return t

@@ -30,6 +30,7 @@ from typing import Any, TypeVar, cast, overload
 import jax
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.lazy import ConstraintStep, metrics, padding, replicated_sharding
@@ -37,8 +38,8 @@ from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.constraint import constrained_input, record_constraint
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.mesh import Mesh
-from spmdtorch.sharding._in_graph import mark_sharding_in_graph
-from spmdtorch.tensor.dispatch import base_value, constrained_chain
+from spmdtorch.sharding._in_graph import annotation, mark_sharding_in_graph
+from spmdtorch.tensor.dispatch import base_value, constrained_chain, special_op
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -127,6 +128,13 @@ def _named_sharding(mesh: Mesh, partition_spec: Sequence[Any], t: torch.Tensor) 
     return mesh.named_sharding(spec)
 
 
+def _tracing(t: object) -> bool:
+    """Whether ``t`` is a tracer's stand-in: TorchDynamo is tracing, or ``t`` is a fake (AOTAutograd, make_fx)."""
+    if torch.compiler.is_compiling():
+        return True
+    return isinstance(t, torch.Tensor) and not isinstance(t, XlaTensor) and is_fake(t)
+
+
 _T = TypeVar("_T", bound=torch.Tensor)
 _M = TypeVar("_M", bound=torch.nn.Module)
 
@@ -170,9 +178,9 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
     """
     if isinstance(t, torch.nn.Module):
         return _mark_module(t, mesh, partition_spec)
-    if torch.compiler.is_compiling():
-        # TorchDynamo is tracing (t is a fake): the annotation becomes an op
-        # in the captured graph, applied when the graph runs.
+    if _tracing(t):
+        # TorchDynamo or AOTAutograd is tracing (t is a fake stand-in): the
+        # annotation becomes an op in the captured graph, applied when it runs.
         return mark_sharding_in_graph(t, mesh, partition_spec)
     xt = _check_tensor(t)
     sharding = _named_sharding(mesh, partition_spec, xt)
@@ -225,6 +233,20 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
     st.sharding = sharding
     st.annotated = True
     return t
+
+
+# When a captured graph runs on xla tensors, its annotation ops (spmdtorch.sharding._in_graph) are mark_sharding.
+@special_op(torch.ops.spmdtorch.mark_sharding_.default)
+def _mark_in_graph(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], facts: Any) -> None:
+    t, key = args
+    mark_sharding(t, *annotation(key))
+
+
+@special_op(torch.ops.spmdtorch.sharded_copy.default)
+def _sharded_copy_in_graph(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], facts: Any) -> torch.Tensor:
+    t, key = args
+    out: torch.Tensor = mark_sharding(t.clone(), *annotation(key))
+    return out
 
 
 def match_rules(names: Iterable[str], rules: Mapping[str, Any], owner: str = "") -> dict[str, str]:
@@ -407,11 +429,13 @@ def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: Se
         >>> x = torch.ones(8, 2, device="xla", requires_grad=True)
         >>> y = mark_sharding_with_gradients(x * 2, get_1d_mesh("d"), ("d", None))
     """
-    if not isinstance(t, XlaTensor):  # a view is fine: the annotated tensor is a copy
+    tracing = _tracing(t)
+    if not isinstance(t, XlaTensor) and not tracing:  # a view is fine: the annotated tensor is a copy
         _check_tensor(t, "mark_sharding_with_gradients")
     # Checked here, not in forward: autograd would report errors from there wrapped.
     spec = _check_spec(partition_spec, "mark_sharding_with_gradients")
-    _check_mesh(mesh, "mark_sharding_with_gradients").named_sharding(spec, t.dim())
+    if not torch.compiler.is_compiling():  # (TorchDynamo would stop at JAX's mesh code)
+        _check_mesh(mesh, "mark_sharding_with_gradients").named_sharding(spec, t.dim())
     # torch leaves Function.apply unannotated.
     out: torch.Tensor = _MarkWithGradients.apply(t, mesh, tuple(partition_spec))  # type: ignore[no-untyped-call]
     return out

@@ -43,6 +43,7 @@ __all__ = [
     "path",
     "reset_op_facts",
     "special",
+    "special_op",
     "torch_function",
     "torch_function_handler",
 ]
@@ -75,6 +76,26 @@ def special(*names: str, prefix: str | None = None):
                 _SPECIAL[op] = fn
         if prefix is not None:
             _PREFIXES.append((prefix, fn))
+        reset_op_facts()
+        return fn
+
+    return deco
+
+
+def special_op(*ops):
+    """Register the decorated handler for operator overloads given as objects (custom ``torch.library`` ops).
+
+    What ``special`` does for ATen names, for ops outside ``torch.ops.aten``:
+    the handler runs for the op whether it reaches the router through
+    ``XlaTensor.__torch_dispatch__`` or through spmdtorch's own dispatch
+    modes (backward passes).
+    """
+
+    def deco(fn: Handler) -> Handler:
+        for op in ops:
+            if _SPECIAL.get(op, fn) is not fn:
+                raise ValueError(f"{op} already has the special handler {_SPECIAL[op].__qualname__}")
+            _SPECIAL[op] = fn
         reset_op_facts()
         return fn
 

@@ -300,20 +300,26 @@ class XlaTensor(torch.Tensor):
     @property
     def _meta(self) -> torch.Tensor:
         """A plain ``meta`` tensor with this tensor's shape, strides and dtype (see ``__tensor_flatten__``)."""
-        from torch._subclasses.fake_tensor import unset_fake_temporarily  # only tracing stacks ask
-
-        # A real meta tensor even inside a fake mode (AOTAutograd asks there):
-        # a fake one would make the xla tensor look fake already.
-        with unset_fake_temporarily():
+        # A real meta tensor whatever dispatch modes are active: inside a fake
+        # mode (AOTAutograd asks there) a fake one would make the xla tensor
+        # look fake already; spmdtorch's backward mode would make it an xla one.
+        with torch.utils._python_dispatch._disable_current_modes():
             return torch.empty_strided(tuple(self.shape), self.stride(), dtype=self.dtype, device=_META_DEVICE)
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
-        """An xla gradient fed to an AOTAutograd backward traced with plain fakes: itself.
+        """An xla gradient fed to an AOTAutograd backward traced with plain fakes.
 
-        AOTAutograd traced the graph with ``meta`` stand-ins (plain tensors);
-        the backward graph runs on xla tensors all the same.
+        AOTAutograd traced the graph with ``meta`` stand-ins (plain tensors)
+        and refuses a gradient that is a traceable subclass there. The backward
+        graph runs on xla tensors all the same: this answers the same data as
+        an ``XlaTensor`` that does not present the subclass protocol.
         """
-        return self
+        # Contiguous too: AOTAutograd restrides any other layout through a
+        # fresh tensor, which would be an ordinary (traceable) XlaTensor again.
+        src = self if self.is_contiguous() else self.contiguous()
+        return _UnflattenableXlaTensor(
+            src._st, src._chain, src.shape, src.stride(), src.storage_offset(), src.dtype, False, src._mk
+        )
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
@@ -344,6 +350,22 @@ class XlaTensor(torch.Tensor):
         # The router resolves the op once (spmdtorch.tensor._router); a global
         # lookup here, so tests can wrap it (monkeypatch this module's ``dispatch``).
         return dispatch(func, args, kwargs or {})
+
+
+class _Absent:
+    """A class attribute that reads as missing: ``hasattr`` answers False."""
+
+    def __get__(self, obj, objtype=None):
+        raise AttributeError("__tensor_flatten__")
+
+
+class _UnflattenableXlaTensor(XlaTensor):
+    """An xla tensor that tracing stacks take for a plain tensor (see ``__coerce_same_metadata_as_tangent__``).
+
+    Ops on it give ordinary ``XlaTensor`` results.
+    """
+
+    __tensor_flatten__ = _Absent()  # type: ignore[assignment]
 
 
 def _restore_xla_location(storage, location):

@@ -19,7 +19,7 @@ The names below are its internal API for the rest of spmdtorch.
 
 from spmdtorch.lazy import record
 from spmdtorch.tensor._facts import OpFacts, functional_twin, op_facts
-from spmdtorch.tensor._router import dispatch, facts_of, reset_op_facts
+from spmdtorch.tensor._router import dispatch, facts_of, reset_op_facts, special_op
 from spmdtorch.tensor._values import (
     assign_value,
     base_value,
@@ -67,6 +67,7 @@ __all__ = [
     "read_value",
     "record",
     "reset_op_facts",
+    "special_op",
     "to_cpu",
     "wrap_jax_array",
     "write",
