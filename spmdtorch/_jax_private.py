@@ -1,7 +1,8 @@
 """Every private JAX name spmdtorch uses, behind this one module.
 
 ``jax._src`` carries no compatibility promise: a JAX release may move or drop
-any name in it. So no other spmdtorch module imports ``jax._src``; each use
+any name in it (nor do ``_``-names of public classes). So no other spmdtorch
+module imports ``jax._src``; each use
 goes through an accessor here that tries JAX's public API first and falls
 back to the private name only where no public spelling exists (in the JAX
 versions spmdtorch supports). :data:`PRIVATE_NAMES` lists every private
@@ -43,7 +44,6 @@ __all__ = [
     "missing",
     "num_tpu_chips",
     "pallas_interpret_mode",
-    "private_mlir",
     "resolve",
 ]
 
@@ -56,8 +56,9 @@ class PrivateName(NamedTuple):
     """One private JAX name spmdtorch reads.
 
     Attributes:
-        module: the ``jax._src`` module holding it.
-        attr: the attribute read from that module.
+        module: the module holding it (``jax._src...``, or a public module for
+            a private attribute of a public class).
+        attr: the attribute read from that module (dotted for a class attribute).
         used_by: the spmdtorch function(s) that need it.
         public_first: the public API tried before it, or "" when there is none.
     """
@@ -105,21 +106,9 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "jax.experimental.pallas.tpu.force_tpu_interpret_mode",
     ),
     PrivateName(
-        "jax._src.interpreters.mlir",
-        "wrap_with_sharding_op",
-        "ops.manual (the Sharding custom call of JAX's GSPMD shard_map lowering)",
-        "",
-    ),
-    PrivateName(
-        "jax._src.interpreters.mlir",
-        "wrap_with_full_to_shard_op",
-        "ops.manual (SPMDFullToShardShape)",
-        "",
-    ),
-    PrivateName(
-        "jax._src.interpreters.mlir",
-        "wrap_with_shard_to_full_op",
-        "ops.manual (SPMDShardToFullShape)",
+        "jax.sharding",
+        "NamedSharding._to_xla_hlo_sharding",
+        "ops.manual (the HloSharding its Sharding / SPMDFullToShardShape / SPMDShardToFullShape custom calls carry)",
         "",
     ),
 )
@@ -128,10 +117,14 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
 def _lookup(entry: PrivateName) -> Any | None:
     """The private object, or None when the installed JAX lacks it."""
     try:
-        module = importlib.import_module(entry.module)
+        found: Any = importlib.import_module(entry.module)
     except ImportError:
         return None
-    return getattr(module, entry.attr, None)
+    for part in entry.attr.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found
 
 
 def _entry(module: str, attr: str) -> PrivateName:
@@ -235,11 +228,6 @@ def pallas_interpret_mode() -> Iterator[None]:
         yield
     finally:
         state.set_local(prev)
-
-
-def private_mlir() -> Any:
-    """``jax._src.interpreters.mlir`` (``spmdtorch.ops.manual`` checks the functions it calls)."""
-    return importlib.import_module("jax._src.interpreters.mlir")
 
 
 def __getattr__(name: str) -> Any:

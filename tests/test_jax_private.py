@@ -150,9 +150,12 @@ def test_pallas_interpret_mode_private_fallback(monkeypatch):
     assert state.value == before
 
 
-def test_private_mlir_is_the_module_manual_lowers_with():
+def test_manual_ops_check_their_private_name_here(monkeypatch):
     from spmdtorch.ops import manual
 
-    assert manual._private_mlir is _jax_private.private_mlir()
-    for name in manual.PRIVATE_JAX_NAMES:
-        assert ("jax._src.interpreters.mlir", name) in {(e.module, e.attr) for e in _jax_private.PRIVATE_NAMES}
+    manual.check_private_jax()
+    # The base class (a C++ type) keeps its own; None stands in for a JAX without the method.
+    monkeypatch.setattr(jax.sharding.NamedSharding, "_to_xla_hlo_sharding", None)
+    assert _jax_private.missing() == ["jax.sharding.NamedSharding._to_xla_hlo_sharding"]
+    with pytest.raises(_jax_private.JaxPrivateNameError, match=r"NamedSharding\._to_xla_hlo_sharding.*ops\.manual"):
+        manual.check_private_jax()

@@ -28,29 +28,27 @@ A manual value is never a program output on its own: XLA cannot turn a
 ``{manual}`` result into an array without ``SPMDShardToFullShape`` (the lazy
 engine keeps such values out of its programs, ``spmdtorch.lazy.manual``).
 
-JAX private names used (no public form exists; reached through
-``spmdtorch._jax_private`` like every private JAX name, and
-``tests/ops/test_manual_private_jax.py`` fails loudly if JAX moves them):
-``jax._src.interpreters.mlir.wrap_with_sharding_op``,
-``wrap_with_full_to_shard_op`` and ``wrap_with_shard_to_full_op`` (the custom
-calls JAX's own ``shard_map`` lowering emits under GSPMD), and
-``NamedSharding._to_xla_hlo_sharding`` (a sharding's ``HloSharding``).
+The custom calls are built here with JAX's public MLIR bindings
+(``jax.extend.mlir``), as JAX's own GSPMD lowering built them before JAX
+0.12 removed it (JAX 0.12 lowers only to Shardy; XLA still partitions a
+module holding these calls with GSPMD, and says so in the warning above).
+One private JAX name remains, ``NamedSharding._to_xla_hlo_sharding`` (a
+sharding's ``HloSharding``), reached through ``spmdtorch._jax_private``;
+``tests/test_jax_private.py`` fails loudly if JAX moves it.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 from jax.extend.core import Primitive
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo
 from jax.interpreters import mlir as _public_mlir
 
 from spmdtorch import _jax_private
-
-# Private (see the module docstring): the custom calls of JAX's GSPMD shard_map lowering.
-_private_mlir = _jax_private.private_mlir()
 
 __all__ = [
     "ManualOpsError",
@@ -68,54 +66,46 @@ class ManualOpsError(ValueError):
     """A shape or sharding the manual-sharding ops cannot take."""
 
 
-#: The three JAX private functions this module lowers with, and the leading parameters each must take.
-PRIVATE_JAX_NAMES = ("wrap_with_sharding_op", "wrap_with_full_to_shard_op", "wrap_with_shard_to_full_op")
-_PRIVATE_PARAMS = ("ctx", "x", "aval_out", "sharding")
-
-
 def check_private_jax() -> None:
-    """Raise ``ImportError`` naming what changed if JAX no longer has the private names used here.
+    """Raise ``ImportError`` naming what changed if JAX no longer has the private name used here.
 
-    Called once at import (so a JAX upgrade that moves them fails at once,
-    not inside a program's lowering) and by the test of this module.
+    Called before the first lowering (so a JAX upgrade that moves it fails
+    with its name, not deep inside XLA) and by the tests.
     """
-    for name in PRIVATE_JAX_NAMES:
-        fn = getattr(_private_mlir, name, None)
-        if fn is None:
-            raise ImportError(
-                f"spmdtorch.ops.manual: jax {jax.__version__} has no jax._src.interpreters.mlir.{name}; "
-                "the manual-sharding ops (spmdtorch.sharding.full_to_shard_shape) need a port to this jax"
-            )
-        params = tuple(inspect.signature(fn).parameters)[: len(_PRIVATE_PARAMS)]
-        if params != _PRIVATE_PARAMS:
-            raise ImportError(
-                f"spmdtorch.ops.manual: jax {jax.__version__}'s jax._src.interpreters.mlir.{name} takes "
-                f"{params}, expected {_PRIVATE_PARAMS}; the manual-sharding ops need a port to this jax"
-            )
-    if not hasattr(jax.sharding.NamedSharding, "_to_xla_hlo_sharding"):
-        raise ImportError(
-            f"spmdtorch.ops.manual: jax {jax.__version__}'s NamedSharding has no _to_xla_hlo_sharding; "
-            "the manual-sharding ops need a port to this jax"
-        )
+    _jax_private.resolve("jax.sharding", "NamedSharding._to_xla_hlo_sharding")
 
 
-check_private_jax()
+_CHECKED: list[bool] = []
 
 
-def _hlo_proto(sharding: jax.sharding.Sharding, ndim: int) -> Any:
-    return sharding._to_xla_hlo_sharding(ndim).to_proto()
+def _hlo_sharding(sharding: jax.sharding.Sharding, ndim: int) -> Any:
+    if not _CHECKED:
+        check_private_jax()
+        _CHECKED.append(True)
+    return sharding._to_xla_hlo_sharding(ndim)
 
 
-def _manual_proto() -> Any:
-    return jax.extend.sharding.xla_client.HloSharding.manual().to_proto()  # type: ignore[attr-defined]
+def _manual_sharding() -> Any:
+    return jax.extend.sharding.xla_client.HloSharding.manual()  # type: ignore[attr-defined]
 
 
-def _custom_call(name: str, ctx: Any, x: Any, aval_out: Any, proto: Any) -> Any:
-    # The Sharding call is JAX's custom call, not Shardy's constraint (which cannot carry {manual}).
-    fn = getattr(_private_mlir, name)
-    if name == "wrap_with_sharding_op":
-        return fn(ctx, x, aval_out, proto, allow_shardy_lowering=False)
-    return fn(ctx, x, aval_out, proto)
+def _custom_call(target: str, ctx: Any, x: Any, aval_out: Any, hlo_sharding: Any) -> Any:
+    """XLA's ``target`` custom call on ``x`` carrying ``hlo_sharding`` (an ``mhlo.sharding`` attribute).
+
+    What JAX's GSPMD lowering emitted for ``Sharding`` / ``SPMDFullToShardShape``
+    / ``SPMDShardToFullShape``: api_version 1, no backend config, the sharding
+    in HloSharding's text form (Shardy's constraint op cannot carry ``{manual}``).
+    """
+    op = stablehlo.CustomCallOp(
+        [_public_mlir.aval_to_ir_type(ctx.module_context, aval_out)],
+        [x],
+        call_target_name=ir.StringAttr.get(target),
+        has_side_effect=ir.BoolAttr.get(False),
+        backend_config=ir.StringAttr.get(""),
+        api_version=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 1),
+    )
+    op.attributes["mhlo.sharding"] = ir.StringAttr.get(repr(hlo_sharding))
+    return op.result
 
 
 def local_shape(shape: Sequence[int], sharding: jax.sharding.Sharding) -> tuple[int, ...]:
@@ -164,20 +154,20 @@ def _mark_manual_abstract(x: Any) -> Any:
 def _full_to_shard_lowering(ctx: Any, x: Any, *, sharding: jax.sharding.Sharding, local: tuple[int, ...]) -> Any:
     (aval_in,) = ctx.avals_in
     (aval_out,) = ctx.avals_out
-    full = _custom_call("wrap_with_sharding_op", ctx, x, aval_in, _hlo_proto(sharding, aval_in.ndim))
-    return [_custom_call("wrap_with_full_to_shard_op", ctx, full, aval_out, _manual_proto())]
+    full = _custom_call("Sharding", ctx, x, aval_in, _hlo_sharding(sharding, aval_in.ndim))
+    return [_custom_call("SPMDFullToShardShape", ctx, full, aval_out, _manual_sharding())]
 
 
 def _shard_to_full_lowering(ctx: Any, x: Any, *, sharding: jax.sharding.Sharding, full: tuple[int, ...]) -> Any:
     (aval_in,) = ctx.avals_in
     (aval_out,) = ctx.avals_out
-    manual = _custom_call("wrap_with_sharding_op", ctx, x, aval_in, _manual_proto())
-    return [_custom_call("wrap_with_shard_to_full_op", ctx, manual, aval_out, _hlo_proto(sharding, aval_out.ndim))]
+    manual = _custom_call("Sharding", ctx, x, aval_in, _manual_sharding())
+    return [_custom_call("SPMDShardToFullShape", ctx, manual, aval_out, _hlo_sharding(sharding, aval_out.ndim))]
 
 
 def _mark_manual_lowering(ctx: Any, x: Any) -> Any:
     (aval_in,) = ctx.avals_in
-    return [_custom_call("wrap_with_sharding_op", ctx, x, aval_in, _manual_proto())]
+    return [_custom_call("Sharding", ctx, x, aval_in, _manual_sharding())]
 
 
 full_to_shard_p.def_abstract_eval(_full_to_shard_abstract)
