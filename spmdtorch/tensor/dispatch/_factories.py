@@ -47,8 +47,8 @@ class _MetaFactoriesToXla(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         # torch otherwise wraps __torch_dispatch__ in torch._dynamo.disable,
         # whose eval-frame bookkeeping costs about a microsecond per op; every
-        # backward op runs through this mode, and no TorchDynamo ever traces
-        # xla tensors (XlaTensor.__tensor_unflatten__ refuses).
+        # backward op runs through this mode, and TorchDynamo never traces
+        # through it (it traces xla tensors as meta stand-ins, outside it).
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
