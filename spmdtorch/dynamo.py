@@ -20,11 +20,17 @@ and then computes it (``spmdtorch.sync()``) before returning, as PyTorch/XLA's
   state); a new input sharding does not re-trace, the engine compiles one
   more XLA program for it (cached by the engine like any lazy step).
 
+* ``dynamic=True`` (or Dynamo's automatic dynamic shapes) keeps one graph
+  for every size; the engine compiles one XLA program per concrete shape;
+* ``functorch``'s ``aot_function`` over xla tensors works too: annotations
+  become ``torch.ops.spmdtorch.sharded_copy`` in its forward and backward graphs.
+
 Not yet: the program is re-recorded op by op on every call (the engine's
-program cache avoids the XLA compile, not the Python recording), dynamic
-shapes (``dynamic=True``) are specialised, and tensors created inside the
-compiled function with an explicit ``device="xla"`` next to inputs fail in
-Dynamo's tracing (create them with ``device=x.device`` instead).
+program cache avoids the XLA compile, not the Python recording, so a compiled
+call is not faster than lazy mode), and an explicit ``device="xla"`` or
+``.to("xla")`` inside the compiled function fails in Dynamo's tracing with
+torch's "Tensor device mismatch" (move inputs to xla before the call; create
+tensors with ``device=x.device``).
 
 How Dynamo sees an xla tensor: its fake stand-in is a ``meta`` tensor
 (``XlaTensor.__tensor_unflatten__``), since torch has no device guard for

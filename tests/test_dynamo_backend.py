@@ -204,3 +204,26 @@ def test_compiled_mark_sharding_with_gradients_shards_value_and_gradient():
     torch.testing.assert_close(out.cpu(), (x * 2).cos())
     torch.testing.assert_close(xx.grad.cpu(), xc.grad)
     assert get_sharding_spec(xx.grad) == "{devices=[8,1]0,1,2,3,4,5,6,7}"
+
+
+@pytest.mark.parametrize("dynamic", [False, None])
+def test_new_shape_fails_a_guard_and_retraces(dynamic):
+    xla = _mlp().to("xla")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("spmdtorch")
+    fast = torch.compile(xla, backend=counter, dynamic=dynamic)
+    cpu = copy.deepcopy(xla).cpu()
+    for batch in (4, 6, 6):
+        x = torch.randn(batch, 16)
+        torch.testing.assert_close(fast(x.to("xla")).cpu(), cpu(x), rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 2  # the first shape, then the second (static or, by default, dynamic batch)
+
+
+def test_dynamic_true_keeps_one_graph_for_every_batch():
+    xla = _mlp().to("xla")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("spmdtorch")
+    fast = torch.compile(xla, backend=counter, dynamic=True)
+    cpu = copy.deepcopy(xla).cpu()
+    for batch in (4, 6, 9):
+        x = torch.randn(batch, 16)
+        torch.testing.assert_close(fast(x.to("xla")).cpu(), cpu(x), rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1

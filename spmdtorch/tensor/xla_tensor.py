@@ -300,11 +300,23 @@ class XlaTensor(torch.Tensor):
     @property
     def _meta(self) -> torch.Tensor:
         """A plain ``meta`` tensor with this tensor's shape, strides and dtype (see ``__tensor_flatten__``)."""
-        # A real meta tensor whatever dispatch modes are active: inside a fake
-        # mode (AOTAutograd asks there) a fake one would make the xla tensor
-        # look fake already; spmdtorch's backward mode would make it an xla one.
-        with torch.utils._python_dispatch._disable_current_modes():
-            return torch.empty_strided(tuple(self.shape), self.stride(), dtype=self.dtype, device=_META_DEVICE)
+        # TorchDynamo's guards read it on every call of a compiled function:
+        # kept per tensor while its metadata (``_mk``) is the same object.
+        mk = self._mk
+        cached = self.__dict__.get("_meta_stand_in")
+        if cached is not None and cached[0] is mk:
+            return cached[1]
+        if torch._C._len_torch_dispatch_stack():
+            # A real meta tensor whatever dispatch modes are active: inside a
+            # fake mode (AOTAutograd asks there) a fake one would make the xla
+            # tensor look fake already; spmdtorch's backward mode would make
+            # it an xla one.
+            with torch.utils._python_dispatch._disable_current_modes():
+                stand_in = torch.empty_strided(mk.shape, mk.stride, dtype=mk.dtype, device=_META_DEVICE)
+        else:
+            stand_in = torch.empty_strided(mk.shape, mk.stride, dtype=mk.dtype, device=_META_DEVICE)
+        self.__dict__["_meta_stand_in"] = (mk, stand_in)
+        return stand_in
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
         """An xla gradient fed to an AOTAutograd backward traced with plain fakes.
