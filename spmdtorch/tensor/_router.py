@@ -82,7 +82,7 @@ def special(*names: str, prefix: str | None = None):
     return deco
 
 
-def special_op(*ops):
+def special_op(*ops: object) -> Callable[[Handler], Handler]:
     """Register the decorated handler for operator overloads given as objects (custom ``torch.library`` ops).
 
     What ``special`` does for ATen names, for ops outside ``torch.ops.aten``:

@@ -328,7 +328,7 @@ class XlaTensor(torch.Tensor):
         """
         # Contiguous too: AOTAutograd restrides any other layout through a
         # fresh tensor, which would be an ordinary (traceable) XlaTensor again.
-        src = self if self.is_contiguous() else self.contiguous()
+        src = self if self.is_contiguous() else cast(XlaTensor, self.contiguous())
         return _UnflattenableXlaTensor(
             src._st, src._chain, src.shape, src.stride(), src.storage_offset(), src.dtype, False, src._mk
         )
@@ -377,7 +377,7 @@ class _UnflattenableXlaTensor(XlaTensor):
     Ops on it give ordinary ``XlaTensor`` results.
     """
 
-    __tensor_flatten__ = _Absent()  # type: ignore[assignment]
+    __tensor_flatten__ = _Absent()
 
 
 def _restore_xla_location(storage, location):
