@@ -71,6 +71,8 @@ def _check_mesh(mesh: object, what: str) -> Mesh:
 
 def _check_spec(partition_spec: object, what: str) -> tuple[Any, ...]:
     """The spec as a tuple; its entries are checked against the mesh by ``Mesh.named_sharding``."""
+    if isinstance(partition_spec, jax.sharding.PartitionSpec):  # not a tuple (nor a Sequence) in jax >= 0.10
+        return tuple(partition_spec)
     if isinstance(partition_spec, (str, bytes)) or not isinstance(partition_spec, Sequence):
         hint = f"; did you mean ({partition_spec!r},)?" if isinstance(partition_spec, (str, int)) else ""
         raise ShardingTypeError(

@@ -254,9 +254,13 @@ def test_sharded_random_tensors_do_not_depend_on_the_mesh(layout):
     spmdtorch.sync()
     for name, t in ts.items():
         assert _n_shards(t) == shards, f"{name} on {layout}: {_n_shards(t)} shards, expected {shards}"
-        torch.testing.assert_close(
-            t.cpu(), refs[name].cpu(), rtol=0, atol=0, msg=lambda m, n=name: f"{n} on {layout}: {m}"
-        )
+        ref = refs[name].cpu()
+        # The random bits are the same on every layout (the other draws match
+        # exactly). normal_'s `randn * std + mean` may be fused into one FMA in
+        # one layout and not another (XLA:CPU of jax 0.12 does): a rounding, so
+        # a few ulps of the output's scale, not another draw.
+        atol = 8 * torch.finfo(ref.dtype).eps * float(ref.abs().max()) if name == "normal_" else 0
+        torch.testing.assert_close(t.cpu(), ref, rtol=0, atol=atol, msg=lambda m, n=name: f"{n} on {layout}: {m}")
 
 
 def test_in_place_draw_into_an_annotated_tensor_matches():
