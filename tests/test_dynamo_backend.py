@@ -227,3 +227,26 @@ def test_dynamic_true_keeps_one_graph_for_every_batch():
         x = torch.randn(batch, 16)
         torch.testing.assert_close(fast(x.to("xla")).cpu(), cpu(x), rtol=1e-5, atol=1e-5)
     assert counter.frame_count == 1
+
+
+def test_compiled_training_step_with_optimizer_trains_like_eager_cpu():
+    cpu = _mlp()
+    xla = copy.deepcopy(cpu).to("xla")
+    opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1, momentum=0.9)
+    opt_xla = torch.optim.SGD(xla.parameters(), lr=0.1, momentum=0.9)
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = torch.compile(step, backend="spmdtorch")
+    for _ in range(3):
+        x, y = torch.randn(4, 16), torch.randn(4, 8)
+        expected = step(cpu, opt_cpu, x, y)
+        got = compiled(xla, opt_xla, x.to("xla"), y.to("xla"))
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+    for p_xla, p_cpu in zip(xla.parameters(), cpu.parameters(), strict=True):
+        torch.testing.assert_close(p_xla.cpu(), p_cpu, rtol=1e-5, atol=1e-6)
