@@ -66,6 +66,8 @@ NOT_WALKED: dict[str, str] = {
     "PretrainedLoad": "NamedTuple result of checkpoint.load_pretrained",
     "HfLayout": "result of checkpoint.save_pretrained (read_layout builds it from a directory)",
     "DeviceActivity": "result of debug.device_activity",
+    "LoweredGraph": "result of debug.lower_graph",
+    "GraphParameter": "part of LoweredGraph",
     # Built by the dispatcher from a storage, never by user code.
     "XlaTensor": "internal constructor (user code gets XlaTensors from torch with device='xla')",
     "PerDeviceLoader": "built by ParallelLoader.per_device_loader",
@@ -342,6 +344,8 @@ VALID: dict[str, Case] = {
     "get_hlo_text": Case(lambda tmp: {"tensors": [_xt(2) * 2]}),
     "get_stablehlo": Case(lambda tmp: {"tensors": [_xt(2) * 2]}),
     "last_executable": Case(lambda tmp: {}),
+    "last_executable_outputs": Case(lambda tmp: {}),
+    "lower_graph": Case(lambda tmp: {"tensors": [_xt(2) * 2], "name": "walk"}),
     "log_recompiles": Case(lambda tmp: {"enabled": False}),
     "clear_counters": Case(lambda tmp: {}),
     "clear_timers": Case(lambda tmp: {}),
