@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointExistsError",
     "CheckpointSaveError",
+    "CheckpointWriterError",
     "DtypeMismatchError",
     "KeyMismatchError",
     "MissingKeysError",
@@ -123,3 +124,12 @@ class CheckpointCorruptionError(CheckpointError, RuntimeError):
 
 class CheckpointSaveError(CheckpointError, RuntimeError):
     """A save that could not complete; nothing of it was finalised (the previous checkpoints stand)."""
+
+
+class CheckpointWriterError(CheckpointError, RuntimeError):
+    """A second process tried to write checkpoints to a directory another process is writing to.
+
+    One writer per checkpoint directory: the writer removes unfinished saves
+    it finds (leftovers of killed writers) and retires old steps, which would
+    destroy another writer's saves. Readers never delete and need no lock.
+    """

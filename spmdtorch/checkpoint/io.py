@@ -24,6 +24,7 @@ import json
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
@@ -53,14 +54,26 @@ from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
 from spmdtorch.checkpoint.tree import KeyPath
 from spmdtorch.lazy import executor
 
-__all__ = ["ARRAYS", "FORMAT", "META", "SaveFingerprints", "load", "read_record", "save", "save_args", "saving"]
+__all__ = [
+    "ARRAYS",
+    "FORMAT",
+    "META",
+    "TMP_MARK",
+    "SaveFingerprints",
+    "load",
+    "read_record",
+    "save",
+    "save_args",
+    "saving",
+]
 
 ARRAYS: Final = "arrays"
 META: Final = "meta"
 META_FILE = "metadata"  # the JsonCheckpointHandler's file name
 FORMAT = "spmdtorch.checkpoint"
 VERSION = 1
-_TMP_MARK = ".orbax-checkpoint-tmp"
+#: In the name of a step directory Orbax has not finalised (a save in flight, or killed).
+TMP_MARK = ".orbax-checkpoint-tmp"
 
 #: The checkpoint's JSON record (see the module docstring).
 Record: TypeAlias = "dict[str, Any]"
@@ -135,9 +148,16 @@ class SaveFingerprints:
         """
         # Deferred to the next program (an async save): if none comes soon
         # (the loop ended, or waits for this save), dispatch them from here.
-        if not self._dispatched.wait(min(timeout, SELF_DISPATCH_AFTER_S)):
+        # Polled, not flushed once: the save registers the dispatch only when
+        # Orbax's call returns, which under load comes after the first flush;
+        # a single flush then found nothing owed, and the next save (waiting
+        # for this write) hung until the timeout.
+        deadline = time.monotonic() + timeout
+        while not self._dispatched.wait(max(0.0, min(SELF_DISPATCH_AFTER_S, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                break
             executor.flush_before_next()
-        if not self._dispatched.wait(timeout):
+        if not self._dispatched.is_set():
             raise CheckpointSaveError(
                 f"the fingerprints of {len(self._indices)} array(s) were not dispatched within {timeout:.0f} s "
                 "of Orbax's save; the checkpoint is not finalised: save again"
@@ -399,7 +419,7 @@ def read_record(path: CheckpointPath) -> Record:
     """
     path = checkpoint_path(path)
     if not path.exists():
-        tmp = [p.name for p in path.parent.glob(path.name + _TMP_MARK + "*")] if path.parent.exists() else []
+        tmp = [p.name for p in path.parent.glob(path.name + TMP_MARK + "*")] if path.parent.exists() else []
         hint = f" (found the unfinished save {tmp[0]!r}: that save was interrupted)" if tmp else ""
         raise NotACheckpointError(f"checkpoint path {path} does not exist{hint}")
     meta_file = path / META / META_FILE

@@ -7,21 +7,31 @@ one), ``max_to_keep`` garbage collection and background writes (an async save
 blocks only for the device→host copy). This layer adds the spmdtorch state
 (see :func:`spmdtorch.checkpoint.save`), fingerprint checks with fallback to
 the newest intact step, and SIGTERM-driven preemption saves on one host.
+
+One writer per directory: a manager's first save takes an exclusive
+``flock`` on ``<dir>/.spmdtorch-writer.lock``; only then does it remove the
+unfinished saves of killed writers. A manager that only reads (``all_steps``,
+``restore``) deletes nothing, so it cannot remove another process's saves
+in flight.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
 import logging
 import operator
+import os
 import signal
+import socket
 import threading
 import types
 import typing
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import IO, Any, Literal, overload
 
 import jax
 import orbax.checkpoint as ocp
@@ -35,6 +45,7 @@ from spmdtorch.checkpoint.errors import (
     CheckpointArgumentTypeError,
     CheckpointCorruptionError,
     CheckpointExistsError,
+    CheckpointWriterError,
     StepNotFoundError,
 )
 from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
@@ -81,6 +92,96 @@ def _positive_int(value: object, name: str, allow_none: bool = False) -> int | N
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise CheckpointArgumentError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
     return value
+
+
+#: The file a writing manager holds an exclusive ``flock`` on (never a step name, so never listed).
+_WRITER_LOCK = ".spmdtorch-writer.lock"
+
+
+@dataclasses.dataclass
+class _HeldLock:
+    """This process's hold on one directory's writer lock, and the manager writing with it."""
+
+    file: IO[bytes]
+    owner: weakref.ref[CheckpointManager]
+
+
+# Directory (real path) -> this process's hold. flock conflicts between two
+# open files even in one process, so a process holds each lock once and a
+# later manager on the same directory takes the hold over (PyTorch/XLA's own
+# tests re-open a manager without closing the previous one).
+_held: dict[str, _HeldLock] = {}
+_held_guard = threading.Lock()
+
+
+def _lock_key(directory: epath.Path) -> str | None:
+    text = str(directory)
+    return None if "://" in text else os.path.realpath(text)  # remote storage has no flock
+
+
+def _writer_lock(mgr: CheckpointManager, func: str) -> None:
+    """Make ``mgr`` this process's writer of its directory, taking the ``flock`` if no manager here holds it.
+
+    One writer per checkpoint directory: a second writer would delete the
+    first's in-flight saves as leftovers, and both would retire each other's
+    steps. The kernel releases a ``flock`` when its process ends, so a killed
+    writer never leaves the directory locked.
+
+    Raises:
+        CheckpointWriterError: another process holds the lock.
+    """
+    key = _lock_key(mgr.directory)
+    if key is None:
+        return
+    with _held_guard:
+        held = _held.get(key)
+        if held is None:
+            path = os.path.join(key, _WRITER_LOCK)
+            f = open(path, "a+b")  # noqa: SIM115 - held until close(), in _held
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                f.seek(0)
+                holder = f.read(200).decode("utf-8", errors="replace").strip() or "unknown"
+                f.close()
+                raise CheckpointWriterError(
+                    f"{func}: another process is writing checkpoints to {mgr.directory} (it holds {path}: "
+                    f"{holder}); one writer per checkpoint directory, or the two would delete each other's "
+                    "saves. Save to another directory, or stop the other writer first; reading (restore, "
+                    "all_steps, latest_step) needs no lock"
+                ) from e
+            f.truncate(0)
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            f.flush()
+            held = _held[key] = _HeldLock(f, weakref.ref(mgr))
+            weakref.finalize(mgr, _release_writer_lock, mgr.directory, None)
+            return
+        previous = held.owner()
+        if previous is not None and previous is not mgr:
+            # Its background saves end before the new writer cleans up leftovers.
+            with contextlib.suppress(Exception):
+                previous._finish_writes()
+            previous._writer = False
+        held.owner = weakref.ref(mgr)
+        weakref.finalize(mgr, _release_writer_lock, mgr.directory, None)
+
+
+def _release_writer_lock(directory: epath.Path, mgr: CheckpointManager | None) -> None:
+    """Release this process's hold if ``mgr`` owns it (None: if its owner is gone, from a finaliser)."""
+    key = _lock_key(directory)
+    if key is None:
+        return
+    with _held_guard:
+        held = _held.get(key)
+        if held is None:
+            return
+        owner = held.owner()
+        if owner is not mgr:
+            return
+        del _held[key]
+        with contextlib.suppress(OSError):
+            fcntl.flock(held.file.fileno(), fcntl.LOCK_UN)
+        held.file.close()
 
 
 def _check_step(step: object, func: str) -> int:
@@ -171,16 +272,15 @@ class CheckpointManager:
             # that a process killed while deleting never leaves a half-deleted step
             # that all_steps() would list; the trash is emptied by _empty_trash().
             todelete_subdir=_TRASH,
-            # Leftovers of saves killed before they were finalised.
-            cleanup_tmp_directories=True,
+            # Not Orbax's cleanup at construction: a manager opened only to read
+            # (an evaluation job polling latest_step(), a notebook) would delete
+            # the in-flight saves of the process writing there. Leftovers of
+            # killed saves are removed by the writer, once it holds the
+            # directory's writer lock (_become_writer).
+            cleanup_tmp_directories=False,
         )
         self._mgr = ocp.CheckpointManager(self._directory, options=options, item_handlers=io.handlers())
-        # Orbax removes those leftovers in the background and waits for that
-        # only in its first save(): a restore-only manager would race it. Wait
-        # here, so that a constructed manager's directory holds finalised
-        # steps only (orbax 0.12 has no public call for it; absent, skip).
-        getattr(self._mgr, "_maybe_await_cleanup_tmp_directory", lambda: None)()
-        self._empty_trash()
+        self._writer = False  # set by the first save: this manager holds the writer lock
         self._preempted = False
         self._preemption_step: int | None = None
         self._restored_step: int | None = None
@@ -269,6 +369,8 @@ class CheckpointManager:
             CheckpointArgumentTypeError: ``step`` is not an int (a bool, a float, a str).
             CheckpointArgumentError: ``step`` is negative.
             CheckpointExistsError: ``step`` is already saved.
+            CheckpointWriterError: another process is writing to this directory
+                (one writer per directory: the first save takes its lock).
             UnsupportedValueError: an entry of ``state`` cannot be checkpointed.
             Exception: the save failed (nothing of it is finalised); with
                 ``async_save`` a failure in the background is raised by the
@@ -281,6 +383,7 @@ class CheckpointManager:
         preempted = self._preempted or bool(self._mgr.reached_preemption(step))
         if not (force or preempted or self._due(step)):
             return False
+        self._become_writer(func)
         if step in self._mgr.all_steps():  # written, or still being written
             if preempted and self._preemption_step == step:
                 return True
@@ -328,9 +431,32 @@ class CheckpointManager:
         self._mgr.wait_until_finished()
         self._empty_trash()
 
+    def _become_writer(self, func: str) -> None:
+        """Take the directory's writer lock (once), then remove what killed writers left.
+
+        Raises:
+            CheckpointWriterError: another process holds the lock.
+        """
+        if self._writer:
+            return
+        if jax.process_index() == 0:  # one process of a job holds it and deletes
+            _writer_lock(self, f"{type(self).__name__}.{func}")
+            self._remove_leftovers()
+        self._writer = True
+        self._empty_trash()
+        # Steps another writer finalised since this manager listed the directory.
+        self._mgr.reload()
+
+    def _remove_leftovers(self) -> None:
+        """Remove unfinished saves (``<step>.orbax-checkpoint-tmp...``): the writer lock says no one is writing them."""
+        for child in self._directory.iterdir():
+            if io.TMP_MARK in child.name:
+                with contextlib.suppress(OSError):
+                    child.rmtree()
+
     def _empty_trash(self) -> None:
-        """Remove the steps that ``max_to_keep`` retired (already out of every listing)."""
-        if jax.process_index() != 0:  # one process deletes (the directory may be shared)
+        """Remove the steps that ``max_to_keep`` retired (already out of every listing); the writer only."""
+        if not self._writer or jax.process_index() != 0:  # one process deletes (the directory may be shared)
             return
         trash = self._directory / _TRASH
         if trash.exists():
@@ -341,7 +467,13 @@ class CheckpointManager:
     # -- listing and restoring ---------------------------------------------------
 
     def all_steps(self) -> list[int]:
-        """The completely written steps, oldest first (not a step still being written)."""
+        """The completely written steps, oldest first (not a step still being written).
+
+        A manager that has not saved re-reads the directory each time, so a
+        reader polling beside the writing process sees its new steps.
+        """
+        if not self._writer:
+            self._mgr.reload()
         steps = set(self._mgr.all_steps())
         # Orbax lists a step as soon as its async save starts; it is not on
         # disk (finalised) until the background write ends.
@@ -420,6 +552,7 @@ class CheckpointManager:
             self._finish_writes()
             self._mgr.close()
         finally:
+            _release_writer_lock(self._directory, self)
             if self._handler_installed:
                 previous = self._previous_handler
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

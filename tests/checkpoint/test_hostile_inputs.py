@@ -27,6 +27,7 @@ from spmdtorch.checkpoint import (
     CheckpointArgumentTypeError,
     CheckpointCorruptionError,
     CheckpointManager,
+    CheckpointWriterError,
     DtypeMismatchError,
     NotACheckpointError,
     OverwriteRefusedError,
@@ -69,6 +70,76 @@ def _call_with_deadline(fn: Any, seconds: float = 60.0) -> BaseException | None:
     t.join(seconds)
     assert not t.is_alive(), f"still blocked after {seconds} s"
     return out[0]
+
+
+# -- item 1: readers never delete; one writer per directory ----------------------------------
+
+_OTHER_WRITER = """
+import fcntl, sys, time
+f = open(sys.argv[1], "a+b")
+fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+f.truncate(0); f.write(b"pid 4242 on elsewhere\\n"); f.flush()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_opening_a_manager_never_deletes_another_writers_save_in_flight(tmp_path):
+    with CheckpointManager(tmp_path, async_save=False, save_on_preemption=False) as mgr:
+        mgr.save(0, _state(), force=True)
+    in_flight = tmp_path / "1.orbax-checkpoint-tmp-1234"  # what a writing process has on disk mid-save
+    (in_flight / "arrays").mkdir(parents=True)
+    for _ in range(3):  # an evaluation job polling beside the trainer
+        with CheckpointManager(tmp_path, save_on_preemption=False) as reader:
+            assert reader.latest_step() == 0
+            assert reader.restore(_target())["step"] == 5
+    assert (in_flight / "arrays").is_dir()
+    with CheckpointManager(tmp_path, save_on_preemption=False) as reader:
+        with CheckpointManager(tmp_path, async_save=False, save_on_preemption=False) as writer:
+            writer.save(2, _state(), force=True)
+        assert reader.latest_step() == 2  # a reader kept open sees the writer's new steps
+
+
+def test_a_second_writer_process_gets_a_named_error(tmp_path):
+    import subprocess
+    import sys
+
+    with CheckpointManager(tmp_path, async_save=False, save_on_preemption=False) as mgr:
+        mgr.save(0, _state(), force=True)
+    in_flight = tmp_path / "1.orbax-checkpoint-tmp-1234"
+    in_flight.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_WRITER, str(tmp_path / ".spmdtorch-writer.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "locked"
+        with CheckpointManager(tmp_path, async_save=False, save_on_preemption=False) as second:
+            with pytest.raises(CheckpointWriterError, match=r"another process is writing.*pid 4242 on elsewhere"):
+                second.save(2, _state(), force=True)
+            assert second.all_steps() == [0]
+        assert in_flight.is_dir()  # the other writer's save was left alone
+    finally:
+        other.kill()
+        other.wait(timeout=60)
+    with CheckpointManager(tmp_path, async_save=False, save_on_preemption=False) as writer:
+        writer.save(2, _state(), force=True)  # the lock died with its process: leftovers go now
+        assert writer.all_steps() == [0, 2]
+    assert not in_flight.exists()
+
+
+def test_a_later_manager_in_the_same_process_takes_over_writing(tmp_path):
+    first = CheckpointManager(tmp_path, save_on_preemption=False)
+    first.save(0, _state(), force=True)  # async: may still be writing
+    second = CheckpointManager(tmp_path, save_on_preemption=False)  # the first is not closed
+    second.save(1, _state(), force=True)
+    second.wait_until_finished()
+    assert second.all_steps() == [0, 1]
+    first.close()  # no longer the writer: releases nothing the second holds
+    second.save(2, _state(), force=True)
+    second.close()
+    assert CheckpointManager(tmp_path, save_on_preemption=False).all_steps() == [0, 1, 2]
 
 
 # -- item 2: save(overwrite=True) deletes only a checkpoint -------------------------------
@@ -411,3 +482,26 @@ def test_bad_index_json_names_the_field(tmp_path):
     index.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(CheckpointCorruptionError, match=r"RecursionError"):
         load_pretrained(model_dir, torch.nn.Linear(4, 2))
+
+
+# -- found on the way: an async save's record waited for a dispatch registered late ------------
+
+
+def test_record_write_dispatches_fingerprints_registered_after_its_first_look():
+    """Under load Orbax's save call returns (and the dispatch is registered) after the record's
+    writer first looked for it; the writer must keep looking, not wait for the timeout."""
+    import jax.numpy as jnp
+
+    from spmdtorch.checkpoint.io import SELF_DISPATCH_AFTER_S, SaveFingerprints
+    from spmdtorch.lazy import executor
+
+    pending = SaveFingerprints([jnp.arange(6.0)], [None], [0])
+    got: list[Any] = []
+    writer = threading.Thread(target=lambda: got.append(pending.results(timeout=120.0)), daemon=True)
+    writer.start()
+    writer.join(3 * SELF_DISPATCH_AFTER_S)  # the writer's first look found nothing owed
+    assert writer.is_alive()
+    executor.before_next_execution(pending.dispatch)  # what io.saving(defer=True) does when Orbax returns
+    writer.join(30)
+    assert not writer.is_alive(), "the record's write waited for the timeout"
+    assert got[0][0][0] == 0 and len(got[0][0][1]) == 2

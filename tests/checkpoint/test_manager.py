@@ -353,6 +353,11 @@ def test_retired_steps_leave_through_the_trash_and_leftovers_are_cleaned(tmp_pat
     (tmp_path / "3.orbax-checkpoint-tmp").mkdir()
     with CheckpointManager(tmp_path, save_interval_steps=1) as mgr:
         assert mgr.all_steps() == [2]
+        assert mgr.restore({"w": w})["w"] is w and w.cpu().tolist() == [3.0] * 4
+        # A reader deletes nothing (the unfinished save may be another process's, in flight) ...
+        assert (tmp_path / "3.orbax-checkpoint-tmp").exists() and any(trash.iterdir())
+        mgr.save(4, {"w": w})  # ... the writer, once it holds the writer lock, removes both
+        mgr.wait_until_finished()
         assert not any(trash.iterdir())
         assert not (tmp_path / "3.orbax-checkpoint-tmp").exists()
-        assert mgr.restore({"w": w})["w"] is w and w.cpu().tolist() == [3.0] * 4
+        assert mgr.all_steps() == [2, 4]

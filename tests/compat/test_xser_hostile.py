@@ -49,6 +49,7 @@ def test_reference_that_is_not_a_tensor_number_is_refused(tmp_path, tid):
     # A tensor the altered reference could reach: <tmp>/outside/secret.pt.
     os.makedirs(tmp_path / "outside")
     torch.save(torch.full((2,), 42.0), tmp_path / "outside" / "secret.pt")
+    os.makedirs(path + ".tensors/tensor_x")  # so that tensor_x/../../../outside resolves on the way out
     _rewrite_tid(path, tid)
     with pytest.raises(
         CheckpointCorruptionError, match=r"field TensorReference\.tid is .*xser\.save numbers tensors"
