@@ -38,14 +38,13 @@ from spmdtorch.sharding import mark_sharding
 from spmdtorch.tensor import XlaTensor
 from spmdtorch.tensor.dispatch import special_op
 
+# The torch_xla names (torch_xla._dynamo.dynamo_bridge). register_ops, route_openxla and
+# unroute_openxla are compat's own: spmdtorch.compat.install()/uninstall() call them.
 __all__ = [
     "DynamoMarkShardingError",
     "dynamo_mark_sharding",
     "extract_compiled_graph",
     "is_xla_tensor",
-    "register_ops",
-    "route_openxla",
-    "unroute_openxla",
 ]
 
 
