@@ -37,6 +37,8 @@ Variable                          Settings field     Default     Meaning
 ``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
 ``PT_XLA_DEBUG_LEVEL`` ... ``XLA_*``  pt_xla_debug ...  None/False  PyTorch/XLA's debugging and dtype variables,
                                                                  acted on only by ``spmdtorch.compat.install()``
+``XLA_AUTO_SPMD_MESH``            xla_auto_spmd_mesh None        auto-sharding's mesh shape (``2,4``), read at
+                                                                 each compilation in ``use_spmd(auto=True)`` mode
 ``SLURM_STEP_NUM_TASKS`` ...      slurm_step_...     None        Slurm/MPI/TPU: only to notice several processes
 ================================  =================  ==========  ===============================================
 
@@ -193,6 +195,16 @@ def _attention_kernel(raw: str) -> str:
     if raw.lower() not in ATTENTION_KERNELS:
         raise ValueError("is not an attention kernel")
     return raw.lower()
+
+
+def _mesh_shape(raw: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(x) for x in raw.split(","))
+    except ValueError:
+        raise ValueError("must be a comma-separated list of mesh axis sizes") from None
+    if any(n < 1 for n in shape):
+        raise ValueError("has an axis size < 1")
+    return shape
 
 
 def _torch_true(raw: str) -> bool:
@@ -561,6 +573,15 @@ KNOBS: tuple[Knob, ...] = (
         "a file path",
         "PyTorch/XLA: append the metrics report to this file at every step.",
     ),
+    Knob(
+        "xla_auto_spmd_mesh",
+        "XLA_AUTO_SPMD_MESH",
+        _mesh_shape,
+        None,
+        "comma-separated axis sizes whose product is the device count, e.g. 2,4",
+        "PyTorch/XLA: the mesh auto-sharding places inputs on (default: a 1-D mesh of all devices). Read by "
+        "spmdtorch's own auto-sharding (runtime.use_spmd(auto=True)) each time a program is compiled.",
+    ),
 )
 
 
@@ -609,6 +630,7 @@ class Settings:
     xla_save_tensors_file: str | None = None
     xla_save_tensors_fmt: str = "text"
     xla_metrics_file: str | None = None
+    xla_auto_spmd_mesh: tuple[int, ...] | None = None
 
 
 def read(env: Mapping[str, str] | None = None) -> Settings:

@@ -49,10 +49,14 @@ __all__ = [
     "PEER_LOST_EXIT_STATUS",
     "PeerLostError",
     "RuntimeConfigError",
+    "AUTO_SHARDING_MIN_ELEMENTS_PER_DEVICE",
+    "AutoSharding",
     "SpmdModeError",
     "addressable_device_count",
     "addressable_runtime_device_count",
     "auto_initialize_distributed",
+    "auto_sharding",
+    "auto_sharding_enabled",
     "device",
     "device_count",
     "device_type",
@@ -75,6 +79,7 @@ __all__ = [
     "process_index",
     "rendezvous",
     "resolve_distributed_config",
+    "set_auto_sharding",
     "set_max_gather_bytes",
     "use_spmd",
     "world_size",
@@ -1030,19 +1035,42 @@ def set_max_gather_bytes(limit: int | None) -> None:
 
 
 class SpmdModeError(RuntimeConfigError):
-    """A mode spmdtorch does not have was asked for (auto-sharding, non-SPMD execution)."""
+    """A mode spmdtorch does not have was asked for (non-SPMD execution), or auto-sharding's mesh does not fit."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AutoSharding:
+    """spmdtorch's auto-sharding mode, as in force when a program is compiled.
+
+    A heuristic, not XLA's cost-model solver: each large default-placed input
+    is sharded along its largest evenly divisible dimension over this mesh
+    (``spmdtorch.plan``'s input placement policy); XLA propagates the rest.
+
+    Attributes:
+        mesh_shape: the auto mesh's axis sizes (``XLA_AUTO_SPMD_MESH``, else
+            one axis of all devices); their product must be the device count
+            (checked when an input is placed on the mesh).
+    """
+
+    mesh_shape: tuple[int, ...]
+
+
+#: Whether ``use_spmd(auto=True)`` / :func:`set_auto_sharding` turned auto-sharding on (engine-wide).
+_AUTO_SHARDING = [False]
 
 
 def use_spmd(auto: bool | None = False) -> None:
-    """Accepts PyTorch/XLA's switch into SPMD mode: spmdtorch is always in it.
+    """Accepts PyTorch/XLA's switch into SPMD mode (spmdtorch is always in it); ``auto=True`` turns on auto-sharding.
 
     Args:
-        auto: PyTorch/XLA's experimental auto-sharding. spmdtorch does not
-            shard automatically; :func:`spmdtorch.partition.plan_sharding`
-            proposes rules from a model's structure instead.
+        auto: turn on spmdtorch's auto-sharding (see :class:`AutoSharding`):
+            from the next compilation, unannotated replicated inputs of at
+            least :data:`AUTO_SHARDING_MIN_ELEMENTS_PER_DEVICE` elements per
+            device are sharded once by a simple rule. False/None leaves the
+            mode as it is (as PyTorch/XLA's ``use_spmd()`` does); turn it off
+            with :func:`set_auto_sharding`.
 
     Raises:
-        SpmdModeError: ``auto`` is True.
         ArgumentTypeError: ``auto`` is not a bool or None.
 
     Example:
@@ -1050,11 +1078,50 @@ def use_spmd(auto: bool | None = False) -> None:
         True
     """
     if auto is not None and _checks.check_bool(auto, "use_spmd", "auto", ArgumentTypeError):
-        raise SpmdModeError(
-            "use_spmd(auto=True) asks for XLA's auto-sharding, which spmdtorch does not do; call "
-            "use_spmd() and annotate with mark_sharding, or let spmdtorch.partition.plan_sharding(model, mesh) "
-            "propose the rules"
-        )
+        _AUTO_SHARDING[0] = True
+
+
+#: An input is auto-sharded only when it has at least this many elements per device (smaller
+#: ones cost more in collectives than they save in memory).
+AUTO_SHARDING_MIN_ELEMENTS_PER_DEVICE = 2
+
+
+def set_auto_sharding(enabled: bool) -> None:
+    """Turn spmdtorch's auto-sharding on or off for the programs compiled from now on.
+
+    Inputs already re-placed keep their placement (a later ``mark_sharding``
+    still replaces it).
+
+    Raises:
+        ArgumentTypeError: ``enabled`` is not a bool.
+    """
+    _AUTO_SHARDING[0] = _checks.check_bool(enabled, "set_auto_sharding", "enabled", ArgumentTypeError)
+
+
+def auto_sharding_enabled() -> bool:
+    """Whether auto-sharding is on (``use_spmd(auto=True)``); reads no environment.
+
+    Example:
+        >>> isinstance(auto_sharding_enabled(), bool)
+        True
+    """
+    return _AUTO_SHARDING[0]
+
+
+def auto_sharding() -> AutoSharding | None:
+    """The auto-sharding mode in force now (None: off), its mesh read from ``XLA_AUTO_SPMD_MESH`` now.
+
+    The mesh shape is checked against the devices where it is used (when an
+    input is placed on it), so a graph can be hashed or inspected under any
+    setting, as in PyTorch/XLA.
+
+    Raises:
+        spmdtorch.config.ConfigError: ``XLA_AUTO_SPMD_MESH`` is malformed.
+    """
+    if not _AUTO_SHARDING[0]:
+        return None
+    shape: tuple[int, ...] | None = config.read_one("xla_auto_spmd_mesh")
+    return AutoSharding((global_runtime_device_count(),) if shape is None else shape)
 
 
 def is_spmd() -> bool:

@@ -50,6 +50,7 @@ GOOD = {
     "XLA_SAVE_TENSORS_FILE": [("/tmp/graphs.txt", "/tmp/graphs.txt")],
     "XLA_SAVE_TENSORS_FMT": [("text", "text"), ("HLO", "hlo"), ("dot", "dot")],
     "XLA_METRICS_FILE": [("/tmp/m.txt", "/tmp/m.txt")],
+    "XLA_AUTO_SPMD_MESH": [("8", (8,)), ("2,4", (2, 4)), (" 2, 2 ", (2, 2))],
     "SLURM_STEP_NUM_TASKS": [("4", 4)],
     "OMPI_COMM_WORLD_SIZE": [("2", 2)],
     "OMPI_MCA_orte_hnp_uri": [("1531576320.0;tcp://10.96.0.1:34911", "1531576320.0;tcp://10.96.0.1:34911")],
@@ -93,6 +94,10 @@ BAD = {
     "PT_XLA_DEBUG_LEVEL": [("high", ConfigError, "is not an integer")],
     "XLA_USE_BF16": [("yes please", ConfigError, "is not a boolean")],
     "XLA_SAVE_TENSORS_FMT": [("svg", ConfigError, "is not a graph format")],
+    "XLA_AUTO_SPMD_MESH": [
+        ("2x4", ConfigError, "must be a comma-separated list of mesh axis sizes"),
+        ("2,0", ConfigError, "has an axis size < 1"),
+    ],
     "SLURM_STEP_NUM_TASKS": [("x", DistributedInitError, "is not an integer")],
     "OMPI_COMM_WORLD_SIZE": [("0", DistributedInitError, "must be >= 1")],
     "PMI_SIZE": [("n", DistributedInitError, "is not an integer")],

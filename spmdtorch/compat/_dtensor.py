@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Replicate
 
-from spmdtorch import sharding
+from spmdtorch import runtime, sharding
 from spmdtorch.compat import _runtime
 from spmdtorch.compat._placements import (
     DeviceMeshMismatchError,
@@ -61,8 +61,9 @@ def auto_policy(mod_name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
     """PyTorch/XLA's marker ``partition_fn`` asking ``xla_distribute_module`` for XLA auto-sharding.
 
     Calling it does nothing (as in PyTorch/XLA); passing it to
-    ``distribute_module``/``xla_distribute_module`` raises ``SpmdModeError``:
-    spmdtorch does not auto-shard.
+    ``distribute_module``/``xla_distribute_module`` turns on spmdtorch's
+    auto-sharding (``use_spmd(auto=True)``, a heuristic rule, not XLA's
+    solver: see the migration guide) and moves the module to the xla device.
     """
 
 
@@ -230,19 +231,22 @@ def xla_distribute_module(
     Returns:
         ``module`` itself.
 
+    ``partition_fn=auto_policy`` instead turns on auto-sharding and moves
+    ``module`` to the xla device, as PyTorch/XLA does.
+
     Raises:
-        SpmdModeError: ``partition_fn`` is :func:`auto_policy` (spmdtorch does
-            not auto-shard; annotate parameters, or use
-            ``spmdtorch.partition.plan_sharding``).
         DistributeModuleError: ``input_fn``/``output_fn`` takes neither 2 nor 3 arguments.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"xla_distribute_module: module must be an nn.Module, got {type(module).__name__}")
     if partition_fn is not None:
         if getattr(partition_fn, "__name__", "") == "auto_policy":
-            _runtime.use_spmd(auto=True)  # raises SpmdModeError, naming what to use instead
-        for name, submod in module.named_modules():
-            partition_fn(name, submod, device_mesh)  # type: ignore[arg-type]  # PyTorch/XLA passes it as given
+            # PyTorch/XLA calls no partition_fn here: the parameters are placed when a program first reads them.
+            _runtime.use_spmd(auto=True)
+            module.to(runtime.device())
+        else:
+            for name, submod in module.named_modules():
+                partition_fn(name, submod, device_mesh)  # type: ignore[arg-type]  # PyTorch/XLA passes it as given
     if input_fn is not None:
         in_fn = input_fn
         if _hook_arity(in_fn, "input_fn") == 2:

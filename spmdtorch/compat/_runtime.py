@@ -61,8 +61,11 @@ def use_spmd(auto: bool | None = False) -> None:
     PyTorch/XLA's code reads the variable back (its test base class deletes it
     in ``tearDownClass``; ``is_spmd()`` checks it there), so it is set here.
 
+    ``auto=True`` turns on spmdtorch's auto-sharding (``spmdtorch.runtime.use_spmd``:
+    a rule that shards large unannotated inputs, not XLA's solver).
+
     Raises:
-        spmdtorch.runtime.SpmdModeError: ``auto`` is True (no auto-sharding).
+        spmdtorch.ArgumentTypeError: ``auto`` is not a bool or None.
     """
     runtime.use_spmd(auto)
     os.environ["XLA_USE_SPMD"] = "1"

@@ -158,10 +158,15 @@ def _get_graph_hash(tensors: Sequence[torch.Tensor]) -> bytes:
     """A hash of the pending graph computing ``tensors`` (16 bytes, as PyTorch/XLA's ``hash_t``).
 
     Equal graphs (same ops, shapes and sharding annotations) hash equal; the
-    hash is over the graph's HLO text, without the module's name.
+    hash is over the graph's HLO text, without the module's name, and, as
+    PyTorch/XLA's, over the auto-sharding mode and its mesh
+    (``XLA_AUTO_SPMD_MESH`` as set now), which decide how the graph compiles.
     """
     text = debug.get_hlo_text(list(tensors))
     text = re.sub(r"^HloModule \S+", "HloModule", text, count=1)
+    auto = runtime.auto_sharding()
+    if auto is not None:
+        text += f"\nauto-sharding mesh={auto.mesh_shape}"
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
@@ -259,8 +264,8 @@ def _is_placecholder(tensor: torch.Tensor) -> bool:
 
 
 def _xla_get_auto_sharding() -> bool:
-    """Whether XLA auto-sharding is on: never (``xr.use_spmd(auto=True)`` is refused; see the migration guide)."""
-    return False
+    """Whether auto-sharding is on (``xr.use_spmd(auto=True)``: spmdtorch's own rule, see the migration guide)."""
+    return runtime.auto_sharding_enabled()
 
 
 def _get_executed_fallback_ops() -> list[str]:

@@ -122,6 +122,8 @@ class ProgramKey(NamedTuple):
         recycle: positions of the outputs that take a buffer to reuse (see :class:`_Program`).
         baked: ``(leaf index, kind, bytes)`` of each Python number compiled
             into the program as a constant (``bake=True``, see :class:`_Layout`).
+        placement_mode: the input placement policy's mode the program was
+            compiled under (:class:`InputPlacement`; None: no policy applied).
     """
 
     plan: PlanKey
@@ -131,6 +133,7 @@ class ProgramKey(NamedTuple):
     matmul_precision: str
     recycle: tuple = ()
     baked: tuple = ()
+    placement_mode: Any = None
 
 
 class _Plan:
@@ -287,6 +290,106 @@ class _Plan:
         return [storages[k] for k in order]
 
 
+class InputPlacement(NamedTuple):
+    """An input placement policy's decision for one program (:class:`InputPlacementPolicy`).
+
+    Attributes:
+        mode: what the policy is set to (hashable): part of the program's
+            cache key, so a program compiled under one mode is not reused
+            under another.
+        counter: the metric counted once per compilation under this mode.
+        targets: ``{candidate index: sharding}``: the candidates (the list the
+            policy was given) to re-place, each onto its sharding.
+    """
+
+    mode: Any
+    counter: str
+    targets: dict[int, jax.sharding.Sharding]
+
+
+class InputPlacementPolicy(NamedTuple):
+    """A rule for placing a program's default-placed inputs (see :data:`INPUT_PLACEMENT_POLICIES`).
+
+    Attributes:
+        enabled: whether the rule is switched on now (called for every
+            program run: must be cheap).
+        place: ``place(candidates, mesh)`` -> :class:`InputPlacement`, or
+            None when it turned out to be off after all.
+    """
+
+    enabled: Callable[[], bool]
+    place: Callable[[list[jax.Array], Any], InputPlacement | None]
+
+
+#: Rules for placing a program's default-placed inputs, registered by higher
+#: layers (``spmdtorch.plan`` registers spmdtorch's auto-sharding). The first
+#: enabled one's ``place(candidates, mesh)`` is called before a program is
+#: chosen, with the program's input arrays that are replicated on the default
+#: placement, held (or replaced in place) by a tensor, and not annotated by
+#: the user, and the user's mesh the program already uses (None: none; when
+#: given, targets must be on it, as one program has one mesh). The executor
+#: re-places each target once, for every storage holding it (:func:`rehome`),
+#: so the placement decision stays above this layer.
+INPUT_PLACEMENT_POLICIES: list[InputPlacementPolicy] = []
+
+
+def _placement_candidates(plan, storages) -> tuple[list[int], dict]:
+    """Leaf positions a placement policy may re-place, and ``{id(array): storage it is replaced into}``.
+
+    A candidate is an array replicated on the default placement that a
+    tensor holds, or that a pending in-place update replaces (a parameter in
+    an optimizer step: its storage already holds the pending value), and that
+    no user annotation covers. An array no tensor holds or replaces is a
+    temporary: re-placing it would not last.
+    """
+    default_mesh = replicated_sharding().mesh
+    successors = {st.prev: st for st in storages if st is not None and st.prev is not None}
+    found = []
+    for i, leaf in enumerate(plan.leaves):
+        if type(leaf) is Scalar:
+            continue
+        sh = leaf.sharding
+        if not (isinstance(sh, jax.sharding.NamedSharding) and sh.mesh == default_mesh and sh.is_fully_replicated):
+            continue
+        owners = _storage.holders_of(leaf)
+        nxt = successors.get(id(leaf))
+        if nxt is not None:
+            owners.append(nxt)
+        if owners and not any(h.annotated for h in owners):
+            found.append(i)
+    return found, successors
+
+
+def _place_inputs(plan, mesh, storages=(), *, inspect_only: bool = False) -> InputPlacement | None:
+    """Apply the first switched-on input placement policy to ``plan``'s leaves (None: none is on).
+
+    ``mesh``: the user's mesh the program already uses (None: none); one
+    program has one mesh, so a policy must place onto it when given.
+    ``storages``: the storages the program writes; one that replaces a
+    re-placed array keeps the new placement for its new value.
+    ``inspect_only``: as in :func:`_rehome` (only this plan sees the new
+    arrays; no storage changes).
+    """
+    policy = next((p for p in INPUT_PLACEMENT_POLICIES if p.enabled()), None)
+    if policy is None:
+        return None
+    positions, successors = _placement_candidates(plan, storages)
+    decision = policy.place([plan.leaves[i] for i in positions], mesh)
+    if decision is None:
+        return None
+    for k, target in decision.targets.items():
+        i = positions[k]
+        leaf = plan.leaves[i]
+        if inspect_only:
+            plan.leaves[i] = jax.device_put(leaf, target)
+            continue
+        nxt = successors.get(id(leaf))
+        plan.leaves[i] = rehome(leaf, target)
+        if nxt is not None:
+            nxt.sharding = target  # its new value keeps the placement (not an annotation)
+    return decision
+
+
 def _user_mesh(plan, out_shardings):
     """The first mesh other than the default placement's that the program uses."""
     default_mesh = replicated_sharding().mesh
@@ -336,8 +439,10 @@ REHOME_HOOKS: list[Callable[[jax.Array, jax.Array], None]] = []
 
 
 def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
-    """Move a replicated ``array`` to ``target`` (replicated too) for every storage that holds it.
+    """Move a replicated ``array`` to ``target`` for every storage that holds it.
 
+    ``target`` is a replicated placement on another mesh (``_rehome``), or a
+    sharding an input placement policy chose (:data:`INPUT_PLACEMENT_POLICIES`).
     ``spmdtorch.compile`` does the same on a replay for an argument its traced
     program re-homed (see ``_rehome``).
     """
@@ -604,16 +709,27 @@ class _Program:
         return _program_args(self.layout, self.n_leaves, self.mesh, leaf_args)
 
 
-def _program_for(plan: _Plan, donate: tuple, out_shardings: tuple, mesh=None, recycle: tuple = (), bake=False):
+def _program_for(
+    plan: _Plan,
+    donate: tuple,
+    out_shardings: tuple,
+    mesh=None,
+    recycle: tuple = (),
+    bake=False,
+    placement: InputPlacement | None = None,
+):
     leaf_sigs = tuple([_leaf_sig(leaf) for leaf in plan.leaves])
     baked = _baked_key(plan) if bake else ()
-    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current(), recycle, baked)
+    mode = None if placement is None else placement.mode
+    key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current(), recycle, baked, mode)
     cache = ENGINE.compile_cache
     prog = cache.get(key)
     if prog is not None:
         metrics.inc("CachedCompile")
         return prog, key
     metrics.inc("UncachedCompile")
+    if placement is not None:
+        metrics.inc(placement.counter)
     if log.isEnabledFor(logging.INFO) or config.settings().log_recompiles:
         _log_recompile(ENGINE.last_key, key, plan)
     ENGINE.last_key = key
@@ -887,6 +1003,12 @@ def run_plan(plan: _Plan, storages, recycle=None, bake: bool = False):
     read_ids = {id(leaf) for leaf in plan.leaves} if recycle else set()
     out_shardings = tuple(st.sharding if st is not None else None for st in storages)
     mesh = _user_mesh(plan, out_shardings)
+    placement = _place_inputs(plan, mesh, storages)
+    if placement is not None and placement.targets:
+        # Re-placing changed storages' placements, and may bring the policy's own mesh.
+        out_shardings = tuple(st.sharding if st is not None else None for st in storages)
+        if mesh is None:
+            mesh = _user_mesh(plan, out_shardings)
     if mesh is not None:
         _rehome(plan, mesh)
         default_mesh = replicated_sharding().mesh
@@ -908,7 +1030,7 @@ def run_plan(plan: _Plan, storages, recycle=None, bake: bool = False):
         for i, leaf in enumerate(plan.leaves)
     )
     slots = _recycle_slots(plan, storages, out_shardings, recycle, read_ids) if recycle else ()
-    prog, _ = _program_for(plan, donate, out_shardings, mesh, slots, bake)
+    prog, _ = _program_for(plan, donate, out_shardings, mesh, slots, bake, placement)
     buffers = []
     given: set[int] = set()
     for r in prog.recycle:  # empty without ``recycle``
@@ -1134,6 +1256,8 @@ def lower_program(
     layout = _Layout(plan, bake=True)
     inner = _make_fn(plan, layout)
     mesh = _user_mesh(plan, ())
+    if _place_inputs(plan, mesh, inspect_only=True) is not None and mesh is None:
+        mesh = _user_mesh(plan, ())
     if mesh is not None:
         _rehome(plan, mesh, inspect_only=True)
     leaf_args = _call_args(plan, mesh, draw_key=False)
@@ -1186,6 +1310,8 @@ def lower(refs):
     fn = _make_fn(plan, layout)
 
     mesh = _user_mesh(plan, ())
+    if _place_inputs(plan, mesh, inspect_only=True) is not None and mesh is None:
+        mesh = _user_mesh(plan, ())
     if mesh is not None:
         _rehome(plan, mesh, inspect_only=True)
     leaf_args = _call_args(plan, mesh, draw_key=False)

@@ -7,6 +7,9 @@
   optimizer state, buffers and, given a compiled step, XLA's temporaries) as a
   :class:`MemoryPlan`; :func:`compiled_memory` reads XLA's analysis of a
   compiled step.
+* :func:`auto_partition_spec` is the rule of spmdtorch's auto-sharding
+  (``runtime.use_spmd(auto=True)``), whose input placement policy this
+  package registers with the executor.
 * :func:`materialize` turns a model built on ``meta`` into sharded xla tensors
   in one compiled program, so no device holds a full sharded parameter.
 
@@ -16,6 +19,8 @@ re-exports this API; ``spmdtorch.materialize`` is :func:`materialize`.
 See ``docs/planning.md``.
 """
 
+from spmdtorch.plan import _auto  # noqa: F401  (registers auto-sharding's input placement policy)
+from spmdtorch.plan._auto import auto_partition_spec
 from spmdtorch.plan._materialize import MaterializeError, materialize
 from spmdtorch.plan._memory import (
     CompiledMemory,
@@ -37,6 +42,7 @@ __all__ = [
     "PlanError",
     "ShardingPlan",
     "TensorMemory",
+    "auto_partition_spec",
     "compiled_memory",
     "materialize",
     "memory_plan",

@@ -25,7 +25,6 @@ from torch.distributed.tensor import (
 )
 
 from spmdtorch.compat import _placements
-from spmdtorch.runtime import SpmdModeError
 
 
 def _spec(t: torch.Tensor) -> str:
@@ -335,11 +334,17 @@ def test_distribute_module_input_and_output_hooks():
     assert type(info.value).__name__ == "DistributeModuleError"
 
 
-def test_auto_policy_is_refused_by_name():
+def test_auto_policy_turns_on_auto_sharding_by_name():
     from torch_xla.distributed.spmd import auto_policy
 
+    import spmdtorch
+
     assert auto_policy("fc1", nn.Linear(2, 2), None) is None  # as in PyTorch/XLA: a marker, a no-op itself
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(SpmdModeError, match="auto-sharding, which spmdtorch does not do"):
-            distribute_module(nn.Linear(2, 2), DeviceMesh("xla", list(range(8))), auto_policy)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = distribute_module(nn.Linear(2, 2), DeviceMesh("xla", list(range(8))), auto_policy)
+        assert spmdtorch.runtime.auto_sharding_enabled()
+        assert model.weight.device.type == "xla"  # moved, as PyTorch/XLA's bridge does
+    finally:
+        spmdtorch.runtime.set_auto_sharding(False)
