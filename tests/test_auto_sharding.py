@@ -8,6 +8,7 @@ values must equal eager PyTorch on CPU.
 from __future__ import annotations
 
 import copy
+import logging
 
 import numpy as np
 import pytest
@@ -178,3 +179,45 @@ def test_inspecting_a_graph_does_not_re_place_storages(auto):
     text = debug.get_hlo_text([x + 1])
     assert "devices=[1,8]" in text  # the program as it would compile
     assert _placement(x).is_fully_replicated  # but the tensor was not moved
+
+
+def test_compiled_step_replays_with_the_auto_placement(auto):
+    torch.manual_seed(0)
+    cpu_model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 8))
+    model = copy.deepcopy(cpu_model).to("xla")
+    opt_cpu = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @spmdtorch.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    for _ in range(4):  # trace, then replays with new (replicated) batches placed like the traced ones
+        x, y = torch.randn(128, 128), torch.randint(0, 8, (128,))
+        got = step(x.to("xla"), y.to("xla"))
+        opt_cpu.zero_grad()
+        want = nn.functional.cross_entropy(cpu_model(x), y)
+        want.backward()
+        opt_cpu.step()
+        torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for p_cpu, p in zip(cpu_model.parameters(), model.parameters()):
+        torch.testing.assert_close(p.cpu(), p_cpu, rtol=1e-4, atol=1e-5)
+    assert get_sharding_spec(model[0].weight) == EIGHT_WAY_ON_DIM1
+
+
+def test_auto_mode_is_part_of_the_program_key(devices8, caplog):
+    x = torch.arange(4.0).to("xla")  # too small to be placed: only the mode differs
+    (x + 1).cpu()
+    debug.clear_counters()
+    runtime.use_spmd(auto=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="spmdtorch.compile"):
+            torch.testing.assert_close((x + 1).cpu(), torch.arange(4.0) + 1)
+    finally:
+        runtime.set_auto_sharding(False)
+    assert debug.counter_value("CompileWithAutoSharding") == 1  # compiled anew, not the cached program
+    assert "input placement mode changed: None -> ('auto', (8,))" in caplog.text

@@ -924,6 +924,8 @@ def _log_recompile(old, new, plan=None):
         msg = "; ".join(diffs[:5]) or "inputs changed"
     elif old.matmul_precision != new.matmul_precision:
         msg = f"float32 matmul precision changed: {old.matmul_precision} -> {new.matmul_precision}"
+    elif old.placement_mode != new.placement_mode:
+        msg = f"input placement mode changed: {old.placement_mode} -> {new.placement_mode}"
     else:
         msg = "donation or output shardings changed"
     line = f"spmdtorch: recompiling ({msg})"
