@@ -13,13 +13,15 @@ annotation: ``mark_sharding`` still replaces it). See docs/design.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from spmdtorch import runtime
+from spmdtorch import _checks, runtime
+from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.lazy import executor
 
 __all__ = ["AUTO_SHARDING_COUNTER", "auto_input_placement", "auto_partition_spec"]
@@ -28,7 +30,7 @@ __all__ = ["AUTO_SHARDING_COUNTER", "auto_input_placement", "auto_partition_spec
 AUTO_SHARDING_COUNTER = "CompileWithAutoSharding"
 
 
-def auto_partition_spec(shape: tuple[int, ...], axes: dict[str, int]) -> PartitionSpec | None:
+def auto_partition_spec(shape: Sequence[int], axes: dict[str, int]) -> PartitionSpec | None:
     """The auto rule's spec for an array of ``shape`` over a mesh with ``axes`` (name -> size), or None.
 
     The whole mesh is tried first, then each axis alone (largest first); for
@@ -45,7 +47,17 @@ def auto_partition_spec(shape: tuple[int, ...], axes: dict[str, int]) -> Partiti
         True
         >>> auto_partition_spec((3, 5), {"x": 8}) is None
         True
+
+    Raises:
+        spmdtorch.ArgumentTypeError: ``shape`` is not a sequence of ints >= 0,
+            or ``axes`` not a dict of str -> int >= 1.
     """
+    shape = _checks.check_int_sequence(shape, "auto_partition_spec", "shape", ArgumentTypeError, minimum=0)
+    if not isinstance(axes, dict):
+        _checks.fail(ArgumentTypeError, "auto_partition_spec", "axes", "a dict of mesh axis name -> size", axes)
+    for name, size in axes.items():
+        _checks.check_str(name, "auto_partition_spec", "axes (a key)", ArgumentTypeError, nonempty=True)
+        _checks.check_int(size, "auto_partition_spec", f"axes[{name!r}]", ArgumentTypeError, minimum=1)
     names = tuple(axes)
     total = int(np.prod([axes[n] for n in names])) if names else 1
     groups: list[tuple[tuple[str, ...], int]] = [(names, total)]
