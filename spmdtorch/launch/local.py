@@ -161,6 +161,8 @@ def child_env(
         _checks.check_int(heartbeat_timeout_s, what, "heartbeat_timeout_s", LaunchError, minimum=1)
     if base is not None and not isinstance(base, Mapping):
         _checks.fail(LaunchError, what, "base", "a mapping of environment variables or None", base)
+    if finished_dir is not None:
+        _checks.check_str(finished_dir, what, "finished_dir", LaunchError, nonempty=True)
     env = dict(os.environ if base is None else base)
     # A launch from inside a process that joined a job starts a new job: its children join it.
     env.pop(runtime.ENV_JOINED_PID, None)
