@@ -64,7 +64,8 @@ P=$VENV/bin/python
   protobuf pytest expecttest pytest-timeout "pytest-xdist>=3.6" hypothesis "transformers>=4.40" \
   "import-linter==2.17" psutil huggingface-hub pyyaml || fail_install "jax $JAX / orbax $ORBAX / test extras"
 "$P" -m pip install -q --no-deps "accelerate>=1.0" || fail_install "accelerate"
-"$P" -m pip install -q --no-deps -e . || fail_install "spmdtorch"
+# --ignore-requires-python: a Python outside the pins is what this script is for.
+"$P" -m pip install -q --no-deps --ignore-requires-python -e . || fail_install "spmdtorch"
 installed=$(($(date +%s) - start))
 
 "$P" -c "import sys, torch, jax, jaxlib, orbax.checkpoint as o; print('python', sys.version.split()[0], 'torch', torch.__version__, 'jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'orbax', o.__version__)"
