@@ -33,7 +33,7 @@ from spmdtorch.checkpoint.errors import (
     CheckpointCorruptionError,
     MissingKeysError,
 )
-from spmdtorch.checkpoint.io import ARRAYS, Record, read_record
+from spmdtorch.checkpoint.io import ARRAYS, Record, empty_array, is_stored, read_record
 from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
 from spmdtorch.checkpoint.tree import Key, KeyPath
 
@@ -88,22 +88,29 @@ def read_arrays(
 def _read_batch(
     path: epath.Path, infos: Sequence[Mapping[str, Any]], batch: Sequence[int]
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    items = {tuple(infos[i]["path"]): ocp.RestoreArgs(restore_type=np.ndarray) for i in batch}
-    args_tree = tree.orbax_tree(items)
-    try:
-        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-            restored = ckptr.restore(
-                path / ARRAYS, args=ocp.args.PyTreeRestore(item=args_tree, restore_args=args_tree, partial_restore=True)
-            )
-    except Exception as e:
-        raise CheckpointCorruptionError(
-            f"the arrays of checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:500]})"
-        ) from e
+    # Zero-size arrays are recorded only (io.is_stored): nothing to read.
+    items = {tuple(infos[i]["path"]): ocp.RestoreArgs(restore_type=np.ndarray) for i in batch if is_stored(infos[i])}
+    restored: Any = {}
+    if items:
+        args_tree = tree.orbax_tree(items)
+        try:
+            with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+                restored = ckptr.restore(
+                    path / ARRAYS,
+                    args=ocp.args.PyTreeRestore(item=args_tree, restore_args=args_tree, partial_restore=True),
+                )
+        except Exception as e:
+            raise CheckpointCorruptionError(
+                f"the arrays of checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:500]})"
+            ) from e
     for i in batch:
         info = infos[i]
-        node = restored
-        for k in info["path"]:
-            node = node[str(k)]
+        if is_stored(info):
+            node = restored
+            for k in info["path"]:
+                node = node[str(k)]
+        else:
+            node = empty_array(info)
         if fingerprint.fingerprint_numpy(node) != tuple(info["fingerprint"]):
             key = tree.keystr(tuple(info["path"]))
             raise CheckpointCorruptionError(

@@ -5,7 +5,10 @@ checkpoint, finalised atomically by Orbax: written under a temporary name and
 renamed when complete)::
 
     <path>/arrays/   every tensor, a PyTree checkpoint of nested dicts with str
-                     keys mirroring the state (``model/fc1.weight`` ...)
+                     keys mirroring the state (``model/fc1.weight`` ...);
+                     zero-size tensors (a 0 in the shape) are not in it
+                     (Orbax cannot store them): they hold no data, and the
+                     record's dtype and shape say all of them
     <path>/meta/metadata
                      JSON: the state's structure, its plain Python values, and
                      per array its key path, torch dtype, shape and fingerprint
@@ -60,6 +63,8 @@ __all__ = [
     "META",
     "TMP_MARK",
     "SaveFingerprints",
+    "empty_array",
+    "is_stored",
     "load",
     "read_record",
     "save",
@@ -227,6 +232,28 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def is_stored(info: Mapping[str, Any]) -> bool:
+    """Whether the record entry ``info`` of an array has data in ``arrays/`` (False for a zero-size array).
+
+    Orbax refuses to save zero-size arrays ("Cannot save arrays with zero
+    size"); they hold nothing, so the record's shape and dtype are the whole
+    array and restoring one needs no read.
+    """
+    return all(n != 0 for n in info["shape"])
+
+
+def empty_array(info: Mapping[str, Any]) -> npt.NDArray[Any]:
+    """The zero-size array that record entry ``info`` describes (``is_stored(info)`` is False)."""
+    return np.zeros(tuple(info["shape"]), dtype=np.dtype(info["storage_dtype"]))
+
+
+def _zero_size_storage(e: tree.Entry) -> npt.NDArray[Any]:
+    """A zero-size tensor as the (empty) host array its record entry describes, without touching a device."""
+    if e.kind == "cpu":
+        return placement.host_array(e.value)
+    return np.zeros(tuple(e.value.shape), dtype=np.dtype(_dtypes.to_jax_dtype(e.value.dtype)))
+
+
 def save_args(state: object) -> tuple[ocp.args.Composite, SaveFingerprints]:
     """The Orbax arguments that save ``state``, and its fingerprints (not yet dispatched).
 
@@ -251,7 +278,11 @@ def save_args(state: object) -> tuple[ocp.args.Composite, SaveFingerprints]:
         i = len(infos)
         index[e.path] = i
         arr: jax.Array | npt.NDArray[Any]
-        if e.kind == "xla":
+        if e.value.numel() == 0:
+            # Recorded only (see is_stored): Orbax cannot save it, and there is nothing to save.
+            arr = _zero_size_storage(e)
+            fp = list(fingerprint.fingerprint_numpy(arr))
+        elif e.kind == "xla":
             arr, fp_src, logical = placement.save_value(e.value)
             device_src.append(fp_src)
             device_logical.append(logical)
@@ -260,7 +291,8 @@ def save_args(state: object) -> tuple[ocp.args.Composite, SaveFingerprints]:
         else:
             arr = placement.host_array(e.value)
             fp = list(fingerprint.fingerprint_numpy(arr))
-        to_save[e.path] = arr
+        if e.value.numel() != 0:
+            to_save[e.path] = arr
         infos.append(
             {
                 "path": list(e.path),
@@ -340,6 +372,26 @@ def _check_replaceable(path: epath.Path) -> None:
         )
 
 
+def _make_parent(path: epath.Path) -> None:
+    """Create ``path``'s parent now, so a path that cannot be created fails here, named.
+
+    Orbax creates the directory in the background, and when that fails its
+    other writers wait for the "directory created" signal for the whole
+    signal timeout (300 s), holding the process at exit.
+
+    Raises:
+        CheckpointSaveError: the parent cannot be created (a file on the way,
+            no permission); the cause is chained.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointSaveError(
+            f"checkpoint {path} could not be saved: its directory {path.parent} cannot be created "
+            f"({type(e).__name__}: {e}); pick a path under a writable directory"
+        ) from e
+
+
 def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> None:
     """Save ``state`` to the checkpoint directory ``path`` (blocking; atomic).
 
@@ -356,6 +408,8 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
         OverwriteRefusedError: ``overwrite`` is True but ``path`` holds
             something other than one checkpoint (nothing is deleted).
         UnsupportedValueError: an entry that cannot be checkpointed.
+        CheckpointSaveError: writing failed (the cause is chained); nothing
+            was finalised.
 
     Example:
         >>> import tempfile, torch, spmdtorch
@@ -378,6 +432,7 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
                     f"checkpoint path {path} already exists; pick a new path or pass overwrite=True"
                 )
             _check_replaceable(path)
+        _make_parent(path)
         args, pending = save_args(state)
         # Orbax's async checkpointer, waited for here: the fingerprints run while
         # Orbax writes (a blocking Checkpointer would wait for the record, hence
@@ -385,17 +440,25 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
         items = handlers()
         # By keyword (the names are ARRAYS and META): a ``**`` dict would also
         # match the handler's other keyword parameters, as far as types go.
-        with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(arrays=items[ARRAYS], meta=items[META])) as ckptr:
-            try:
-                with saving(pending):
-                    ckptr.save(path, args=args, force=overwrite)
-            except BaseException:
-                # The background write then fails on the missing fingerprints:
-                # let it end (nothing is finalised) and raise the cause, not that.
-                with contextlib.suppress(Exception):
-                    ckptr.wait_until_finished()
-                raise
-            ckptr.wait_until_finished()
+        try:
+            with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(arrays=items[ARRAYS], meta=items[META])) as ckptr:
+                try:
+                    with saving(pending):
+                        ckptr.save(path, args=args, force=overwrite)
+                except BaseException:
+                    # The background write then fails on the missing fingerprints:
+                    # let it end (nothing is finalised) and raise the cause, not that.
+                    with contextlib.suppress(Exception):
+                        ckptr.wait_until_finished()
+                    raise
+                ckptr.wait_until_finished()
+        except Exception as e:
+            # Orbax and tensorstore raise whatever their layer raises (ValueError,
+            # OSError...); the caller gets one named error with the cause chained.
+            raise CheckpointSaveError(
+                f"checkpoint {path} could not be saved ({type(e).__name__}: {str(e)[:500]}); nothing of it "
+                "was finalised"
+            ) from e
 
 
 # -- load ------------------------------------------------------------------------
@@ -457,9 +520,10 @@ def read_record(path: CheckpointPath) -> Record:
             f"checkpoint {path} has format version {record['version']}; this spmdtorch reads up to {VERSION}: upgrade"
         )
     _check_record(record, meta_file)
-    if record["arrays"] and not (path / ARRAYS).exists():
+    stored = sum(is_stored(info) for info in record["arrays"])
+    if stored and not (path / ARRAYS).exists():
         raise CheckpointCorruptionError(
-            f"checkpoint {path} lists {len(record['arrays'])} arrays but its {ARRAYS}/ directory is missing"
+            f"checkpoint {path} lists {stored} arrays with data but its {ARRAYS}/ directory is missing"
         )
     return record
 
@@ -768,7 +832,15 @@ def load(path: CheckpointPath, state: Any, *, strict: bool = True, cast: bool = 
             _check_array(plan, cast, path)
             plans.append(plan)
         if plans:
-            arrays = _read_arrays(path, plans, partial=len(plans) < len(record["arrays"]))
+            stored = [p for p in plans if is_stored(p.info)]
+            n_stored = sum(is_stored(info) for info in record["arrays"])
+            arrays = _read_arrays(path, stored, partial=len(stored) < n_stored) if stored else {}
+            for p in plans:
+                if not is_stored(p.info):  # zero-size: nothing on disk to read (see is_stored)
+                    if p.entry.kind == "xla":
+                        p.layout = placement.layout_of(p.entry.value, p.path)
+                    p.via_host = True
+                    arrays[p.path] = empty_array(p.info)
             _verify(path, plans, arrays)
             new = {p.path: _new_value(p, arrays[p.path]) for p in plans}
             _share_equal_scalars(new, plans)

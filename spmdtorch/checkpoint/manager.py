@@ -13,6 +13,12 @@ One writer per directory: a manager's first save takes an exclusive
 unfinished saves of killed writers. A manager that only reads (``all_steps``,
 ``restore``) deletes nothing, so it cannot remove another process's saves
 in flight.
+
+Every save failure is a :class:`CheckpointSaveError` naming the step and the
+directory, its cause chained. A background (async) save that fails is
+reported by the manager's next ``save``/``save_async``,
+``wait_until_finished``/``join`` or ``close``, once; ``restore`` waits for
+the write but never raises its failure (a restore is not the save's caller).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from spmdtorch.checkpoint.errors import (
     CheckpointArgumentTypeError,
     CheckpointCorruptionError,
     CheckpointExistsError,
+    CheckpointSaveError,
     CheckpointWriterError,
     StepNotFoundError,
 )
@@ -159,8 +166,7 @@ def _writer_lock(mgr: CheckpointManager, func: str) -> None:
         previous = held.owner()
         if previous is not None and previous is not mgr:
             # Its background saves end before the new writer cleans up leftovers.
-            with contextlib.suppress(Exception):
-                previous._finish_writes()
+            previous._finish_writes(report=False)  # a failure stays the previous manager's to report
             previous._writer = False
         held.owner = weakref.ref(mgr)
         weakref.finalize(mgr, _release_writer_lock, mgr.directory, None)
@@ -257,6 +263,9 @@ class CheckpointManager:
         self._async = _checks.check_bool(async_save, "CheckpointManager", "async_save", CheckpointArgumentTypeError)
         _checks.check_bool(save_on_preemption, "CheckpointManager", "save_on_preemption", CheckpointArgumentTypeError)
         self._writing: int | None = None  # the step of the latest async save (maybe still being written)
+        # A background save's failure that a restore waited through: the next
+        # save / wait_until_finished / close reports it (see the module docstring).
+        self._failure: CheckpointSaveError | None = None
         keep = _positive_int(max_to_keep, "max_to_keep", allow_none=True)
         by_write_time = keep is not None and self._retire_oldest_written
         options = ocp.CheckpointManagerOptions(
@@ -372,9 +381,12 @@ class CheckpointManager:
             CheckpointWriterError: another process is writing to this directory
                 (one writer per directory: the first save takes its lock).
             UnsupportedValueError: an entry of ``state`` cannot be checkpointed.
-            Exception: the save failed (nothing of it is finalised); with
-                ``async_save`` a failure in the background is raised by the
-                next ``save`` or ``wait_until_finished``.
+            CheckpointSaveError: the save failed (nothing of it is finalised;
+                the cause is chained). With ``async_save`` a failure in the
+                background is raised by the next ``save``,
+                ``wait_until_finished`` or ``close`` (once; the step it names
+                is then not saved, and this call's step was not started: save
+                again).
         """
         return self._save(step, state, force, asynchronous=self._async)
 
@@ -384,6 +396,9 @@ class CheckpointManager:
         if not (force or preempted or self._due(step)):
             return False
         self._become_writer(func)
+        # The previous background save first: its failure is reported here, as
+        # that step's (Orbax's save would wait for it, and raise it as this one's).
+        self._finish_writes(not_started=step)
         if step in self._mgr.all_steps():  # written, or still being written
             if preempted and self._preemption_step == step:
                 return True
@@ -404,11 +419,15 @@ class CheckpointManager:
                 saved = bool(self._mgr.save(step, args=args, force=True))
             if saved:
                 self._writing = step
-        except BaseException:
+        except Exception as e:
             # The background write of this step (if Orbax started one) now
             # fails on the missing fingerprints: let it end, raise the cause.
-            with contextlib.suppress(Exception):
-                self._finish_writes()
+            self._finish_writes(report=False)
+            self._failure = None  # that is this failure, reported now
+            raise _save_error(step, self._directory, e) from e
+        except BaseException:
+            self._finish_writes(report=False)
+            self._failure = None
             raise
         if preempted or not asynchronous:
             # Preempted: the process is about to be killed, the write must finish first.
@@ -419,17 +438,40 @@ class CheckpointManager:
         return saved
 
     def wait_until_finished(self) -> None:
-        """Block until every background save is written and finalised."""
+        """Block until every background save is written and finalised.
+
+        Raises:
+            CheckpointSaveError: a background save failed (reported once; the
+                step it names is not saved).
+        """
         self._finish_writes()
 
     def join(self) -> None:
         """PyTorch/XLA's name for :meth:`wait_until_finished`."""
         self._finish_writes()
 
-    def _finish_writes(self) -> None:
+    def _finish_writes(self, *, report: bool = True, not_started: int | None = None) -> None:
+        """Wait for the background save; raise its failure (``report``), or keep it for the next report.
+
+        Args:
+            report: raise a failure now (a save, ``wait_until_finished``,
+                ``close``), else keep it in ``self._failure`` (``restore``).
+            not_started: the step of the save that is waiting (named in the
+                message: it was not started).
+        """
         executor.flush_before_next()  # fingerprints deferred to the next program: now
-        self._mgr.wait_until_finished()
-        self._empty_trash()
+        try:
+            self._mgr.wait_until_finished()
+        except Exception as e:
+            failure = _save_error(self._writing, self._directory, e, background=True, not_started=not_started)
+            failure.__cause__ = e
+            if self._failure is None:  # the first one is the one to report
+                self._failure = failure
+        finally:
+            self._empty_trash()
+        if report and self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
     def _become_writer(self, func: str) -> None:
         """Take the directory's writer lock (once), then remove what killed writers left.
@@ -511,7 +553,9 @@ class CheckpointManager:
             MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError:
                 see :func:`spmdtorch.checkpoint.load`.
         """
-        self._finish_writes()
+        # Waits for a background save, but leaves its failure to the next
+        # save / wait_until_finished / close: this caller did not make it.
+        self._finish_writes(report=False)
         steps = self.all_steps()
         if step is not None:
             step = _check_step(step, f"{type(self).__name__}.restore")
@@ -543,13 +587,18 @@ class CheckpointManager:
     # -- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish background saves, release Orbax's resources, restore the SIGTERM handler."""
+        """Finish background saves, release Orbax's resources, restore the SIGTERM handler.
+
+        Raises:
+            CheckpointSaveError: a background save failed and was not reported
+                yet (everything is released first).
+        """
         if self._closed:
             return
         self._closed = True
         _faults.end_activity(self._activity)
         try:
-            self._finish_writes()
+            self._finish_writes(report=False)
             self._mgr.close()
         finally:
             _release_writer_lock(self._directory, self)
@@ -557,15 +606,43 @@ class CheckpointManager:
                 previous = self._previous_handler
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
                 self._handler_installed = False
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
     def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc is None:
+            self.close()
+            return
+        # Leaving on an exception: a save failure must not replace it; it is logged instead.
+        try:
+            self.close()
+        except CheckpointSaveError as failure:
+            log.error("%s (while leaving the manager's block on %s)", failure, type(exc).__name__)
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self._directory)!r}, steps={self.all_steps()})"
+
+
+def _save_error(
+    step: int | None,
+    directory: epath.Path,
+    cause: BaseException,
+    *,
+    background: bool = False,
+    not_started: int | None = None,
+) -> CheckpointSaveError:
+    """The :class:`CheckpointSaveError` of a failed save of ``step`` (the caller chains ``cause``)."""
+    what = f"checkpoint step {step}" if step is not None else "a checkpoint step"
+    how = "its background write failed" if background else "failed"
+    then = f"; step {not_started} was not started: save it again" if not_started not in (None, step) else ""
+    return CheckpointSaveError(
+        f"{what} could not be saved to {directory} ({how}: {type(cause).__name__}: {str(cause)[:500]}); "
+        f"nothing of it was finalised, the previous steps stand{then}"
+    )
 
 
 def _background_write(ref: weakref.ref[CheckpointManager]) -> Callable[[], str | None]:

@@ -295,8 +295,9 @@ def test_a_save_failing_in_orbax_leaves_no_thread_waiting_for_fingerprints(tmp_p
 
     monkeypatch.setattr(ocp.PyTreeCheckpointHandler, "async_save", fail)
     with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
-        with pytest.raises(OSError, match="disk full"):
+        with pytest.raises(checkpoint.CheckpointSaveError, match="disk full") as info:
             mgr.save(0, {"w": torch.ones(3, device="xla")})
+        assert isinstance(info.value.__cause__, OSError)
         # The record's write had started (Orbax starts the item saves together);
         # told that the save failed, it ends instead of waiting for fingerprints.
         writers = [t for t in threading.enumerate() if t.name == "spmdtorch_meta_save"]
