@@ -47,6 +47,7 @@ from spmdtorch.checkpoint.errors import (
     ShapeMismatchError,
     StepNotFoundError,
     UnexpectedKeysError,
+    UnsafeEntryError,
     UnsupportedValueError,
     ValueKindMismatchError,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "StepNotFoundError",
     "UnexpectedKeysError",
     "UninitializedTensorsError",
+    "UnsafeEntryError",
     "UnsupportedValueError",
     "ValueKindMismatchError",
     "XlaCheckpointManager",

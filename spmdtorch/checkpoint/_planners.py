@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from spmdtorch import _checks
 from spmdtorch.checkpoint import placement
 from spmdtorch.checkpoint._cpu_shards import CpuShards, is_sharded
-from spmdtorch.checkpoint.errors import CheckpointArgumentTypeError, UnsupportedValueError
+from spmdtorch.checkpoint.errors import CheckpointArgumentTypeError, UnsafeEntryError, UnsupportedValueError
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["SPMDLoadPlanner", "SPMDSavePlanner"]
@@ -329,6 +330,35 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
             if not reads:
                 self._install(t)  # nothing of it on this process's devices but padding
         return dataclasses.replace(plan, items=items)
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Unpickle a non-tensor entry with ``weights_only=True``, then place it as DCP does.
+
+        ``DefaultLoadPlanner`` unpickles these with ``weights_only=False``,
+        which runs whatever the file's pickle says.
+
+        Raises:
+            UnsafeEntryError: the entry's pickle needs more (an object of a
+                class, a function): naming the key and what was refused.
+        """
+        fqn = read_item.dest_index.fqn
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:
+            reason = str(e).strip().splitlines()
+            refused = next((line.strip() for line in reason if "GLOBAL" in line or "global" in line), reason[0])
+            raise UnsafeEntryError(
+                f"SPMDLoadPlanner: the checkpoint entry {fqn!r} is a pickle of more than tensors and plain data "
+                f"({refused[:300]}); it is unpickled with weights_only=True because unpickling can run code. "
+                "Save plain values (numbers, strings, lists, dicts, tensors) instead; for a checkpoint you "
+                "trust completely, load this entry with torch's DefaultLoadPlanner"
+            ) from e
+        # DCP's own placement (flattened keys back into nested dicts), from a pickle
+        # of what weights_only accepted: nothing in it can run code.
+        safe = io.BytesIO()
+        torch.save(obj, safe)
+        safe.seek(0)
+        super().load_bytes(read_item, safe)
 
     def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
         t = self._xla.get(read_item.dest_index.fqn)

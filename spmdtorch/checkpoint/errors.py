@@ -29,6 +29,7 @@ __all__ = [
     "ShapeMismatchError",
     "StepNotFoundError",
     "UnexpectedKeysError",
+    "UnsafeEntryError",
     "UnsupportedValueError",
     "ValueKindMismatchError",
 ]
@@ -120,6 +121,15 @@ class CheckpointCorruptionError(CheckpointError, RuntimeError):
     def __init__(self, message: str, keys: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.keys = tuple(keys)
+
+
+class UnsafeEntryError(CheckpointCorruptionError):
+    """A pickled checkpoint entry that needs more than ``torch.load(weights_only=True)`` allows.
+
+    ``SPMDLoadPlanner`` unpickles DCP's non-tensor entries with
+    ``weights_only=True`` (tensors, containers and plain values only):
+    unpickling anything else can run code chosen by whoever wrote the file.
+    """
 
 
 class CheckpointSaveError(CheckpointError, RuntimeError):
