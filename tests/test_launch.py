@@ -161,7 +161,6 @@ def test_a_rank_killed_from_outside_is_the_cause_even_when_its_peer_is_seen_endi
     assert any(line.startswith("[launch] first failure: rank 0 (killed by SIGKILL)") for line in lines), lines
 
 
-
 def test_a_hung_rank_is_named_not_the_peer_that_finished_and_died_waiting_for_it():
     # Stand-in for JAX: rank 0 finishes its script (the peer watch notes it in
     # SPMDTORCH_LAUNCH_FINISHED_DIR, done here by hand) and then aborts, as JAX's
@@ -197,6 +196,7 @@ def test_a_rank_that_fails_before_finishing_stays_the_cause():
         grace_period_s=1.0,
     )
     assert result.first_failure == 0 and result.returncode == 4 and not result.ranks[0].finished_script, lines
+
 
 def test_a_rank_killed_by_a_signal_gives_a_shell_style_status():
     result, lines = run(
