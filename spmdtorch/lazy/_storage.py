@@ -154,14 +154,19 @@ class Storage:
     vcache: dict[tuple[ViewStep, ...], Any] | None
 
     def __init__(self, value: jax.Array | LazyRef, sharding: jax.sharding.Sharding | None = None) -> None:
-        # None only until set() below, which reads the old value (None: there was none);
-        # typing it Optional would make every reader narrow a value that is never None.
+        self._fields(None, sharding, version=0)
+        self.set(value)
+
+    def _fields(self, host: HostValue | None, sharding: jax.sharding.Sharding | None, version: int) -> None:
+        """Every field but the value (``__init__`` then sets it; ``on_host`` keeps it on the host)."""
+        # None only until set() (or the upload) writes it; typing it Optional
+        # would make every reader narrow a value that is never None.
         self._value = None  # type: ignore[assignment]
-        self.host = None
+        self.host = host
         self.queued = 0  # the PENDING generation this storage was added in (0: not a member)
         # {view chain: value} of the views read since the last write (spmdtorch.tensor._values.read_value).
         self.vcache = None
-        self.version = 0
+        self.version = version
         self.pseq = 0
         self.sharding = sharding
         self.annotated = False
@@ -173,8 +178,6 @@ class Storage:
         # id() of the concrete array a pending value replaced: the executor
         # pairs that (donated) input with this storage's output buffer.
         self.prev = None
-        # on_host() sets these same fields without a value: keep the two in step.
-        self.set(value)
 
     def set(self, value: jax.Array | LazyRef) -> None:
         # Runs once per program output on every step (a replayed decoder step
@@ -248,17 +251,7 @@ class Storage:
     def on_host(cls, host: HostValue, sharding: jax.sharding.Sharding | None = None) -> Storage:
         """A storage whose value stays on the host until first needed (deferred upload)."""
         st = cls.__new__(cls)
-        st._value = None  # type: ignore[assignment]
-        st.host = host
-        st.queued = 0
-        st.vcache = None
-        st.version = 1  # as if set() had written it once, like every other storage
-        st.pseq = 0
-        st.sharding = sharding
-        st.annotated = False
-        st.logical_shape = None
-        st.unpadded = None
-        st.prev = None
+        st._fields(host, sharding, version=1)  # version 1: as if set() had written it once, like every other storage
         ON_HOST.add(st)
         metrics.inc("DeferredTransferToDevice")
         return st

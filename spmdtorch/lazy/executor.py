@@ -1254,15 +1254,7 @@ def lower_program(
     ``name``: the function's name, hence the module's (``jit_<name>``).
     """
     refs = [r for r in roots if type(r) is LazyRef]
-    plan = _Plan(refs)
-    layout = _Layout(plan, bake=True)
-    inner = _make_fn(plan, layout)
-    mesh = _user_mesh(plan, ())
-    if _place_inputs(plan, mesh, inspect_only=True) is not None and mesh is None:
-        mesh = _user_mesh(plan, ())
-    if mesh is not None:
-        _rehome(plan, mesh, inspect_only=True)
-    leaf_args = _call_args(plan, mesh, draw_key=False)
+    plan, layout, inner, mesh, leaf_args = _prepare_inspection(refs, bake=True)
     n = len(plan.leaves)
     args = layout.pack(leaf_args[:n], mesh)
     roles = ["data" if type(plan.leaves[p]) is not Scalar else "scalar" for p in layout.array_pos]
@@ -1307,19 +1299,28 @@ def lower(refs):
     torch's generator stays where it was, so printing a step's HLO (or saving
     it with ``XLA_SAVE_TENSORS_FILE``) does not change the numbers it draws.
     """
-    plan = _Plan(refs)
-    layout = _Layout(plan)
-    fn = _make_fn(plan, layout)
+    plan, layout, fn, mesh, leaf_args = _prepare_inspection(refs, bake=False)
+    n = len(plan.leaves)
+    with jax.default_matmul_precision(_precision.current()):
+        return jax.jit(fn).lower(*layout.pack(leaf_args[:n], mesh), *leaf_args[n:])
 
+
+def _prepare_inspection(refs, *, bake: bool):
+    """The plan, layout, function, mesh and arguments of the program computing ``refs``, for lowering only.
+
+    Inputs are placed (auto mode) and re-homed for this plan alone
+    (``inspect_only``), and no random key is drawn: inspecting a pending step
+    changes nothing the step then runs.
+    """
+    plan = _Plan(refs)
+    layout = _Layout(plan, bake=bake)
+    fn = _make_fn(plan, layout)
     mesh = _user_mesh(plan, ())
     if _place_inputs(plan, mesh, inspect_only=True) is not None and mesh is None:
         mesh = _user_mesh(plan, ())
     if mesh is not None:
         _rehome(plan, mesh, inspect_only=True)
-    leaf_args = _call_args(plan, mesh, draw_key=False)
-    n = len(plan.leaves)
-    with jax.default_matmul_precision(_precision.current()):
-        return jax.jit(fn).lower(*layout.pack(leaf_args[:n], mesh), *leaf_args[n:])
+    return plan, layout, fn, mesh, _call_args(plan, mesh, draw_key=False)
 
 
 def reset_cache() -> None:
