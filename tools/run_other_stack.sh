@@ -20,7 +20,7 @@
 #            tests/test_jax_changes.py tests/ops/test_manual_private_jax.py.
 #
 # Prints the versions, the install time and the pytest summary; exits with
-# pytest's status (or 2 when the install fails), so it can gate a CI step.
+# pytest's status (or 10 when the install fails), so it can gate a CI step.
 # Exact versions only: a range would let a new release change the result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +51,7 @@ else
 fi
 
 start=$(date +%s)
-fail_install() { echo "run_other_stack.sh: installing $1 failed (python $PY, jax $JAX, torch $TORCH, orbax $ORBAX)" >&2; exit 2; }
+fail_install() { echo "run_other_stack.sh: installing $1 failed (python $PY, jax $JAX, torch $TORCH, orbax $ORBAX)" >&2; exit 10; }
 if [ ! -x "$VENV/bin/python" ]; then
   "${BASE[@]}" -m venv "$VENV" || fail_install "the venv"
 fi

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# CI's other-stack legs: .ci/run calls this after the main leg (Python 3.11,
+# jax 0.10.2, torch 2.13.0) has printed its result. Each leg builds a throwaway
+# venv with tools/run_other_stack.sh (exact versions), runs the default test
+# tier there with `-n 2`, as the main leg does, and removes the venv.
+#
+#   tools/ci_second_leg.sh            # every leg in LEGS below
+#   tools/ci_second_leg.sh 3.12       # only the legs whose Python starts so
+#
+# Together with the main leg, the legs cover each minor release that
+# pyproject.toml admits (Python 3.11-3.13, jax 0.10-0.12, torch 2.13-2.15);
+# a pin is widened only with a leg that tests it.
+#
+# Every leg runs even when an earlier one fails; the exit status is non-zero
+# when any leg failed or ran past LEG_TIMEOUT (timeout's 124), so CI fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# python  jax  torch  (orbax-checkpoint 0.12.8 on every leg, as on the main leg)
+LEGS=(
+  "3.12.1 0.12.1 2.15.0"
+  "3.13.0 0.11.2 2.14.1"
+)
+# Seconds per leg, install included. A leg takes about 15 minutes on CI's two
+# cores (3-4 to install, the default tier after); the bound keeps CI within its
+# 90 minutes even when one hangs.
+LEG_TIMEOUT=${LEG_TIMEOUT:-1500}
+
+# pip's configuration files may cap torch below the version a leg tests (this
+# machine's /etc/xdg/pip caps it at 2.14.1; pip then refuses torch 2.15.0):
+# the legs install exact versions, so an empty constraints file replaces the
+# configured one. pip's other settings (indexes, find-links) still apply.
+export PIP_CONSTRAINT=/dev/null
+
+status=0
+summary=()
+for leg in "${LEGS[@]}"; do
+  read -r py jax torch <<<"$leg"
+  case "$py" in "${1:-}"*) ;; *) continue ;; esac
+  echo "== other stack: python $py, jax $jax, torch $torch (default tier, -n 2)"
+  venv=$(mktemp -d -t spmdtorch-ci-leg-XXXXXX)
+  start=$(date +%s)
+  # --keep: this script removes the venv, also when timeout ends the run.
+  timeout "$LEG_TIMEOUT" tools/run_other_stack.sh --python "$py" --jax "$jax" --torch "$torch" \
+    --keep "$venv" -- -n 2
+  rc=$?
+  rm -rf "$venv"
+  secs=$(($(date +%s) - start))
+  case $rc in
+    0) verdict=passed ;;
+    124) verdict="ran past ${LEG_TIMEOUT}s" ;;
+    10) verdict="install failed" ;;
+    *) verdict="tests failed (pytest status $rc)" ;;
+  esac
+  summary+=("python $py, jax $jax, torch $torch: $verdict in ${secs}s")
+  [ $rc -eq 0 ] || status=1
+done
+echo "== other stacks"
+printf '%s\n' "${summary[@]}"
+exit $status
