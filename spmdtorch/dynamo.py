@@ -25,18 +25,22 @@ and then computes it (``spmdtorch.sync()``) before returning, as PyTorch/XLA's
 * ``functorch``'s ``aot_function`` over xla tensors works too: annotations
   become ``torch.ops.spmdtorch.sharded_copy`` in its forward and backward graphs.
 
+Devices inside the compiled function behave as in eager: ``t.device`` reads
+``xla:0``, ``device="xla"`` and ``.to("xla")`` create and move tensors there,
+``.cpu()`` leaves, a 0-dim CPU tensor mixes with xla tensors and a larger one
+raises Dynamo's "Tensor device mismatch" naming xla:0 and cpu (as cuda and cpu
+do). How: Dynamo traces an xla tensor as a ``meta`` fake (torch has no device
+guard for "xla" without torch_xla's C++, and autograd needs one), and this
+module wraps two pieces of Dynamo's tracing so that those fakes read as xla
+to the traced Python (see ``_install_tracing_hooks``). The wraps are installed
+when this module is imported, which torch does when it looks the backend up
+by name (``torch.compile(fn, backend="spmdtorch")``); a wrapper backend that
+looks ``"spmdtorch"`` up only inside its own call should import
+``spmdtorch.dynamo`` first.
+
 Not yet: the program is re-recorded op by op on every call (the engine's
 program cache avoids the XLA compile, not the Python recording, so a compiled
-call is not faster than lazy mode), and an explicit ``device="xla"`` or
-``.to("xla")`` inside the compiled function fails in Dynamo's tracing with
-torch's "Tensor device mismatch" (move inputs to xla before the call; create
-tensors with ``device=x.device``).
-
-How Dynamo sees an xla tensor: its fake stand-in is a ``meta`` tensor
-(``XlaTensor.__tensor_unflatten__``), since torch has no device guard for
-"xla" without torch_xla and autograd needs one. The backend therefore maps
-the ``meta`` device that Dynamo recorded for tensors created inside the
-graph back to ``xla:0``.
+call is not faster than lazy mode).
 
 Example:
     >>> import torch, spmdtorch
@@ -57,11 +61,110 @@ from torch.utils import _pytree as pytree
 
 from spmdtorch._step import sync
 from spmdtorch.lazy import metrics
-from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XlaTensor
+from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XLA_FAKE_MODES, XlaTensor
 
 __all__ = ["backend"]
 
 _META = torch.device("meta")
+
+
+# -- what the traced Python sees ---------------------------------------------
+# Dynamo traces an xla tensor as a ``meta`` fake (see the module docstring): an
+# "xla" fake would need torch's device guard for "xla", which only torch_xla's
+# C++ registers (autograd on such a fake aborts the process). Two wraps of
+# Dynamo's tracing make the meta fakes of a trace that holds xla tensors read
+# as xla to the user's Python, while the fakes themselves stay on meta:
+#
+# * ``TensorVariable.specialize`` (the properties Dynamo answers for a traced
+#   tensor without running anything): ``t.device`` is ``xla:0``;
+# * ``torch._dynamo.utils.run_node`` (each recorded call run on fakes): an
+#   "xla" device argument (``device="xla"``, ``.to("xla")``, ``device=t.device``)
+#   runs as ``meta``, so fakes created inside the function meet the inputs on
+#   one device; the graph keeps "xla", which the backend runs for real. A mix
+#   that torch refuses on one device pair (xla and a non-scalar CPU tensor)
+#   is reported as torch reports cuda and cpu mixed: Dynamo's "Tensor device
+#   mismatch" (a ``TorchRuntimeError``), naming xla:0 and cpu.
+#
+# A fake mode takes part once it fakified an xla tensor (``XLA_FAKE_MODES``,
+# filled by ``XlaTensor.__tensor_unflatten__``) or ran a call naming an "xla"
+# device. Invariant: in such a mode every ``meta`` fake stands for an xla
+# tensor (a real ``meta`` tensor passed to the same compiled function would
+# read as xla too). Both wraps are installed at the import of this module,
+# which torch does when it looks the backend up by name, before it traces.
+
+
+def _is_xla_device(arg: Any) -> bool:
+    if isinstance(arg, torch.device):
+        return arg.type == "xla"
+    return isinstance(arg, str) and (arg == "xla" or arg.startswith("xla:"))
+
+
+def _to_meta_device(arg: Any) -> Any:
+    return _META if _is_xla_device(arg) else arg
+
+
+def _stands_for_xla(value: Any) -> bool:
+    """Whether ``value`` is a ``meta`` fake of a trace over xla tensors."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor) and value.fake_device == _META and value.fake_mode in XLA_FAKE_MODES
+
+
+def _xla_named(device: torch.device) -> torch.device:
+    return XLA_DEVICE if device == _META else device
+
+
+def _install_tracing_hooks() -> bool:
+    """Wrap Dynamo's ``TensorVariable.specialize`` and ``utils.run_node`` once; False where torch lacks them."""
+    from torch._dynamo import utils as dynamo_utils
+    from torch._dynamo.variables.tensor import TensorVariable
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+    orig_specialize = getattr(TensorVariable, "specialize", None)
+    orig_run_node = getattr(dynamo_utils, "run_node", None)
+    if orig_specialize is None or orig_run_node is None:
+        return False
+    if getattr(orig_run_node, "_spmdtorch", False):
+        return True
+
+    def specialize(value: torch.Tensor) -> dict[str, Any]:
+        props = orig_specialize(value)
+        if _stands_for_xla(value):
+            props["device"] = XLA_DEVICE
+        return props
+
+    def run_node(tracer: Any, node: torch.fx.Node, args: Any, kwargs: Any, nnmodule: Any) -> Any:
+        from torch._guards import active_fake_mode
+
+        mode = active_fake_mode()
+        if mode is None:  # a real run (Dynamo's get_real_value): arguments as recorded
+            return orig_run_node(tracer, node, args, kwargs, nnmodule)
+        names_xla = any(_is_xla_device(a) for a in pytree.tree_leaves((args, kwargs)))
+        if names_xla:
+            XLA_FAKE_MODES.add(mode)
+        if mode not in XLA_FAKE_MODES:
+            return orig_run_node(tracer, node, args, kwargs, nnmodule)
+        if names_xla:
+            args = pytree.tree_map(_to_meta_device, args)
+            kwargs = pytree.tree_map(_to_meta_device, kwargs)
+        try:
+            return orig_run_node(tracer, node, args, kwargs, nnmodule)
+        except RuntimeError as e:
+            # FakeTensor's own check names the stand-ins' meta device (run_node chains it as the
+            # cause); Dynamo reports it with xla in it, as it reports cuda and cpu mixed in one call.
+            cause = e.__cause__ if isinstance(e.__cause__, FakeTensorDeviceMismatchError) else e
+            if not isinstance(cause, FakeTensorDeviceMismatchError):
+                raise
+            named = FakeTensorDeviceMismatchError(cause.func, _xla_named(cause.common_device), _xla_named(cause.device))
+            raise RuntimeError(str(e).replace(str(cause), str(named))) from named
+
+    run_node._spmdtorch = True  # type: ignore[attr-defined]
+    TensorVariable.specialize = staticmethod(specialize)  # type: ignore[method-assign]
+    dynamo_utils.run_node = run_node
+    return True
+
+
+_TRACING_HOOKS = _install_tracing_hooks()
 
 
 def _to_xla_device(arg: Any) -> Any:
@@ -92,6 +195,11 @@ def _has_xla(values: Sequence[Any]) -> bool:
     return any(isinstance(v, XlaTensor) for v in pytree.tree_leaves(list(values)))
 
 
+def _names_xla(gm: torch.fx.GraphModule) -> bool:
+    """Whether a call in ``gm`` names an "xla" device (tensors created on or moved to xla in the graph)."""
+    return any(_is_xla_device(leaf) for node in gm.graph.nodes for leaf in pytree.tree_leaves((node.args, node.kwargs)))
+
+
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """The TorchDynamo backend ``"spmdtorch"``: run the captured graph as one lazy program.
 
@@ -110,7 +218,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable
         as plain torch.
     """
     metrics.inc("DynamoGraphs")
-    on_xla = _has_xla(example_inputs)
+    on_xla = _has_xla(example_inputs) or _names_xla(gm)
     if on_xla:
         _retarget_devices(gm)
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from spmdtorch import dynamo
 from spmdtorch.compat.errors import CompatError
 from spmdtorch.mesh import Mesh
 from spmdtorch.sharding import mark_sharding
@@ -54,6 +53,8 @@ class DynamoMarkShardingError(CompatError, ValueError):
 
 def extract_compiled_graph(model: torch.fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
     """PyTorch/XLA's bridge entry: the callable that runs ``model`` on xla tensors (``spmdtorch.dynamo.backend``)."""
+    from spmdtorch import dynamo
+
     return dynamo.backend(model, args)
 
 
@@ -130,6 +131,10 @@ _TORCH_FNS: dict[str, Any] = {}
 
 def _point_openxla_at_spmdtorch() -> None:
     from torch._dynamo.backends import registry
+
+    # Imported here, when torch looks a backend up (Dynamo is loaded by then): importing
+    # spmdtorch.dynamo wraps Dynamo's tracing, which ``import torch_xla`` must not load.
+    from spmdtorch import dynamo
 
     for name in _OPENXLA_NAMES:
         # No public call replaces a registered backend; register_backend refuses a taken name.

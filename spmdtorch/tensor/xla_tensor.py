@@ -31,6 +31,7 @@ from spmdtorch.tensor._values import to_cpu
 __all__ = [
     "PYTHON_KEY",
     "XLA_DEVICE",
+    "XLA_FAKE_MODES",
     "MetaFlag",
     "MetaKey",
     "XlaTensor",
@@ -91,6 +92,13 @@ class _MetaKeyField:
 def forget_meta_key(t: torch.Tensor) -> None:
     """Drop ``t``'s stored (shape, stride, offset, dtype) after its metadata changed in place."""
     t.__dict__.pop("_mk", None)
+
+
+# The FakeTensorModes (TorchDynamo's, AOTAutograd's) that have fakified an xla
+# tensor. Their ``meta`` fakes stand for xla tensors: spmdtorch.dynamo reports
+# such a fake's device as ``xla:0`` to the traced Python. Weak: a mode lives
+# as long as its trace.
+XLA_FAKE_MODES: weakref.WeakSet = weakref.WeakSet()
 
 
 class _FlattenContext(NamedTuple):
@@ -353,6 +361,8 @@ class XlaTensor(torch.Tensor):
                 "AOTAutograd tracing; to run a function as one program use torch.compile(fn, backend='spmdtorch') "
                 "or spmdtorch.compile(fn)"
             )
+        # The fake mode now traces xla tensors: its meta fakes stand for xla (spmdtorch.dynamo reads this).
+        XLA_FAKE_MODES.add(stand_in.fake_mode)
         return stand_in
 
     # A classmethod, as torch documents __torch_dispatch__; torch's stub types the
