@@ -1,0 +1,60 @@
+"""torch.distributed's own sharding API (``DeviceMesh``, ``DTensor``) on GSPMD, from one process.
+
+Code written against ``torch.distributed.tensor`` runs here by changing the
+imports of the functions that build meshes and DTensors; torch's own classes
+(``DeviceMesh``, ``DTensor``, ``Shard``, ``Replicate``, ``Partial``) are used as
+they are. A placement is a partition spec over the mesh (docs/dtensor.md has
+the table and what differs from multi-controller DTensor): there is no
+process group, every DTensor holds the global xla tensor, and XLA's GSPMD
+partitioner inserts the collectives.
+
+* meshes: :func:`init_device_mesh` (an :class:`XlaDeviceMesh`, slicing and
+  ``_flatten`` as in torch), :func:`spmd_mesh` (the spmdtorch ``Mesh``),
+  :func:`mesh_groups`, :func:`root_axes`;
+* tensors: :func:`distribute_tensor`, :func:`from_local`, :class:`XlaDTensor`
+  (``.placements``, ``.redistribute``, ``.full_tensor``, ``.to_local``),
+  :func:`partition_spec` / :func:`placements_of_spec`;
+* errors: :mod:`spmdtorch.dtensor.errors`.
+
+Example:
+    >>> import torch
+    >>> from torch.distributed.tensor import Replicate, Shard
+    >>> from spmdtorch.dtensor import distribute_tensor, init_device_mesh
+    >>> mesh = init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp"))
+    >>> w = distribute_tensor(torch.randn(16, 8), mesh["tp"], [Shard(0)])
+    >>> w.placements, w.device_mesh
+    ((Shard(dim=0),), DeviceMesh((tp=4), 'xla', stride=(1,)))
+"""
+
+from spmdtorch.dtensor._mesh import XlaDeviceMesh, init_device_mesh, mesh_groups, root_axes, spmd_mesh
+from spmdtorch.dtensor._placements import partition_spec, placements_of_spec
+from spmdtorch.dtensor._tensor import XlaDTensor, distribute_tensor, from_local
+from spmdtorch.dtensor.errors import (
+    DeviceMeshError,
+    DTensorError,
+    InplaceGradError,
+    LocalTensorError,
+    NoRankError,
+    PlacementError,
+    UnsupportedPlacementError,
+)
+
+__all__ = [
+    "DTensorError",
+    "DeviceMeshError",
+    "InplaceGradError",
+    "LocalTensorError",
+    "NoRankError",
+    "PlacementError",
+    "UnsupportedPlacementError",
+    "XlaDTensor",
+    "XlaDeviceMesh",
+    "distribute_tensor",
+    "from_local",
+    "init_device_mesh",
+    "mesh_groups",
+    "partition_spec",
+    "placements_of_spec",
+    "root_axes",
+    "spmd_mesh",
+]

@@ -1,0 +1,505 @@
+"""``XlaDTensor``: a torch ``DTensor`` whose local tensor is the whole (global) xla tensor.
+
+Single-controller meaning (docs/dtensor.md): this process holds every shard,
+so the ``DTensor``'s ``_local_tensor`` is the *global* xla tensor, annotated
+with the partition spec its placements mean (``_placements``); the sharding is
+GSPMD's, applied when the lazy program compiles. Consequences:
+
+* ``to_local()`` is that global tensor and ``from_local(t, ...)`` takes ``t``
+  as the global tensor; values never depend on placements, only layouts do.
+* ``redistribute`` is a re-annotation (a copy carrying the new sharding; XLA
+  inserts the collectives); ``full_tensor()`` is the replicated copy.
+* ``Partial()`` is metadata: the global tensor already holds the reduced
+  value, so every copy is whole (GSPMD's annotation replicates that axis).
+
+How ops run: torch's own DTensor dispatch would propagate placements and call
+collectives through process groups. Here an op on ``XlaDTensor`` arguments is
+run at the ``__torch_function__`` level on their global xla tensors (so every
+xla-tensor behaviour applies: autocast, index lists, fused attention), while a
+dispatch mode watches the ATen ops it runs and asks torch's own sharding
+propagator what placements each output has (the placements multi-controller
+DTensor would report). Each tensor result is annotated with that layout and
+wrapped again. An op torch has no sharding rule for gives replicated results.
+Autograd joins the two levels with two identity functions (``_ToGlobal`` /
+``_FromGlobal``), so gradients of ``XlaDTensor`` parameters are ``XlaDTensor``
+with the parameter's placements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from spmdtorch import sharding
+from spmdtorch.dtensor._mesh import as_xla_mesh, spmd_mesh
+from spmdtorch.dtensor._placements import normalize_placements, partition_spec
+from spmdtorch.dtensor.errors import DTensorError, InplaceGradError, LocalTensorError, PlacementError
+from spmdtorch.tensor import is_xla_tensor
+
+__all__ = ["XlaDTensor", "distribute_tensor", "from_local"]
+
+
+# -- specs and annotations ------------------------------------------------------
+def _spec(mesh: DeviceMesh, placements: Sequence[Placement], t: torch.Tensor) -> DTensorSpec:
+    return DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
+
+
+def _annotate(t: torch.Tensor, spec: DTensorSpec) -> torch.Tensor:
+    """``t`` annotated with the GSPMD sharding of ``spec`` (a copy if ``t`` already carries another one)."""
+    spec_ = partition_spec(spec.mesh, spec.placements, t.dim())
+    mesh = spmd_mesh(spec.mesh)
+    try:
+        return sharding.mark_sharding(t, mesh, spec_)
+    except sharding.ShardingError:
+        # t shares its storage with a tensor laid out otherwise (the caller's, a
+        # view's base). A copy may inherit that annotation (a clone of concrete
+        # data keeps its layout), so it is cleared first; the copy is free in XLA.
+        copy = sharding.clear_sharding(t.clone())
+        return sharding.mark_sharding(copy, mesh, spec_)
+
+
+def _grad_spec(spec: DTensorSpec, t: torch.Tensor) -> DTensorSpec:
+    # A gradient is never a pending sum: Partial placements become Replicate.
+    placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
+    return _spec(spec.mesh, placements, t)
+
+
+def _to_xla(t: torch.Tensor) -> torch.Tensor:
+    return t if is_xla_tensor(t) else t.to("xla")
+
+
+# -- autograd joints ----------------------------------------------------------------
+class _ToGlobal(torch.autograd.Function):
+    """``XlaDTensor`` -> its global xla tensor; the gradient comes back as an ``XlaDTensor``."""
+
+    @staticmethod
+    def forward(ctx: Any, d: XlaDTensor, grad_spec: DTensorSpec | None) -> torch.Tensor:
+        ctx.grad_spec = grad_spec if grad_spec is not None else d._spec
+        # An alias of the global tensor that autograd does not treat as a view
+        # (a view of a Function's input could not be written in place).
+        return d._local_tensor.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if isinstance(grad, XlaDTensor):
+            grad = grad._local_tensor
+        spec = _grad_spec(ctx.grad_spec, grad)
+        return XlaDTensor._make(_annotate(grad, spec), spec), None
+
+
+class _FromGlobal(torch.autograd.Function):
+    """A global xla tensor -> an ``XlaDTensor`` with ``spec``; the gradient goes back as the global tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, spec: DTensorSpec) -> XlaDTensor:
+        return XlaDTensor._make(t.detach(), spec)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return (grad._local_tensor if isinstance(grad, XlaDTensor) else grad), None
+
+
+class _Redistribute(torch.autograd.Function):
+    """A copy carrying ``spec``'s sharding; the gradient goes back with the source placements."""
+
+    @staticmethod
+    def forward(ctx: Any, d: XlaDTensor, spec: DTensorSpec, dtype: torch.dtype | None) -> XlaDTensor:
+        ctx.source = d._spec
+        ctx.dtype = d.dtype
+        t = d._local_tensor.clone() if dtype is None or dtype == d.dtype else d._local_tensor.to(dtype)
+        return XlaDTensor._make(_annotate(t, spec), spec)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        g = grad._local_tensor if isinstance(grad, XlaDTensor) else grad
+        g = g.clone() if g.dtype == ctx.dtype else g.to(ctx.dtype)
+        spec = _grad_spec(ctx.source, g)
+        return XlaDTensor._make(_annotate(g, spec), spec), None, None
+
+
+# -- placement propagation ------------------------------------------------------------
+def _propagated_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], specs: dict[int, Any]) -> Any:
+    """torch's sharding propagation for ATen op ``func`` on tensors whose specs ``specs`` holds (by id).
+
+    Returns the output spec (a ``DTensorSpec``, a sequence of them, or None),
+    or None when torch has no rule (the caller replicates).
+    """
+    flat, _ = tree_flatten((args, kwargs))
+    mesh = next((specs[id(a)][1].mesh for a in flat if id(a) in specs), None)
+    if mesh is None:
+        return None
+
+    def stand_in(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        entry = specs.get(id(a))
+        # Tensors that are not DTensors are replicated (DTensor's implicit replication).
+        spec = entry[1] if entry is not None else _spec(mesh, [Replicate()] * mesh.ndim, a)
+        local = a.detach() if a.requires_grad else a  # a stand-in only: no autograd through it
+        return DTensor(local, spec, requires_grad=False)  # torch's C constructor
+
+    try:
+        s_args, s_kwargs = tree_map(stand_in, (args, kwargs))
+        info = DTensor._op_dispatcher.unwrap_to_op_info(func, s_args, s_kwargs)
+        result: Any = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding(info.schema)
+        return result.output_spec
+    except Exception:  # noqa: BLE001  # no rule / a rule's own error: the caller replicates the results
+        return None
+
+
+class _Propagate(TorchDispatchMode):
+    """Records, for every ATen op run under it on tracked tensors, the placements torch's rules give its outputs."""
+
+    def __init__(self, specs: dict[int, Any]) -> None:
+        super().__init__()
+        self.specs = specs  # id(tensor) -> (tensor kept alive, DTensorSpec)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        tracked = any(id(a) in self.specs for a in tree_flatten((args, kwargs))[0])
+        if tracked:
+            spec = _propagated_spec(func, args, kwargs, self.specs)
+            outs, _ = tree_flatten(out)
+            spec_list = spec if isinstance(spec, (list, tuple)) else [spec] * len(outs)
+            for o, s in zip(outs, spec_list):
+                if isinstance(o, torch.Tensor) and isinstance(s, DTensorSpec):
+                    self.specs[id(o)] = (o, s)
+        return out
+
+
+# -- the class ---------------------------------------------------------------------------
+def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
+    name = getattr(func, "__name__", "")
+    if "out" in kwargs:
+        return True
+    return (name.endswith("_") and not name.startswith("__")) or name in ("__setitem__",) or name.startswith("__i")
+
+
+_NO_WRAP = torch.overrides.get_default_nowrap_functions()
+# Tensor methods that act on the DTensor object itself (its autograd state), not on its values.
+_ON_WRAPPER = {
+    torch.Tensor.requires_grad_,
+    torch.Tensor.retain_grad,
+    torch.Tensor.register_hook,
+    torch.Tensor.register_post_accumulate_grad_hook,
+    torch.Tensor.backward,
+    torch.Tensor.__reduce_ex__,
+    torch.Tensor.__deepcopy__,
+    torch.Tensor.dim,
+    torch.Tensor.size,
+    torch.Tensor.numel,
+    torch.Tensor.stride,
+}
+
+
+class XlaDTensor(DTensor):
+    """A ``torch.distributed.tensor.DTensor`` over an xla mesh, driven by this one process.
+
+    ``_local_tensor`` is the global xla tensor (annotated with the sharding
+    its placements mean); ``_spec`` is torch's ``DTensorSpec``. Make one with
+    :func:`distribute_tensor` or :func:`from_local`; ops on it return
+    ``XlaDTensor`` results (see the module docstring).
+
+    Example:
+        >>> import torch
+        >>> from torch.distributed.tensor import Shard
+        >>> from spmdtorch.dtensor import distribute_tensor, init_device_mesh
+        >>> mesh = init_device_mesh("xla", (8,), mesh_dim_names=("dp",))
+        >>> d = distribute_tensor(torch.arange(16.0).reshape(8, 2), mesh, [Shard(0)])
+        >>> (d * 2).placements, (d * 2).full_tensor().sum().item()
+        ((Shard(dim=0),), 240.0)
+    """
+
+    @staticmethod
+    def _make(global_tensor: torch.Tensor, spec: DTensorSpec, requires_grad: bool = False) -> XlaDTensor:
+        if spec.tensor_meta is None:
+            spec = _spec(spec.mesh, spec.placements, global_tensor)
+        r = DTensor.__new__(XlaDTensor, global_tensor, spec, requires_grad=requires_grad)
+        return cast(XlaDTensor, r)
+
+    # -- what users see: the global tensor's device, not the wrapper's storage
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self._local_tensor.device
+
+    @property
+    def is_meta(self) -> bool:  # type: ignore[override]
+        return False
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return f"XlaDTensor(global={self._local_tensor}, device_mesh={self._spec.mesh}, placements={self._spec.placements})"
+
+    # -- DTensor's API, single-controller meanings --------------------------------------
+    def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> torch.Tensor:
+        """The global xla tensor (this process holds every shard); differentiable.
+
+        Args:
+            grad_placements: the placements the gradient arriving through the
+                result has (default: this tensor's).
+        """
+        if not (torch.is_grad_enabled() and self.requires_grad):
+            return self._local_tensor
+        grad_spec = None
+        if grad_placements is not None:
+            grad_spec = _spec(
+                self.device_mesh,
+                normalize_placements(grad_placements, self.device_mesh, self.dim(), "to_local(grad_placements)"),
+                self,
+            )
+        out: torch.Tensor = _ToGlobal.apply(self, grad_spec)
+        return out
+
+    def redistribute(
+        self,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        async_op: bool = False,
+        forward_dtype: torch.dtype | None = None,
+        backward_dtype: torch.dtype | None = None,
+    ) -> XlaDTensor:
+        """A copy laid out as ``placements`` (a re-annotation: XLA inserts the collectives).
+
+        ``async_op`` and ``backward_dtype`` are accepted: the collective is part of
+        the next program either way, and the gradient comes back in this tensor's dtype.
+
+        Raises:
+            PlacementError: no ``placements``, or a ``Partial`` the source does not have.
+        """
+        mesh = self.device_mesh if device_mesh is None else as_xla_mesh(device_mesh, "redistribute(device_mesh)")
+        if placements is None:
+            raise PlacementError("redistribute: placements is required (one Shard/Replicate per mesh dim)")
+        target = normalize_placements(placements, mesh, self.dim(), "redistribute")
+        for i, p in enumerate(target):
+            if isinstance(p, Partial) and (mesh != self.device_mesh or self.placements[i] != p):
+                raise PlacementError(
+                    f"redistribute: placements[{i}] is {p!r} but the source has {self.placements[i]!r}; "
+                    "redistributing to Partial is not a layout (the values are already reduced): use Replicate()"
+                )
+        spec = _spec(mesh, target, self)
+        if torch.is_grad_enabled() and self.requires_grad:
+            out: XlaDTensor = _Redistribute.apply(self, spec, forward_dtype)
+            return out
+        t = self._local_tensor
+        t = t.clone() if forward_dtype is None or forward_dtype == t.dtype else t.to(forward_dtype)
+        return XlaDTensor._make(_annotate(t, spec), spec)
+
+    def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None) -> torch.Tensor:
+        """The global tensor as a plain xla tensor, annotated replicated (differentiable)."""
+        full = self.redistribute(placements=[Replicate()] * self.device_mesh.ndim)
+        return full.to_local(grad_placements=grad_placements)
+
+    @staticmethod
+    def from_local(
+        local_tensor: torch.Tensor,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        run_check: bool = False,
+        shape: torch.Size | None = None,
+        stride: tuple[int, ...] | None = None,
+        **kwargs: Any,
+    ) -> XlaDTensor:
+        """:func:`from_local` (the tensor given is the global tensor)."""
+        return from_local(local_tensor, device_mesh, placements, run_check=run_check, shape=shape, stride=stride)
+
+    # -- ops: run on the global xla tensors, placements from torch's rules ----------------
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if func in _ON_WRAPPER or func in _NO_WRAP or name in ("__get__", "__set__", "__delete__"):
+            if name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.data:
+                return args[0].detach()
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        grad = torch.is_grad_enabled()
+        if grad and _is_inplace(func, kwargs):
+            target = args[0] if args else kwargs.get("out")
+            if isinstance(target, XlaDTensor) and target.requires_grad:
+                raise InplaceGradError(
+                    f"{name}: an in-place op on a DTensor that requires grad (shape {tuple(target.shape)}); write it "
+                    "out of place (x = x.relu(), not x.relu_()), or run it under torch.no_grad()"
+                )
+        specs: dict[int, Any] = {}
+        originals: dict[int, XlaDTensor] = {}
+
+        def unwrap(x: Any) -> Any:
+            if not isinstance(x, XlaDTensor):
+                return x
+            g = _ToGlobal.apply(x, None) if grad and x.requires_grad else x._local_tensor
+            specs[id(g)] = (g, x._spec)
+            originals[id(g)] = x
+            return g
+
+        u_args, u_kwargs = tree_map(unwrap, (tuple(args), kwargs))
+        with _Propagate(specs):
+            out = func(*u_args, **u_kwargs)
+        mesh = next(iter(specs.values()))[1].mesh if specs else None
+        return tree_map(lambda o: _wrap_result(o, specs, originals, mesh, grad), out)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        # ATen ops reach here only from autograd's engine (gradient accumulation,
+        # the seed gradient of backward()): below autograd, so no joints needed.
+        kwargs = kwargs or {}
+        specs: dict[int, Any] = {}
+        originals: dict[int, XlaDTensor] = {}
+
+        def unwrap(x: Any) -> Any:
+            if not isinstance(x, XlaDTensor):
+                return x
+            specs[id(x._local_tensor)] = (x._local_tensor, x._spec)
+            originals[id(x._local_tensor)] = x
+            return x._local_tensor
+
+        u_args, u_kwargs = tree_map(unwrap, (tuple(args), kwargs))
+        out = func(*u_args, **u_kwargs)
+        spec = _propagated_spec(func, u_args, u_kwargs, specs)
+        outs, _ = tree_flatten(out)
+        spec_list = spec if isinstance(spec, (list, tuple)) else [spec] * len(outs)
+        for o, s in zip(outs, spec_list):
+            if isinstance(o, torch.Tensor) and isinstance(s, DTensorSpec):
+                specs[id(o)] = (o, s)
+        mesh = next(iter(specs.values()))[1].mesh if specs else None
+        return tree_map(lambda o: _wrap_result(o, specs, originals, mesh, False), out)
+
+
+def _wrap_result(
+    o: Any, specs: dict[int, Any], originals: dict[int, XlaDTensor], mesh: DeviceMesh | None, grad: bool
+) -> Any:
+    if not isinstance(o, torch.Tensor) or isinstance(o, XlaDTensor):
+        return o
+    if id(o) in originals:  # an in-place op's result is its input
+        return originals[id(o)]
+    if mesh is None or not is_xla_tensor(o):
+        return o  # a host result (.cpu(), .numpy() inputs): the global values, as a plain tensor
+    entry = specs.get(id(o))
+    spec = entry[1] if entry is not None else None
+    if spec is None or len(spec.placements) != spec.mesh.ndim:
+        spec = _spec(mesh, [Replicate()] * mesh.ndim, o)
+    spec = _spec(spec.mesh, spec.placements, o)
+    o = _annotate(o, spec)
+    if grad and o.requires_grad:
+        return _FromGlobal.apply(o, spec)
+    return XlaDTensor._make(o, spec)
+
+
+# -- constructors ------------------------------------------------------------------------
+def distribute_tensor(
+    tensor: torch.Tensor,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    *,
+    src_data_rank: int | None = 0,
+) -> XlaDTensor:
+    """torch's ``distribute_tensor`` on an xla mesh: the global ``tensor`` laid out as ``placements`` say.
+
+    The result is a leaf ``XlaDTensor`` (``requires_grad`` as ``tensor``'s)
+    whose global tensor is ``tensor`` on the xla device, annotated with the
+    sharding of ``placements`` (uneven dims are padded, as ``mark_sharding``
+    does). An xla ``tensor`` not yet laid out otherwise shares its storage
+    (and so its new layout) with the result; otherwise it is copied.
+    ``src_data_rank`` is accepted: every device's block comes from the one
+    global tensor.
+
+    Raises:
+        DeviceMeshError: ``device_mesh`` is not an xla mesh.
+        PlacementError, UnsupportedPlacementError: bad placements.
+        DTensorError: ``tensor`` is not a leaf, or is a DTensor or meta tensor.
+
+    Example:
+        >>> import torch
+        >>> from torch.distributed.tensor import Replicate, Shard
+        >>> from spmdtorch.dtensor import distribute_tensor, init_device_mesh
+        >>> from spmdtorch.sharding import get_sharding_spec
+        >>> mesh = init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp"))
+        >>> d = distribute_tensor(torch.ones(4, 8), mesh, [Replicate(), Shard(1)])
+        >>> d.placements, get_sharding_spec(d.to_local())
+        ((Replicate(), Shard(dim=1)), '{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}')
+    """
+    if device_mesh is None:
+        raise DTensorError("distribute_tensor: pass device_mesh (an spmdtorch.dtensor.init_device_mesh mesh)")
+    mesh = as_xla_mesh(device_mesh, "distribute_tensor(device_mesh)")
+    if isinstance(tensor, DTensor):
+        raise DTensorError(
+            f"distribute_tensor: tensor is already a DTensor (placements {tensor.placements}); use "
+            "tensor.redistribute(mesh, placements) to change its layout"
+        )
+    if not isinstance(tensor, torch.Tensor):
+        raise DTensorError(f"distribute_tensor: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_leaf:
+        raise DTensorError(
+            "distribute_tensor: tensor is not a leaf (it has autograd history); distribute parameters and "
+            "inputs, or use from_local for a tensor computed in the autograd graph"
+        )
+    if tensor.is_meta:
+        raise DTensorError(
+            f"distribute_tensor: tensor (shape {tuple(tensor.shape)}) is a meta tensor and has no values; "
+            "materialize it first (module.to_empty(device='xla') and initialize)"
+        )
+    target = normalize_placements(placements, mesh, tensor.dim(), "distribute_tensor")
+    g = _to_xla(tensor.detach())
+    spec = _spec(mesh, target, g)
+    return XlaDTensor._make(_annotate(g, spec), spec, requires_grad=tensor.requires_grad)
+
+
+def from_local(
+    local_tensor: torch.Tensor,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    *,
+    run_check: bool = False,
+    shape: torch.Size | Sequence[int] | None = None,
+    stride: Sequence[int] | None = None,
+) -> XlaDTensor:
+    """``DTensor.from_local`` under one controller: ``local_tensor`` is the *global* tensor.
+
+    This process holds every shard, so the tensor it has is the whole value
+    (what :meth:`XlaDTensor.to_local` returns); the result lays it out as
+    ``placements`` say and is differentiable (gradients flow back to
+    ``local_tensor``). ``run_check`` is accepted (there is one copy to check).
+
+    Raises:
+        LocalTensorError: ``shape``/``stride`` other than ``local_tensor``'s (a
+            per-rank shard has no single-controller meaning), or a ``Partial``
+            placement (a sum of per-rank values: reduce first and pass the sum).
+        DeviceMeshError, PlacementError, UnsupportedPlacementError: as :func:`distribute_tensor`.
+    """
+    if device_mesh is None:
+        raise DTensorError("from_local: pass device_mesh (an spmdtorch.dtensor.init_device_mesh mesh)")
+    mesh = as_xla_mesh(device_mesh, "from_local(device_mesh)")
+    if isinstance(local_tensor, DTensor):
+        raise DTensorError("from_local: local_tensor is already a DTensor; use its redistribute(...)")
+    target = normalize_placements(placements, mesh, local_tensor.dim(), "from_local")
+    if shape is not None and tuple(shape) != tuple(local_tensor.shape):
+        raise LocalTensorError(
+            f"from_local: shape={tuple(shape)} but local_tensor has shape {tuple(local_tensor.shape)}; under one "
+            "controller the local tensor is the global tensor: pass the whole tensor and no shape"
+        )
+    if stride is not None and tuple(stride) != tuple(local_tensor.stride()):
+        raise LocalTensorError(
+            f"from_local: stride={tuple(stride)} but local_tensor has stride {tuple(local_tensor.stride())}; pass "
+            "the whole tensor and no stride"
+        )
+    for i, p in enumerate(target):
+        if isinstance(p, Partial):
+            raise LocalTensorError(
+                f"from_local: placements[{i}] is {p!r}, a sum of per-rank tensors, but one controller has one "
+                "tensor; reduce first and pass the sum with Replicate()"
+            )
+    t = _to_xla(local_tensor)
+    spec = _spec(mesh, target, t)
+    if torch.is_grad_enabled() and t.requires_grad:
+        out: XlaDTensor = _FromGlobal.apply(_annotate(t, spec), spec)
+        return out
+    return XlaDTensor._make(_annotate(t, spec), spec)
