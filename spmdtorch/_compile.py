@@ -15,8 +15,11 @@ tensor values (``.item()``, ``bool(t)``, ``print(t)`` inside ``fn`` raise
 ``CompileContractError``), and Python values computed outside tensors are
 frozen at trace time. What torch code commonly switches between calls is
 guarded so that it never gives silently stale results: torch optimizers run
-with ``capturable=True`` (their step counters live on the device), a change in
-an optimizer's hyper-parameters (a learning-rate schedule) re-traces, grad mode,
+with ``capturable=True`` (their step counters live on the device), the float
+hyper-parameters of torch's optimizers that a scheduler changes (``lr``,
+``betas``, ``momentum``...) are program inputs computed from ``param_groups``
+at each replay (``_hparam_inputs``) while any other hyper-parameter change
+re-traces, grad mode,
 autocast and matmul precision are part of the input signature, and each
 program is kept with the plain attributes of the modules ``fn`` called
 (``training`` among them), the ``requires_grad`` of their parameters and their
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import threading
 import warnings
 import weakref
 from typing import Any, NamedTuple, cast
@@ -42,6 +46,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 
 from spmdtorch import _guards, config
+from spmdtorch import _hparam_inputs as _hp
 from spmdtorch.lazy import (
     TRACE_HOOK,
     Storage,
@@ -99,8 +104,17 @@ def _storage_hook(st, old):
             entry[2].append(st)  # several storages held one array (equal values share a buffer)
 
 
+class _HPRecording(threading.local):
+    """This thread's recording of float hyperparameters for the trace under way (``_hparam_inputs``)."""
+
+    current: _hp.Recording | None = None  # None: not recorded (no trace, or numbers baked into the program)
+
+
+_HP_RECORDING = _HPRecording()
+
+
 def _optimizer_pre_hook(optimizer, args, kwargs):
-    """While tracing: make torch optimizers capturable and remember their hparams."""
+    """While tracing: make torch optimizers capturable, remember their hparams, record float ones."""
     if not _TraceState.active:
         return None
     for group in optimizer.param_groups:
@@ -120,6 +134,19 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
                     first = moved.setdefault((step.dtype, float(step)), to_xla(step))
                     state["step"] = new_base(read_value(first), first.dtype)
     _TraceState.optimizers[id(optimizer)] = (weakref.ref(optimizer), _hparams(optimizer))
+    recording = _HP_RECORDING.current
+    if recording is not None and _hp.liftable(optimizer):
+        # Taken after _hparams above (the plain values); _optimizer_post_hook
+        # (or the trace's end, if step() raises) puts the plain values back.
+        _hp.wrap_groups(optimizer, recording)
+    return None
+
+
+def _optimizer_post_hook(optimizer, args, kwargs):
+    """While tracing: the param groups hold plain numbers again once ``step()`` returns."""
+    recording = _HP_RECORDING.current
+    if recording is not None:
+        recording.restore()
     return None
 
 
@@ -188,6 +215,13 @@ def _base_sharding(t: XlaTensor, sharding):
     )
 
 
+def _is_floats(v) -> bool:
+    """A float, or a tuple holding floats (and other plain numbers): what ``_hparam_inputs`` records."""
+    if isinstance(v, tuple):
+        return any(type(x) is float for x in v) and _is_number_or_numbers(v)
+    return type(v) is float
+
+
 def _is_number_or_numbers(v) -> bool:
     """A Python number, or a tuple of them (Adam's ``betas``), as an optimizer hyperparameter."""
     if isinstance(v, tuple):
@@ -211,11 +245,80 @@ def _hparams(optimizer):
     return tuple(out)
 
 
+def _changed_floats(opt_id: int, before: tuple, now: tuple) -> set[tuple]:
+    """The hyperparameter leaves (``_hparam_inputs``) holding a float in both ``before`` and ``now``, another one."""
+    out: set[tuple] = set()
+    if len(before) != len(now):
+        return out
+    for gi, (group_before, group_now) in enumerate(zip(before, now)):
+        for (k, a), (k2, b) in zip(group_before, group_now):
+            if k != k2:
+                continue
+            if type(a) is float and type(b) is float:
+                if a.hex() != b.hex():
+                    out.add(("hp", opt_id, gi, k, None))
+            elif type(a) is tuple and type(b) is tuple and len(a) == len(b):
+                for i, (x, y) in enumerate(zip(a, b)):
+                    if type(x) is float and type(y) is float and x.hex() != y.hex():
+                        out.add(("hp", opt_id, gi, k, i))
+    return out
+
+
+def _float_hparams_changed(optimizers: dict) -> bool:
+    """Whether a torch optimizer a trace ran (``_Record.optimizers``) has float hyperparameters changed since."""
+    for key, (ref, hp) in optimizers.items():
+        opt = ref()
+        if opt is not None and _hp.liftable(opt) and _changed_floats(key, hp, _hparams(opt)):
+            return True
+    return False
+
+
+def _masked(hp: tuple, proven: frozenset, opt_id: int) -> tuple:
+    """``hp`` (``_hparams``) with each proven float's value replaced by its type: what a replay compares."""
+    out = []
+    for gi, group in enumerate(hp):
+        items = []
+        for k, v in group:
+            if type(v) is float and ("hp", opt_id, gi, k, None) in proven:
+                v = float
+            elif type(v) is tuple:
+                v = tuple(
+                    float if type(x) is float and ("hp", opt_id, gi, k, i) in proven else x for i, x in enumerate(v)
+                )
+            items.append((k, v))
+        out.append(tuple(items))
+    return tuple(out)
+
+
+def _with_proven_hparams(record: _Record, last: _Record) -> _Record:
+    """``record`` with the hyperparameters proven by it and ``last`` (the same trace) guarded by type only.
+
+    Proven: a float whose value differs between the two traces, although
+    they recorded the same program with the same recipes, which is only so
+    if every number computed from it reached the program as a recipe input
+    (``_hparam_inputs``); proofs of ``last`` carry over. Both traces must
+    have recorded their hyperparameters; an escaped one is never proven.
+    """
+    if not (record.hp_recorded and last.hp_recorded):
+        return record
+    proven = set(last.hp_proven)
+    for key, (_, hp) in record.optimizers.items():
+        if key in last.optimizers:
+            proven |= _changed_floats(key, last.optimizers[key][1], hp)
+    proven -= record.hp_escaped | last.hp_escaped
+    if not proven:
+        return record
+    frozen = frozenset(proven)
+    masked = {key: _masked(hp, frozen, key) for key, (_, hp) in record.optimizers.items()}
+    return dataclasses.replace(record, hp_proven=frozen, hp_masked=masked)
+
+
 @functools.cache
 def _install_optimizer_hook():
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     register_optimizer_step_pre_hook(_optimizer_pre_hook)
+    register_optimizer_step_post_hook(_optimizer_post_hook)
 
 
 _LEAF_TYPES = (int, float, bool, str, type(None))
@@ -309,6 +412,17 @@ class _Record:
             trace repeats the last, and the step is traced every call).
         compare_key: equal for two traces that recorded the same program and
             roles, Python numbers aside (those are ``scalars``).
+        hp_inputs: ``(input index, expression)`` of each lifted number that
+            a float optimizer hyperparameter gave (``_hparam_inputs``): a
+            replay computes it from the current ``param_groups``. In
+            ``scalars`` such a number is ``("hp", expression)``.
+        hp_guards: the comparisons of hyperparameters the trace made (a replay
+            needs the same results).
+        hp_escaped: hyperparameters converted to plain numbers while traced (never proven).
+        hp_proven: hyperparameters guarded by type only: their value changed
+            between two traces that recorded the same program and recipes.
+        hp_masked: per optimizer, its hyperparameters with the proven ones'
+            values left out (what a replay compares); None without proven ones.
     """
 
     prog: Any
@@ -323,6 +437,12 @@ class _Record:
     global_hooks: tuple
     mutated: tuple
     compare_key: tuple
+    hp_inputs: tuple[tuple[int, tuple], ...] = ()
+    hp_guards: frozenset = frozenset()
+    hp_escaped: frozenset = frozenset()
+    hp_proven: frozenset = frozenset()
+    hp_masked: dict | None = None
+    hp_recorded: bool = False
 
     def same_trace(self, other: _Record) -> bool:
         """Whether ``other`` recorded the same program and roles with the same Python numbers."""
@@ -386,6 +506,7 @@ class _Entry:
     streak: int = 0
     stable: list[_Record] = dataclasses.field(default_factory=list)
     ran: _Record | None = None  # the program the last call ran (traced or replayed)
+    hp_unsettled: int = 0  # traces after a float hyperparameter changed that gave another program
 
 
 def _is_number_entry(item) -> bool:
@@ -451,6 +572,12 @@ class CompiledFunction:
                 entry.stable.remove(rec)
                 entry.streak = 0
                 break
+        if self._bake and entry.last is not None and _float_hparams_changed(entry.last.optimizers):
+            # A scheduler changes float hyperparameters (OneCycleLR's lr and
+            # betas): numbers become program inputs now, one trace earlier than
+            # the rule below would find out, so that they can be recorded.
+            self._bake = False
+            metrics.inc("CompiledScalarsLifted")
         metrics.inc("CompiledTrace")
         args, kwargs = pytree.tree_unflatten(flat, spec)
         # A trace records and compiles a whole step, as ``spmdtorch.step()``
@@ -458,12 +585,18 @@ class CompiledFunction:
         with paused_gc():
             result, record = self._trace(args, kwargs, flat)
         if record is not None and entry.last is not None:
+            same = record.same_trace(entry.last)
             for key, (ref, hp) in record.optimizers.items():
                 opt = ref()
                 if key in entry.last.optimizers and opt is not None:
                     _, last_hp = entry.last.optimizers[key]
                     if last_hp != hp:
-                        self._warn_changing_hparams(opt, last_hp, hp)
+                        # Lifted floats that changed and still gave another program
+                        # (a number escaped the recording): counted, then reported.
+                        if not same and _changed_floats(key, last_hp, hp):
+                            entry.hp_unsettled += 1
+                        lifted = _hp.liftable(opt) and entry.hp_unsettled < _WARN_NUMBER_VALUES
+                        self._warn_changing_hparams(opt, last_hp, hp, lifted=lifted)
         if (
             self._bake
             and record is not None
@@ -479,6 +612,7 @@ class CompiledFunction:
             metrics.inc("CompiledScalarsLifted")
         if record is not None and entry.last is not None and record.same_trace(entry.last):
             entry.streak += 1
+            record = _with_proven_hparams(record, entry.last)
         else:
             entry.streak = 1
             if record is not None and entry.last is not None and record.mutated:
@@ -547,6 +681,10 @@ class CompiledFunction:
         TRACE_HOOK[0] = _storage_hook
         captured = {}
         collector = register_module_forward_pre_hook(_collect_module)
+        # Float hyperparameters are recorded only when numbers are program
+        # inputs: a baked number could not take a new value at replay.
+        recording = None if self._bake else _hp.Recording()
+        _HP_RECORDING.current = recording
         try:
             arg_arrays: dict[int, int] = {}  # id(jax.Array) -> flat argument index
             for i, a in enumerate(flat_in):
@@ -584,6 +722,9 @@ class CompiledFunction:
             executor.sync(_on_plan=on_plan, _recycle=recycle, _bake=self._bake)
         finally:
             collector.remove()
+            _HP_RECORDING.current = None
+            if recording is not None:
+                recording.restore()  # step() raised before its post-hook
             # Each called module's state after the trace, against its attributes when first called.
             seen = [(_ModuleMode.of(m), type(m).__name__, before) for m, before in _TraceState.modules.values()]
             _TraceState.modules = {}  # weak from here: no module outlives its use because a trace failed
@@ -595,10 +736,14 @@ class CompiledFunction:
             for mode, kind, before in seen
             if mode.attrs != before
         )
-        record = self._make_record(captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, modes, mutated)
+        record = self._make_record(
+            captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, modes, mutated, recording
+        )
         return result, record
 
-    def _make_record(self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, modes, mutated):
+    def _make_record(
+        self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, modes, mutated, recording
+    ):
         plan = captured.get("plan")
         storages = captured.get("storages", [])
         arg_storages: dict[int, int] = {}  # id(Storage) -> flat argument index
@@ -611,12 +756,20 @@ class CompiledFunction:
                 returned.setdefault(id(r._st), i)
         # Inputs: where each leaf of the program comes from on the next call.
         roles: list[InputRole] = []
-        scalars: list[tuple[type, Any]] = []
+        scalars: list[tuple[Any, Any]] = []
+        hp_inputs: list[tuple[int, tuple]] = []
         if plan is not None:
             for leaf in plan.leaves:
                 if type(leaf) is Scalar:
+                    # A float that exactly one hyperparameter expression gave, bit for
+                    # bit, is computed from the param groups at each replay.
+                    recipe = recording.recipe(leaf.value) if recording and type(leaf.value) is float else None
+                    if recipe is not None:
+                        hp_inputs.append((len(roles), recipe))
+                        scalars.append(("hp", recipe))
+                    else:
+                        scalars.append((type(leaf.value), leaf.value))
                     roles.append(ScalarInput(leaf))  # packed with the others at each call
-                    scalars.append((type(leaf.value), leaf.value))
                     continue
                 if id(leaf) in arg_arrays:
                     roles.append(ArgInput(arg_arrays[id(leaf)]))
@@ -688,6 +841,10 @@ class CompiledFunction:
                 res_spec,
                 tuple(_res_key(r) for r in res_leaves),
             ),
+            hp_inputs=tuple(hp_inputs),
+            hp_guards=frozenset(recording.guards) if recording else frozenset(),
+            hp_escaped=frozenset(recording.escaped) if recording else frozenset(),
+            hp_recorded=recording is not None,
         )
 
     # -- replaying -----------------------------------------------------------
@@ -720,12 +877,15 @@ class CompiledFunction:
             stacklevel=3,
         )
 
-    def _warn_changing_hparams(self, opt, before, now):
-        """Warn once when a float hyperparameter (an LR schedule's ``lr``) forces every call to trace.
+    def _warn_changing_hparams(self, opt, before, now, lifted: bool):
+        """Warn once when a changing hyperparameter forces calls to trace.
 
-        A Python number is part of the traced program's recipe, so the step
-        must be traced again whenever it changes; a 0-d tensor on the xla
-        device is an input instead, which schedulers update in place.
+        Float hyperparameters of torch's optimizers are program inputs
+        (``_hparam_inputs``): with ``lifted``, changes of floats are not
+        reported (they trace at most once more). Other changes are: a number
+        is part of the traced program's recipe, so the step is traced again
+        whenever it changes; a 0-d tensor on the xla device is an input,
+        which schedulers update in place.
         """
         if getattr(self, "_warned_hparams", False):
             return
@@ -733,45 +893,60 @@ class CompiledFunction:
             (key, a, b)
             for group_before, group_now in zip(before, now)
             for (key, a), (_, b) in zip(group_before, group_now)
-            if a != b and _is_number_or_numbers(a)
+            if a != b and _is_number_or_numbers(a) and not (lifted and _is_floats(a) and _is_floats(b))
         ]
         if not changed:
             return
         self._warned_hparams = True
         key, a, b = changed[0]
         name = type(opt).__name__
-        if key == "lr":
-            fix = (
-                f"Make it a tensor on the xla device, e.g. {name}(params, lr=torch.tensor({a!r}, device='xla')): "
-                "schedulers then update it in place and the step replays."
+        if _hp.liftable(opt) and _is_floats(a) and _is_floats(b):
+            why = (
+                f"each value traces the step again: it settled into no program (over {_WARN_NUMBER_VALUES} "
+                "calls), so some number computed from it reaches the program as a constant rather than as an "
+                "input (torch's optimizers' floats are inputs only through their arithmetic)"
+            )
+        elif _is_floats(a) and _is_floats(b):
+            why = (
+                f"{name}.step is not torch.optim's, so its float hyperparameters stay part of the traced step "
+                "(spmdtorch makes those of torch.optim's optimizers program inputs): every change traces the "
+                "step again"
             )
         else:
-            # A scheduler that cycles momentum (OneCycleLR, CyclicLR) writes new
-            # Python floats into betas/momentum every step; torch's optimizers
-            # do not all take tensors there, so the fix is not to cycle them.
-            fix = (
-                f"If a scheduler changes it (OneCycleLR / CyclicLR cycle {key!r} by default), construct the "
-                "scheduler with cycle_momentum=False, or keep the value fixed; only lr can be a tensor that "
-                "schedulers update in place."
-            )
+            why = "a Python number that is no float is part of the traced step: every change traces it again"
+        fix = (
+            f"Make it a tensor on the xla device, e.g. {name}(params, lr=torch.tensor({a!r}, device='xla')), "
+            "which schedulers update in place, or keep it fixed."
+            if key == "lr"
+            else "Keep it fixed between calls, or use a torch.optim optimizer."
+        )
         warnings.warn(
             f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): the {name} hyperparameter "
-            f"{key!r} changed between calls ({a!r} -> {b!r}, e.g. by an LR scheduler); a Python number is "
-            "part of the traced step, so every change traces the step again (after one more compilation, "
-            f"which makes such numbers program inputs: lazy-mode speed). {fix}",
+            f"{key!r} changed between calls ({a!r} -> {b!r}, e.g. by a scheduler); {why}. {fix}",
             RuntimeWarning,
             stacklevel=3,
         )
 
     def _replay(self, rec: _Record, flat_in, warn: bool = True):
-        for ref, hp in rec.optimizers.values():
+        for key, (ref, hp) in rec.optimizers.items():
             opt = ref()
             if opt is None:
                 return _RETRACE
             now = _hparams(opt)
-            if now != hp:
-                self._warn_changing_hparams(opt, hp, now)
+            # Proven float hyperparameters by type (their values are inputs), the rest by value.
+            if now != hp if rec.hp_masked is None else _masked(now, rec.hp_proven, key) != rec.hp_masked[key]:
+                self._warn_changing_hparams(opt, hp, now, lifted=_hp.liftable(opt))
                 return _RETRACE
+        if rec.hp_masked is not None:  # else every hyperparameter is as traced
+
+            def lookup(leaf):
+                return _hp.read_leaf(rec.optimizers, leaf)
+
+            if not _hp.guards_hold(rec.hp_guards, lookup):
+                return _RETRACE  # a hyperparameter crossed a branch the trace took
+            hp_values = [(pos, Scalar(_hp.evaluate(expr, lookup))) for pos, expr in rec.hp_inputs]
+        else:
+            hp_values = []
         if any(type(leaf) is AliasResult and leaf.storage() is None for leaf in rec.result_leaves):
             return _RETRACE  # checked first: a re-trace after running would run the step twice
         args: list[Any] = []
@@ -815,6 +990,8 @@ class CompiledFunction:
                     targets.append(st)  # a dead pre-existing storage just drops its output
                 else:  # FreshOutput
                     targets.append(None)
+            for pos, scalar in hp_values:  # this call's hyperparameters, by the trace's recipes
+                args[pos] = scalar
             if rec.prog.has_random:
                 args.append(rng.next_key_data())
             try:
