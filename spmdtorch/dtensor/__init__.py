@@ -14,6 +14,9 @@ partitioner inserts the collectives.
 * tensors: :func:`distribute_tensor`, :func:`from_local`, :class:`XlaDTensor`
   (``.placements``, ``.redistribute``, ``.full_tensor``, ``.to_local``),
   :func:`partition_spec` / :func:`placements_of_spec`;
+* modules: :func:`distribute_module`, :func:`parallelize_module` (torch's
+  ``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``,
+  ``PrepareModuleInput``, ``PrepareModuleOutput`` styles);
 * errors: :mod:`spmdtorch.dtensor.errors`.
 
 Example:
@@ -27,6 +30,7 @@ Example:
 """
 
 from spmdtorch.dtensor._mesh import XlaDeviceMesh, init_device_mesh, mesh_groups, root_axes, spmd_mesh
+from spmdtorch.dtensor._module import distribute_module, parallelize_module
 from spmdtorch.dtensor._placements import partition_spec, placements_of_spec
 from spmdtorch.dtensor._tensor import XlaDTensor, distribute_tensor, from_local
 from spmdtorch.dtensor.errors import (
@@ -37,6 +41,7 @@ from spmdtorch.dtensor.errors import (
     NoRankError,
     PlacementError,
     UnsupportedPlacementError,
+    UnsupportedStyleError,
 )
 
 __all__ = [
@@ -47,12 +52,15 @@ __all__ = [
     "NoRankError",
     "PlacementError",
     "UnsupportedPlacementError",
+    "UnsupportedStyleError",
     "XlaDTensor",
     "XlaDeviceMesh",
+    "distribute_module",
     "distribute_tensor",
     "from_local",
     "init_device_mesh",
     "mesh_groups",
+    "parallelize_module",
     "partition_spec",
     "placements_of_spec",
     "root_axes",

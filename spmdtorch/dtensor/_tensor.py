@@ -126,7 +126,9 @@ class _Redistribute(torch.autograd.Function):
 
 
 # -- placement propagation ------------------------------------------------------------
-def _propagated_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], specs: dict[int, Any]) -> Any:
+def _propagated_spec(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], specs: dict[int, Any], depth: int = 0
+) -> Any:
     """torch's sharding propagation for ATen op ``func`` on tensors whose specs ``specs`` holds (by id).
 
     Returns the output spec (a ``DTensorSpec``, a sequence of them, or None),
@@ -151,23 +153,67 @@ def _propagated_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], s
         info = DTensor._op_dispatcher.unwrap_to_op_info(func, s_args, s_kwargs)
         result: Any = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding(info.schema)
         return result.output_spec
-    except Exception:  # noqa: BLE001  # no rule / a rule's own error: the caller replicates the results
+    except Exception:  # noqa: BLE001  # no rule / a rule's own error: try the op's decomposition
+        return _spec_by_decomposition(func, args, kwargs, specs, depth)
+
+
+def _equivalents() -> dict[Any, Any]:
+    """spmdtorch's own fused ops and the ATen composites with the same meaning (torch has rules for their parts)."""
+    aten, ours = torch.ops.aten, torch.ops.spmdtorch
+    return {ours.linear.default: aten.linear.default, ours.batched_matmul.default: aten.matmul.default}
+
+
+def _spec_by_decomposition(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], specs: dict[int, Any], depth: int
+) -> Any:
+    """Placements of an op torch has no rule for, read off its decomposition run on meta stand-ins.
+
+    Composite ops (``aten.linear``) and spmdtorch's fused ones (``spmdtorch::linear``,
+    ``spmdtorch::batched_matmul``) decompose into ops torch has rules for; the
+    decomposition runs on shape-only ``meta`` tensors under a nested
+    :class:`_Propagate`, so no value is computed twice. None when there is none.
+    """
+    target = _equivalents().get(func, func)
+    if depth > 2 or not hasattr(target, "decompose"):  # (a decomposition of a decomposition... is enough)
         return None
+    meta_specs: dict[int, Any] = {}
+
+    def to_meta(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        m = torch.empty_strided(tuple(a.shape), tuple(a.stride()), dtype=a.dtype, device="meta")
+        if id(a) in specs:
+            meta_specs[id(m)] = (m, specs[id(a)][1])
+        return m
+
+    m_args, m_kwargs = tree_map(to_meta, (args, kwargs))
+    try:
+        with _Propagate(meta_specs, depth + 1):
+            out = target.decompose(*m_args, **m_kwargs)
+    except Exception:  # noqa: BLE001  # no decomposition that runs on meta: the caller replicates
+        return None
+    if out is NotImplemented:
+        return None
+    found = [
+        meta_specs.get(id(o), (None, None))[1] if isinstance(o, torch.Tensor) else None for o in tree_flatten(out)[0]
+    ]
+    return found[0] if isinstance(out, torch.Tensor) else found
 
 
 class _Propagate(TorchDispatchMode):
     """Records, for every ATen op run under it on tracked tensors, the placements torch's rules give its outputs."""
 
-    def __init__(self, specs: dict[int, Any]) -> None:
+    def __init__(self, specs: dict[int, Any], depth: int = 0) -> None:
         super().__init__()
         self.specs = specs  # id(tensor) -> (tensor kept alive, DTensorSpec)
+        self.depth = depth  # how many decompositions deep (see _spec_by_decomposition)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         tracked = any(id(a) in self.specs for a in tree_flatten((args, kwargs))[0])
         if tracked:
-            spec = _propagated_spec(func, args, kwargs, self.specs)
+            spec = _propagated_spec(func, args, kwargs, self.specs, self.depth)
             outs, _ = tree_flatten(out)
             spec_list = spec if isinstance(spec, (list, tuple)) else [spec] * len(outs)
             for o, s in zip(outs, spec_list):

@@ -18,6 +18,7 @@ __all__ = [
     "NoRankError",
     "PlacementError",
     "UnsupportedPlacementError",
+    "UnsupportedStyleError",
 ]
 
 
@@ -51,3 +52,7 @@ class LocalTensorError(DTensorError):
 
 class InplaceGradError(DTensorError, RuntimeError):
     """An in-place op on a DTensor that requires grad, under grad mode (autograd would lose the op)."""
+
+
+class UnsupportedStyleError(DTensorError, NotImplementedError):
+    """A parallel style (or a module for a style) ``parallelize_module`` has no annotation plan for."""
