@@ -77,7 +77,7 @@ from spmdtorch._vjp_nodes import (
     strong,
     vjp_with_residuals,
 )
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import subgraph
 from spmdtorch.tensor.dispatch import read_value, record
@@ -100,7 +100,12 @@ def _clear_all() -> None:
         f.cache_clear()
 
 
-ENGINE.register_cache("_pure.recordings", _clear_all, size=lambda: sum(f.cache_size() for f in list(_LIVE)))
+caches.register(
+    "_pure.recordings",
+    _clear_all,
+    size=lambda: sum(f.cache_size() for f in list(_LIVE)),
+    bound=f"at most {_MAX_ENTRIES} recordings per live assume_pure function, dropped with it",
+)
 
 
 class AssumePureError(ValueError):

@@ -72,7 +72,7 @@ from spmdtorch._vjp_nodes import (
     strong,
     vjp_with_residuals,
 )
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches
 from spmdtorch.lazy.constraint import record_constraint
 from spmdtorch.lazy.graph import LazyRef, Scalar
 from spmdtorch.tensor import subgraph
@@ -297,9 +297,7 @@ def _layer_index(length: int) -> list[Scalar]:
 
 
 # (scan key, input avals) -> (residual avals, VJP tree): the shape pass traces the whole scan once.
-_RESIDUALS: dict = {}
-ENGINE.register_cache("_scan.residual_shapes", _RESIDUALS)
-_RESIDUALS_MAX = 256
+_RESIDUALS = caches.bounded("_scan.residual_shapes", maxsize=256)
 
 
 class _ScanAutograd(torch.autograd.Function):
@@ -318,9 +316,8 @@ class _ScanAutograd(torch.autograd.Function):
         hit = _RESIDUALS.get(key)
         if hit is None:
             shapes = jax.eval_shape(fwd, *avals)
-            if len(_RESIDUALS) >= _RESIDUALS_MAX:
-                _RESIDUALS.clear()
-            hit = _RESIDUALS[key] = (tuple((s.shape, s.dtype) for s in shapes[len(float_out) :]), fwd.tree)
+            hit = (tuple((s.shape, s.dtype) for s in shapes[len(float_out) :]), fwd.tree)
+            _RESIDUALS.put(key, hit)
         res_avals, fwd.tree = hit
         out_avals = call.out_avals + res_avals
         refs = record(fwd, ("scan_vjp_fwd", call.name), slot_template(len(inputs)), inputs, out_avals)

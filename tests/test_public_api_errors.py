@@ -345,6 +345,7 @@ VALID: dict[str, Case] = {
     "metric_names": Case(lambda tmp: {}),
     "metric_data": Case(lambda tmp: {"name": "ExecuteTime"}),
     "cache_sizes": Case(lambda tmp: {}),
+    "cache_stats": Case(lambda tmp: {}),
     "clear_caches": Case(lambda tmp: {}),
     "clear_metrics": Case(lambda tmp: {}),
     "get_hlo_text": Case(lambda tmp: {"tensors": [_xt(2) * 2]}),

@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
@@ -40,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches
 
 __all__ = ["device_fingerprints", "fingerprint_numpy"]
 
@@ -126,7 +125,7 @@ def _flat_index(shape: tuple[int, ...]) -> jax.Array:
     return idx
 
 
-@functools.lru_cache(maxsize=64)
+@caches.memoize("checkpoint.fingerprint.programs", maxsize=64)
 def _program(logical_shapes: tuple[tuple[int, ...] | None, ...]) -> Callable[..., tuple[jax.Array, ...]]:
     # One output per array: indexing one stacked result on the host side
     # would dispatch (and compile) a gather per array.
@@ -134,9 +133,6 @@ def _program(logical_shapes: tuple[tuple[int, ...] | None, ...]) -> Callable[...
         return tuple(_one(x, s) for x, s in zip(xs, logical_shapes))
 
     return jax.jit(run)
-
-
-ENGINE.register_cache("checkpoint.fingerprint.programs", _program)
 
 
 def device_fingerprints(

@@ -26,8 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spmdtorch import _dtypes
 from spmdtorch.checkpoint.errors import UnsupportedValueError
 from spmdtorch.checkpoint.tree import KeyPath, keystr
-from spmdtorch.lazy import executor, padding
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches, executor, padding
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import transfer
 from spmdtorch.tensor.dispatch import concrete_value
@@ -129,14 +128,11 @@ def even_sharding(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> jax.
     return NamedSharding(mesh, PartitionSpec(*entries))
 
 
-@functools.lru_cache(maxsize=256)
+@caches.memoize("checkpoint.placement.unpad_programs", maxsize=256)
 def _unpad_program(
     logical_shape: tuple[int, ...], out_sharding: jax.sharding.Sharding
 ) -> Callable[[jax.Array], jax.Array]:
     return jax.jit(functools.partial(padding.unpad, shape=logical_shape), out_shardings=out_sharding)
-
-
-ENGINE.register_cache("checkpoint.placement.unpad_programs", _unpad_program)
 
 
 def save_value(t: XlaTensor) -> tuple[jax.Array, jax.Array, tuple[int, ...] | None]:
@@ -162,12 +158,9 @@ def install(t: XlaTensor, array: jax.Array) -> None:
     st.set(array)  # also drops the storage's cached view values (Storage.vcache)
 
 
-@functools.lru_cache(maxsize=256)
+@caches.memoize("checkpoint.placement.cast_programs", maxsize=256)
 def _cast_program(dtype: np.dtype[Any], sharding: jax.sharding.Sharding) -> Callable[[jax.Array], jax.Array]:
     return jax.jit(lambda x: x.astype(dtype), out_shardings=sharding)
-
-
-ENGINE.register_cache("checkpoint.placement.cast_programs", _cast_program)
 
 
 def cast(array: jax.Array, dtype: npt.DTypeLike, sharding: jax.sharding.Sharding) -> jax.Array:

@@ -34,7 +34,7 @@ from spmdtorch.compat._sharded_tensor import (
     wrap_if_sharded,
 )
 from spmdtorch.compat.errors import CompatError
-from spmdtorch.lazy import metrics
+from spmdtorch.lazy import caches, metrics
 from spmdtorch.mesh import HybridMesh as _SpmdHybridMesh
 from spmdtorch.mesh import HybridMeshError, MeshError, get_global_mesh, set_global_mesh
 from spmdtorch.mesh import Mesh as _SpmdMesh
@@ -150,6 +150,7 @@ _OP_SHARDINGS: collections.OrderedDict[int, tuple[_SpmdMesh, dict[tuple[Any, ...
     collections.OrderedDict()
 )
 _MAX_CACHED_MESHES = 256
+caches.register("compat.spmd.op_shardings", _OP_SHARDINGS, maxsize=_MAX_CACHED_MESHES)
 
 
 def _op_sharding(mesh: _SpmdMesh, partition_spec: Sequence[Any]) -> OpSharding:

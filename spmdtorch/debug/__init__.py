@@ -44,7 +44,7 @@ from spmdtorch.debug.profiler import (
     trace_detached,
     trace_me,
 )
-from spmdtorch.lazy import executor, manual, metrics, rng
+from spmdtorch.lazy import caches, executor, manual, metrics, rng
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor.dispatch import read_value
@@ -57,6 +57,7 @@ __all__ = [
     "metric_names",
     "metric_data",
     "cache_sizes",
+    "cache_stats",
     "clear_caches",
     "clear_counters",
     "clear_metrics",
@@ -172,6 +173,21 @@ def cache_sizes() -> dict[str, int]:
         True
     """
     return ENGINE.cache_sizes()
+
+
+def cache_stats() -> dict[str, caches.CacheStats]:
+    """Each per-process cache's size, bound, evictions and bypasses, by ``"module.what"`` name.
+
+    ``maxsize`` is None only for a cache its owner bounds (then ``bound``
+    says how). A growing ``bypasses`` count means calls that could not use
+    their cache (an unhashable argument) and ran uncached.
+
+    Example:
+        >>> s = cache_stats()["lazy.executor.compile_cache"]
+        >>> s.maxsize > 0, s.size <= s.maxsize
+        (True, True)
+    """
+    return caches.stats()
 
 
 def metrics_report() -> str:

@@ -138,6 +138,14 @@ class CompileCache:
         return iter(self._data)
 
 
+# Per device-scalar cache (Engine.scalar_arrays, .packed_arrays), least recently
+# used evicted. Small on purpose: values that change every step (a scheduled
+# learning rate, Adam's bias corrections) make a new entry per step, each a
+# buffer on every device, which a large bound would keep alive by the
+# thousand; the constants a loop reuses stay at the recent end.
+SCALAR_CACHE_MAX = 256
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RegisteredCache:
     """A per-process cache some module owns, as the engine sees it.
@@ -146,11 +154,17 @@ class RegisteredCache:
         name: ``"module.what"``, e.g. ``"lazy.keys.signatures"``.
         clear: empties it, in place.
         size: its number of entries.
+        maxsize: its bound now, or None where its owner bounds it (see ``bound``).
+        bound: for ``maxsize`` None, why it cannot grow without bound.
+        counts: ``(evictions, bypasses)`` so far, or None where it counts neither.
     """
 
     name: str
     clear: Callable[[], None]
     size: Callable[[], int]
+    maxsize: Callable[[], int | None]
+    bound: str = ""
+    counts: Callable[[], tuple[int, int]] | None = None
 
 
 class _Member(Protocol):
@@ -269,31 +283,56 @@ class Engine:
         self.seq = itertools.count()
         self.on_host: weakref.WeakSet[Any] = weakref.WeakSet()
         self._caches: dict[str, RegisteredCache] = {}
-        self.register_cache("lazy.executor.compile_cache", self.compile_cache)
-        self.register_cache("lazy.executor.scalar_arrays", self.scalar_arrays)
-        self.register_cache("lazy.executor.packed_arrays", self.packed_arrays)
+        cc = self.compile_cache
+        self.register_cache(
+            "lazy.executor.compile_cache", cc, maxsize=lambda: cc.maxsize, counts=lambda: (cc.evictions, 0)
+        )
+        # The executor evicts the least recently used beyond SCALAR_CACHE_MAX where it inserts.
+        self.register_cache("lazy.executor.scalar_arrays", self.scalar_arrays, maxsize=SCALAR_CACHE_MAX)
+        self.register_cache("lazy.executor.packed_arrays", self.packed_arrays, maxsize=SCALAR_CACHE_MAX)
 
     @property
     def max_in_flight(self) -> int:
         """``SPMDTORCH_MAX_IN_FLIGHT``: executions queued before the host waits."""
         return config.settings().max_in_flight
 
-    def register_cache(self, name: str, cache: Any, size: Callable[[], int] | None = None) -> None:
+    def register_cache(
+        self,
+        name: str,
+        cache: Any,
+        size: Callable[[], int] | None = None,
+        *,
+        maxsize: int | Callable[[], int] | None = None,
+        bound: str = "",
+        counts: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
         """Adds a per-process cache to those :meth:`clear_caches` resets.
+
+        Modules make their caches with ``spmdtorch.lazy.caches`` (``bounded``,
+        ``memoize``), which call this; the engine's own caches register here.
 
         Args:
             name: unique ``"module.what"``; registering a name again replaces it
                 (a reloaded module).
-            cache: anything with ``clear()`` and ``len()`` (a dict), a
-                ``functools.lru_cache`` function, or a zero-argument reset function
-                (then give ``size``).
-            size: its number of entries (default ``len(cache)``, or
-                ``cache_info().currsize`` for an ``lru_cache``).
+            cache: anything with ``clear()`` and ``len()`` (a dict), or a
+                zero-argument reset function (then give ``size``).
+            size: its number of entries (default ``len(cache)``).
+            maxsize: its bound (a number, or a function reading it from config).
+            bound: where there is no ``maxsize``, what bounds it (its owner's
+                lifetime, a finite key space); one of the two is required.
+            counts: ``(evictions, bypasses)`` so far, for ``cache_stats()``.
+
+        Raises:
+            TypeError: ``cache`` cannot be cleared, or a reset function came
+                without ``size``.
+            ValueError: neither ``maxsize`` nor ``bound`` says how it is bounded.
         """
-        if hasattr(cache, "cache_clear"):
-            clear = cache.cache_clear
-            size = size or (lambda: cache.cache_info().currsize)
-        elif hasattr(cache, "clear"):
+        if maxsize is None and not bound:
+            raise ValueError(
+                f"register_cache({name!r}): give maxsize=, or bound= saying what keeps it from growing "
+                "without bound (design decision 10); spmdtorch.lazy.caches.bounded makes a bounded one"
+            )
+        if hasattr(cache, "clear"):
             clear = cache.clear
             size = size or (lambda: len(cache))
         elif callable(cache):
@@ -302,10 +341,10 @@ class Engine:
             clear = cache
         else:
             raise TypeError(
-                f"register_cache({name!r}): expected a dict-like cache, an lru_cache function or a reset "
-                f"function, got {type(cache).__name__}"
+                f"register_cache({name!r}): expected a dict-like cache or a reset function, got {type(cache).__name__}"
             )
-        self._caches[name] = RegisteredCache(name, clear, size)
+        limit = maxsize if callable(maxsize) else (lambda: maxsize)
+        self._caches[name] = RegisteredCache(name, clear, size, limit, bound, counts)
 
     def caches(self) -> tuple[RegisteredCache, ...]:
         """Every registered cache, in registration order."""

@@ -9,11 +9,10 @@ of ``spmdtorch.lazy.rewrite`` fold known patterns.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from spmdtorch.lazy import keys, rng
+from spmdtorch.lazy import caches, keys, rng
 from spmdtorch.lazy.graph import LazyRef, Node, Slot, fill
 from spmdtorch.lazy.rewrite import RULES as _REWRITES
 
@@ -107,7 +106,7 @@ class Batched:
         return outs
 
 
-@functools.lru_cache(maxsize=64)
+@caches.memoize("lazy.record.slot_templates", maxsize=64)
 def _all_slots(n: int) -> tuple[tuple[Slot, ...], tuple[()]]:
     return (tuple(Slot(i) for i in range(n)), ())
 

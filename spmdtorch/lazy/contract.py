@@ -2,21 +2,87 @@
 
 from __future__ import annotations
 
-__all__ = ["CompileContractError", "TraceState", "tracing", "check_not_tracing"]
+import threading
+
+__all__ = [
+    "TRACE_OWNER",
+    "CompileContractError",
+    "TraceState",
+    "begin_trace",
+    "check_not_tracing",
+    "end_trace",
+    "tracing",
+    "wait_turn",
+]
 
 
 class CompileContractError(RuntimeError):
     """A compiled function broke the ``spmdtorch.compile`` contract."""
 
 
-class TraceState:
-    """Global trace state (spmdtorch traces one function at a time)."""
+class _TraceState(threading.local):
+    """The trace under way in *this thread* (``spmdtorch.compile`` traces one function at a time per thread).
 
-    active = False
-    created: list = []
-    replaced: dict = {}
-    optimizers: dict = {}
-    modules: dict = {}  # id(module) -> (module, its plain attributes when first called), while tracing
+    Thread-local so that another thread's tensors, syncs and value reads
+    during a trace are that thread's own lazy work: they are neither recorded
+    into the trace nor refused as the compiled function's.
+
+    Attributes:
+        active: a trace is under way in this thread.
+        created: weak references to the storages the trace created.
+        replaced: ``id(old value) -> (old value, storage, other storages)``
+            for the concrete values the trace replaced.
+        optimizers: ``id(optimizer) -> (weakref, hyperparameters)`` stepped in the trace.
+        modules: ``id(module) -> (module, its plain attributes when first called)``.
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+        self.created: list = []
+        self.replaced: dict = {}
+        self.optimizers: dict = {}
+        self.modules: dict = {}
+
+
+TraceState = _TraceState()
+
+# The thread whose trace is under way, or None. A trace ends with a sync of
+# every pending value, so it is exclusive: another thread that would add a
+# node or run a sync meanwhile waits for it to end (wait_turn), instead of
+# having its lazy work compiled into the trace's program or refused as the
+# compiled function's. Read without the lock on the hot path (Node creation):
+# a stale read only sends a thread to wait_turn, which re-checks under it.
+TRACE_OWNER: list[int | None] = [None]
+_TURN = threading.Condition()
+
+
+def begin_trace() -> None:
+    """This thread starts a trace: another thread's trace first ends; others' lazy work waits for this one."""
+    me = threading.get_ident()
+    with _TURN:
+        while TRACE_OWNER[0] not in (None, me):
+            _TURN.wait()
+        TRACE_OWNER[0] = me
+    TraceState.active = True
+
+
+def end_trace() -> None:
+    """This thread's trace ended (returned or raised): waiting threads go on."""
+    TraceState.active = False
+    with _TURN:
+        if TRACE_OWNER[0] == threading.get_ident():
+            TRACE_OWNER[0] = None
+        _TURN.notify_all()
+
+
+def wait_turn() -> None:
+    """Returns once no other thread is tracing (at once in the tracing thread itself)."""
+    me = threading.get_ident()
+    if TRACE_OWNER[0] in (None, me):
+        return
+    with _TURN:
+        while TRACE_OWNER[0] not in (None, me):
+            _TURN.wait()
 
 
 def tracing() -> bool:

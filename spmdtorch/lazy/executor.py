@@ -33,8 +33,8 @@ import numpy as np
 
 from spmdtorch import config
 from spmdtorch._jax_private import convert_element_type as _convert_element_type  # weak-typed scalars
-from spmdtorch.lazy import _precision, _profiling, _storage, contract, keys, manual, metrics, padding, rng
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import _precision, _profiling, _storage, caches, contract, keys, manual, metrics, padding, rng
+from spmdtorch.lazy._engine import ENGINE, SCALAR_CACHE_MAX
 from spmdtorch.lazy._placement import replicated_sharding
 from spmdtorch.lazy._record import record
 from spmdtorch.lazy.constraint import CONSTRAINT
@@ -456,8 +456,8 @@ def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
     return new
 
 
-_SCALAR_SIGS: dict = {}  # type -> ("S", type): one key object per Python number type
-ENGINE.register_cache("lazy.executor.scalar_signatures", _SCALAR_SIGS)
+# type -> ("S", type): one key object per Python number type (int, float, bool, complex).
+_SCALAR_SIGS = caches.bounded("lazy.executor.scalar_signatures", maxsize=16)
 
 
 def _leaf_sig(leaf):
@@ -465,7 +465,8 @@ def _leaf_sig(leaf):
         t = type(leaf.value)
         sig = _SCALAR_SIGS.get(t)
         if sig is None:
-            sig = _SCALAR_SIGS[t] = ("S", t)
+            sig = ("S", t)
+            _SCALAR_SIGS.put(t, sig)
         return sig
     return (leaf.shape, leaf.dtype, leaf.sharding)
 
@@ -589,7 +590,7 @@ def _packed_array(kind, values, mesh):
     if arr is not None:
         cache.move_to_end(key)
     else:
-        if len(cache) >= _SCALAR_CACHE_MAX:
+        if len(cache) >= SCALAR_CACHE_MAX:
             cache.popitem(last=False)
         np_dtype = next(k[1] for k in _SCALAR_KINDS if k[0] == kind)
         if kind == "i":
@@ -932,14 +933,6 @@ def _log_recompile(old, new, plan=None):
     log.warning(line)
 
 
-# Per scalar cache (ENGINE.scalar_arrays, .packed_arrays), least recently used
-# evicted. Small on purpose: values that change every step (a scheduled
-# learning rate, Adam's bias corrections) make a new entry per step, each a
-# buffer on every device, which a large bound would keep alive by the
-# thousand; the constants a loop reuses stay at the recent end.
-_SCALAR_CACHE_MAX = 256
-
-
 def scalar_array(value, mesh=None):
     """A replicated, weakly typed device array holding Python number ``value``.
 
@@ -954,7 +947,7 @@ def scalar_array(value, mesh=None):
     if arr is not None:
         cache.move_to_end(key)
     else:
-        if len(cache) >= _SCALAR_CACHE_MAX:
+        if len(cache) >= SCALAR_CACHE_MAX:
             cache.popitem(last=False)
 
         sharding = (
@@ -1168,6 +1161,7 @@ def sync(wait: bool = False, _on_plan=None, _recycle=None, _bake: bool = False) 
     Args:
         wait: block until the results are ready (otherwise execution is async).
     """
+    contract.wait_turn()  # another thread's trace first ends (its final sync takes every pending value)
     if _on_plan is None:
         contract.check_not_tracing("calls spmdtorch.sync()/mark_step()")
     if _profiling.STATE.active:

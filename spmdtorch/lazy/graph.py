@@ -12,7 +12,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches
+from spmdtorch.lazy.contract import TRACE_OWNER, wait_turn
 
 __all__ = ["LazyRef", "Node", "Scalar", "Slot", "fill", "interned_scalar"]
 
@@ -85,9 +86,7 @@ class Scalar:
 
 # (context, type, value) -> Scalar. Bounded: lazy-mode values that change every
 # step (Adam's bias corrections) would otherwise accumulate.
-_INTERNED: dict = {}
-ENGINE.register_cache("lazy.graph.interned_scalars", _INTERNED)
-_INTERNED_MAX = 4096
+_INTERNED = caches.bounded("lazy.graph.interned_scalars", maxsize=4096)
 
 
 def interned_scalar(value, context) -> Scalar:
@@ -115,9 +114,8 @@ def interned_scalar(value, context) -> Scalar:
     key = (context, t, value.hex() if t is float else value)  # hex: 0.0 and -0.0 stay apart
     s = _INTERNED.get(key)
     if s is None:
-        if len(_INTERNED) >= _INTERNED_MAX:
-            _INTERNED.clear()
-        s = _INTERNED[key] = Scalar(value)
+        s = Scalar(value)
+        _INTERNED.put(key, s)
     return s
 
 
@@ -154,6 +152,8 @@ class Node:
         random: bool = False,
         sig: int | None = None,
     ) -> None:
+        if TRACE_OWNER[0] is not None:  # a trace is under way; another thread's waits for its end
+            wait_turn()
         self.fn = fn
         self.name = name
         self.template = template

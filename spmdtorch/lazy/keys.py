@@ -12,8 +12,8 @@ a counter that never goes back, for one exact ``(name, static_key)`` (found by
 full equality, never by hash alone, and with each number's type: Python finds
 ``2 == 2.0 == True`` and ``0.0 == -0.0``, which are different arguments to
 ``torch.full`` or ``arange``). Equal signatures therefore mean equal content.
-When the intern table is full it is emptied; content seen again then gets a
-*new* signature, which can only cause a cache miss (a recompile),
+When the intern table is full its oldest quarter is forgotten; content seen
+again then gets a *new* signature, which can only cause a cache miss (a recompile),
 never a hit on another program.
 """
 
@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import itertools
 
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches
 
-__all__ = ["SIG_TABLE_MAX", "BoundedCache", "fresh_sig", "node_sig"]
+__all__ = ["SIG_TABLE_MAX", "fresh_sig", "node_sig"]
 
 # Distinct (name, static_key) pairs kept interned. A training step has a few
 # thousand; the bound only matters for programs whose static arguments never
 # repeat (each such program compiles anyway).
 SIG_TABLE_MAX = 1 << 16
 
-_SIGS: dict = {}
-ENGINE.register_cache("lazy.keys.signatures", _SIGS)
+_SIGS = caches.bounded("lazy.keys.signatures", maxsize=SIG_TABLE_MAX)
 _NEXT = itertools.count()
 
 
@@ -79,46 +78,16 @@ def node_sig(name, static_key) -> int:
     try:
         sig = _SIGS.get(key)
     except TypeError:
+        _SIGS.bypasses += 1
         return next(_NEXT)
     if sig is None:
-        if len(_SIGS) >= SIG_TABLE_MAX:
-            _SIGS.clear()
-        sig = _SIGS[key] = next(_NEXT)
+        # A key forgotten when the table was full gets a new number when seen
+        # again: a cache miss at worst, never another content's signature.
+        sig = next(_NEXT)
+        _SIGS.put(key, sig)
     return sig
 
 
 def fresh_sig() -> int:
     """A signature equal to no other (for nodes that must never share a program)."""
     return next(_NEXT)
-
-
-class BoundedCache(dict):
-    """A dict that forgets its oldest entries beyond ``maxsize`` (insertion order).
-
-    Lookups are plain ``dict.get`` (no LRU bookkeeping on the hot path); ``put``
-    evicts the oldest quarter when full, so a workload whose keys never repeat
-    cannot grow it without bound, and a steady one is never evicted.
-
-    Example:
-        >>> from spmdtorch.lazy.keys import BoundedCache
-        >>> c = BoundedCache(4)
-        >>> for i in range(6):
-        ...     c.put(i, str(i))
-        >>> len(c) <= 4, c.get(5)
-        (True, '5')
-    """
-
-    __slots__ = ("maxsize",)
-
-    def __init__(self, maxsize: int):
-        super().__init__()
-        if type(maxsize) is not int or maxsize < 1:
-            raise ValueError(f"BoundedCache maxsize must be a positive int, got {maxsize!r}")
-        self.maxsize = maxsize
-
-    def put(self, key, value) -> None:
-        if len(self) >= self.maxsize and key not in self:
-            drop = max(1, self.maxsize // 4)
-            for old in list(itertools.islice(iter(self), drop)):
-                del self[old]
-        self[key] = value

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches
 
 __all__ = ["shards_per_dim", "padded_shape", "pad_to", "unpad"]
 
@@ -31,9 +31,8 @@ def shards_per_dim(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, spec, nd
     return out
 
 
-_PADDED: dict = {}  # (shape, sharding) -> padded shape or None; every sync asks once per output
-_PADDED_MAX = 4096
-ENGINE.register_cache("lazy.padding.padded_shapes", _PADDED)
+# (shape, sharding) -> padded shape or None; every sync asks once per output.
+_PADDED = caches.bounded("lazy.padding.padded_shapes", maxsize=4096)
 
 
 def padded_shape(shape, sharding) -> tuple | None:
@@ -57,9 +56,7 @@ def padded_shape(shape, sharding) -> tuple | None:
         parts = shards_per_dim(sharding.mesh, sharding.spec, len(shape))
         padded = tuple(-(-n // k) * k for n, k in zip(shape, parts))
         padded = None if padded == shape else padded
-    if len(_PADDED) >= _PADDED_MAX:
-        _PADDED.clear()
-    _PADDED[key] = padded
+    _PADDED.put(key, padded)
     return padded
 
 

@@ -105,7 +105,9 @@ def _fold_permutation(name, template, inputs, out_avals):
 # Weak both ways: the cache must neither keep a replaced parameter's buffer
 # alive nor outlive the graph that holds the node.
 _INPUT_VIEWS: dict[int, tuple[weakref.ref[Any], dict[tuple[int, Any], weakref.ref[Node]]]] = {}
-ENGINE.register_cache("lazy.rewrite.input_views", _INPUT_VIEWS)
+ENGINE.register_cache(
+    "lazy.rewrite.input_views", _INPUT_VIEWS, bound="one entry per live program input, dropped with it (weakly held)"
+)
 
 
 def _forget(key):

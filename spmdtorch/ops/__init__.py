@@ -7,6 +7,7 @@ Importing this package fills ``registry.LOWERINGS`` (and
 from spmdtorch.ops import (  # noqa: F401
     _batched_matmul,
     _linear,
+    _pallas_attention,
     activations,
     attention,
     conv,
@@ -30,8 +31,14 @@ from spmdtorch.ops._linear import LinearFn  # noqa: F401  (the autograd function
 from spmdtorch.ops.registry import LOWERINGS, get_lowering, register, resolve_ops  # noqa: F401
 from spmdtorch.ops.views import VIEW_INVERSES, get_inverse, register_inverse  # noqa: F401
 
+# The layer's memo tables: functools.lru_cache functions with an explicit
+# maxsize. ops sits below the engine, so spmdtorch.lazy.caches registers them
+# (debug.cache_sizes() lists them, clear_caches() empties them).
+MEMOS = (_pallas_attention._kernels,)
+
 __all__ = [
     "LOWERINGS",
+    "MEMOS",
     "VIEW_INVERSES",
     "get_inverse",
     "get_lowering",

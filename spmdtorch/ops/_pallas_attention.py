@@ -108,7 +108,8 @@ class _Kernels(NamedTuple):
     backward: Any  # custom_partitioning: (q, k, v, grad_out) -> (dq, dk, dv)
 
 
-@functools.cache
+# Bounded and registered with the engine through ops.MEMOS (ops sits below it).
+@functools.lru_cache(maxsize=16)
 def _kernels(static: _Static) -> _Kernels:
     from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 

@@ -33,8 +33,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from spmdtorch._checks import ArgumentTypeError
-from spmdtorch.lazy import ConstraintStep, metrics, padding, replicated_sharding
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import ConstraintStep, caches, metrics, padding, replicated_sharding
 from spmdtorch.lazy.constraint import constrained_input, record_constraint
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.mesh import Mesh
@@ -82,12 +81,9 @@ def _check_spec(partition_spec: object, what: str) -> tuple[Any, ...]:
     return tuple(partition_spec)
 
 
-@functools.lru_cache(maxsize=256)
+@caches.memoize("partition.marking.pad_programs", maxsize=256)
 def _pad_program(target: tuple[int, ...], sharding: jax.sharding.NamedSharding) -> Callable[..., Any]:
     return jax.jit(functools.partial(padding.pad_to, shape=target), out_shardings=sharding)
-
-
-ENGINE.register_cache("partition.marking.pad_programs", _pad_program)
 
 
 def _check_tensor(t: object, what: str = "mark_sharding") -> XlaTensor:

@@ -8,12 +8,12 @@ the router (``spmdtorch.tensor._router``) adds the route it resolved.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from spmdtorch.lazy import caches
 from spmdtorch.ops import registry
 
 __all__ = ["UNSET", "OpFacts", "Route", "functional_twin", "op_facts", "view_twin"]
@@ -97,7 +97,7 @@ class OpFacts:
     decompose_first: bool = False
 
 
-@functools.cache
+@caches.memoize("tensor.facts.op_facts", maxsize=8192)
 def op_facts(func) -> OpFacts:
     """``func``'s static facts (cached; ``spmdtorch.tensor._router.reset_op_facts`` clears it)."""
     schema = func._schema
@@ -130,7 +130,7 @@ def op_facts(func) -> OpFacts:
     )
 
 
-@functools.cache
+@caches.memoize("tensor.facts.functional_twins", maxsize=8192)
 def functional_twin(func):
     """``add_.Tensor`` → ``add.Tensor``; ``add.out`` → ``add.Tensor``; else None."""
     schema = func._schema
@@ -164,7 +164,7 @@ def functional_twin(func):
     return None
 
 
-@functools.cache
+@caches.memoize("tensor.facts.view_twins", maxsize=8192)
 def view_twin(func):
     """``transpose_.default`` → ``transpose.int``: the out-of-place view op with
     the same arguments (overload names differ between the two packets)."""

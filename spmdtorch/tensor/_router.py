@@ -142,11 +142,17 @@ def torch_function(func, args, kwargs):
 
 def reset_op_facts() -> None:
     """Forget every op's cached facts (after changing the lowering or decomposition tables)."""
-    op_facts.cache_clear()
+    op_facts.cache.clear()
     _FACTS_BY_ID.clear()
 
 
-ENGINE.register_cache("tensor.dispatch.op_facts", reset_op_facts, size=lambda: len(_FACTS_BY_ID))
+# Keyed by id(OpOverload): ops are never freed, and torch defines a few thousand.
+ENGINE.register_cache(
+    "tensor.dispatch.op_facts",
+    reset_op_facts,
+    size=lambda: len(_FACTS_BY_ID),
+    bound="one entry per ATen overload called (a finite set, never freed)",
+)
 
 
 def facts_of(func) -> OpFacts:

@@ -22,8 +22,7 @@ import jax
 import torch
 
 from spmdtorch import _dtypes, config
-from spmdtorch.lazy import Storage
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import Storage, caches
 from spmdtorch.tensor._host import HostCopy, to_device_array
 from spmdtorch.tensor._router import dispatch, torch_function
 from spmdtorch.tensor._values import to_cpu
@@ -50,11 +49,17 @@ XLA_DEVICE = torch.device("xla", 0)
 _META_DEVICE = torch.device("meta")
 
 
-class MetaFlag:
+class _MetaFlag(threading.local):
     """While torch's Python meta kernels run on our tensors they must see the
-    real (meta) device, or they would allocate their outputs on "xla"."""
+    real (meta) device, or they would allocate their outputs on "xla".
+
+    Per thread: another thread's tensors keep reporting ``xla`` meanwhile.
+    """
 
     active = False
+
+
+MetaFlag = _MetaFlag()
 
 
 PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
@@ -509,8 +514,7 @@ def from_host(t: torch.Tensor) -> XlaTensor:
     return XlaTensor(Storage.on_host(HostCopy(t)), (), tuple(t.shape), None, 0, t.dtype)
 
 
-_STRIDES: dict = {}
-ENGINE.register_cache("tensor.xla_tensor.contiguous_strides", _STRIDES)
+_STRIDES = caches.bounded("tensor.xla_tensor.contiguous_strides", maxsize=4096)
 
 
 def contiguous_strides(shape) -> tuple:
@@ -523,7 +527,8 @@ def contiguous_strides(shape) -> tuple:
     for s in reversed(shape):
         strides.append(acc)
         acc *= max(s, 1)
-    out = _STRIDES[shape] = tuple(reversed(strides))
+    out = tuple(reversed(strides))
+    _STRIDES.put(shape, out)
     return out
 
 

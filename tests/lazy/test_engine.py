@@ -175,9 +175,12 @@ def test_compile_cache_hit_refreshes_recency():
 
 def test_register_cache_rejects_what_it_cannot_clear():
     with pytest.raises(TypeError, match="needs size="):
-        ENGINE.register_cache("test.reset_only", lambda: None)
+        ENGINE.register_cache("test.reset_only", lambda: None, maxsize=4)
     with pytest.raises(TypeError, match="expected a dict-like cache"):
-        ENGINE.register_cache("test.number", 3)
+        ENGINE.register_cache("test.number", 3, maxsize=4)
+    with pytest.raises(ValueError, match="give maxsize=, or bound="):
+        ENGINE.register_cache("test.unbounded", {})
+    assert "test.unbounded" not in debug.cache_sizes()
 
 
 def test_max_in_flight_comes_from_config(devices8, monkeypatch):
@@ -219,11 +222,11 @@ def test_scalar_caches_keep_the_recent_values_and_stay_bounded():
     """Values that change every step (a scheduled learning rate) must not pile up device buffers."""
     hot = executor.scalar_array(0.9)
     hot_packed = executor._packed_array("f", (0.9, 0.999), None)
-    for i in range(3 * executor._SCALAR_CACHE_MAX):
+    for i in range(3 * executor.SCALAR_CACHE_MAX):
         executor.scalar_array(1e-3 * i + 0.5)
         executor._packed_array("f", (1e-3 * i, 0.9), None)
         # Constants the loop reuses stay cached.
         assert executor.scalar_array(0.9) is hot
         assert executor._packed_array("f", (0.9, 0.999), None) is hot_packed
-    assert len(ENGINE.scalar_arrays) <= executor._SCALAR_CACHE_MAX
-    assert len(ENGINE.packed_arrays) <= executor._SCALAR_CACHE_MAX
+    assert len(ENGINE.scalar_arrays) <= executor.SCALAR_CACHE_MAX
+    assert len(ENGINE.packed_arrays) <= executor.SCALAR_CACHE_MAX

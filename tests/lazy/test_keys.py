@@ -9,7 +9,7 @@ import torch
 
 import spmdtorch
 from spmdtorch import debug
-from spmdtorch.lazy import keys
+from spmdtorch.lazy import caches, keys
 from spmdtorch.lazy.graph import Slot
 from spmdtorch.tensor import dispatch
 
@@ -48,13 +48,13 @@ def test_slots_are_interned_and_survive_copies():
 
 
 def test_bounded_cache_stays_bounded_and_keeps_the_newest():
-    c = keys.BoundedCache(8)
+    c = caches.BoundedCache(8)
     for i in range(100):
         c.put(i, i)
         assert len(c) <= 8
     assert c.get(99) == 99 and c.get(0) is None
     with pytest.raises(ValueError, match="maxsize must be a positive int"):
-        keys.BoundedCache(0)
+        caches.BoundedCache(0)
 
 
 def test_meta_cache_is_bounded_and_results_stay_right(monkeypatch):

@@ -9,12 +9,12 @@ out-of-place one (``_paths.lowering_batch``).
 
 from __future__ import annotations
 
-import functools
 import itertools
 from typing import Any
 
 import torch
 
+from spmdtorch.lazy import caches
 from spmdtorch.tensor._router import dispatch, special
 from spmdtorch.tensor.dispatch._errors import ForeachError
 from spmdtorch.tensor.dispatch._paths import decompose, inplace_batch, lowering_batch, write
@@ -45,7 +45,7 @@ def _match_overload(packet, want):
     return best
 
 
-@functools.cache
+@caches.memoize("tensor.dispatch.foreach_plans", maxsize=1024)
 def _foreach_plan(func):
     """How ``_foreach_X`` maps onto the per-tensor op ``X``, or None if it cannot.
 

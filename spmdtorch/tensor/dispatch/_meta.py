@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import torch
 
 from spmdtorch import _dtypes
-from spmdtorch.lazy import keys, metrics
+from spmdtorch.lazy import caches, metrics
 from spmdtorch.tensor.xla_tensor import PYTHON_KEY, MetaFlag, MetaKey, XlaTensor, contiguous_strides
 
 if TYPE_CHECKING:
@@ -24,8 +24,7 @@ __all__ = ["META_CACHE", "META_CACHE_MAX", "MetaSpec", "TensorSpec", "meta_miss"
 # Output specs by argument signature. Bounded: a program whose static
 # arguments never repeat (a loop over slice offsets) must not grow it forever.
 META_CACHE_MAX = 1 << 14
-META_CACHE = keys.BoundedCache(META_CACHE_MAX)
-keys.ENGINE.register_cache("tensor.dispatch.meta_cache", META_CACHE)
+META_CACHE = caches.bounded("tensor.dispatch.meta_cache", META_CACHE_MAX)
 _COUNTERS = metrics.counters
 
 
@@ -133,6 +132,6 @@ def meta_miss(func, args, kwargs, facts, key) -> MetaSpec:
         raise NotImplementedError(f"{func} returned a non-tensor on meta; spmdtorch cannot record it")
     try:
         META_CACHE.put(key, spec)
-    except TypeError:  # an unhashable static argument: just don't cache
-        pass
+    except TypeError:  # an unhashable static argument: not cached, counted
+        META_CACHE.bypasses += 1
     return spec
