@@ -52,6 +52,7 @@ from spmdtorch.lazy import (
     Storage,
     _precision,
     _profiling,
+    caches,
     executor,
     holders_of,
     metrics,
@@ -59,7 +60,7 @@ from spmdtorch.lazy import (
     paused_gc,
     rng,
 )
-from spmdtorch.lazy._engine import ENGINE, CompileCache
+from spmdtorch.lazy._engine import CompileCache
 from spmdtorch.lazy._trace_records import (
     AliasResult,
     ArgInput,
@@ -77,7 +78,7 @@ from spmdtorch.lazy._trace_records import (
     TensorMeta,
     ValueResult,
 )
-from spmdtorch.lazy.contract import CompileContractError, TraceState, tracing
+from spmdtorch.lazy.contract import CompileContractError, TraceState, begin_trace, end_trace, tracing
 from spmdtorch.lazy.graph import LazyRef, Scalar
 from spmdtorch.tensor.device_mode import to_xla
 from spmdtorch.tensor.dispatch import read_value
@@ -94,6 +95,8 @@ _TraceState = TraceState
 
 
 def _storage_hook(st, old):
+    if not _TraceState.active:  # another thread's storage (trace state is per thread): not the trace's
+        return
     if old is None:
         _TraceState.created.append(weakref.ref(st))
     elif not isinstance(old, LazyRef):
@@ -322,8 +325,7 @@ def _install_optimizer_hook():
 
 
 _LEAF_TYPES = (int, float, bool, str, type(None))
-_FLAT_SPECS: dict = {}
-ENGINE.register_cache("lazy.compiled.flat_specs", _FLAT_SPECS)
+_FLAT_SPECS = caches.bounded("lazy.compiled.flat_specs", maxsize=256)  # argument count -> TreeSpec
 
 
 def _flatten(args, kwargs):
@@ -336,7 +338,8 @@ def _flatten(args, kwargs):
         n = len(args)
         spec = _FLAT_SPECS.get(n)
         if spec is None:
-            spec = _FLAT_SPECS[n] = pytree.tree_flatten((tuple(range(n)), {}))[1]
+            spec = pytree.tree_flatten((tuple(range(n)), {}))[1]
+            _FLAT_SPECS.put(n, spec)
         return list(args), spec, n
     flat, spec = pytree.tree_flatten((args, kwargs))
     return flat, spec, spec
@@ -673,7 +676,7 @@ class CompiledFunction:
 
     # -- tracing ------------------------------------------------------------
     def _trace(self, args, kwargs, flat_in):
-        _TraceState.active = True
+        begin_trace()
         _TraceState.created = []
         _TraceState.replaced = {}
         _TraceState.optimizers = {}
@@ -728,7 +731,7 @@ class CompiledFunction:
             # Each called module's state after the trace, against its attributes when first called.
             seen = [(_ModuleMode.of(m), type(m).__name__, before) for m, before in _TraceState.modules.values()]
             _TraceState.modules = {}  # weak from here: no module outlives its use because a trace failed
-            _TraceState.active = False
+            end_trace()
             TRACE_HOOK[0] = None
         modes = tuple(mode for mode, _, _ in seen)
         mutated = tuple(
