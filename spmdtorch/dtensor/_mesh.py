@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 from torch.distributed._mesh_layout import _MeshLayout
@@ -33,7 +33,7 @@ from spmdtorch import runtime
 from spmdtorch.dtensor.errors import DeviceMeshError, NoRankError
 from spmdtorch.mesh import Mesh, MeshError
 
-__all__ = ["XlaDeviceMesh", "as_xla_mesh", "init_device_mesh", "mesh_groups", "root_axes", "spmd_mesh"]
+__all__ = ["XlaDeviceMesh", "as_xla_mesh", "init_device_mesh", "mesh_groups", "root_axes", "spans_root", "spmd_mesh"]
 
 
 def _no_rank(what: str) -> NoReturn:
@@ -249,6 +249,9 @@ def root_axes(device_mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
     Raises:
         DeviceMeshError: a dim that no set of root dims makes up.
     """
+    cached = getattr(device_mesh, "_spmdtorch_root_axes", None)
+    if cached is not None:
+        return cast(tuple[tuple[int, ...], ...], cached)
     root = device_mesh._get_root_mesh()
     root_layout = root._layout
     out = []
@@ -268,7 +271,16 @@ def root_axes(device_mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
                 "root mesh to get it"
             )
         out.append(found)
-    return tuple(out)
+    result = tuple(out)
+    # Asked once per op result: kept on the mesh (a mesh's layout never changes).
+    device_mesh._spmdtorch_root_axes = result  # type: ignore[attr-defined]
+    return result
+
+
+def spans_root(device_mesh: DeviceMesh) -> bool:
+    """Whether ``device_mesh``'s dims cover every dim of its root mesh (False for ``mesh["tp"]`` of a dp x tp mesh)."""
+    covered = {d for dims in root_axes(device_mesh) for d in dims}
+    return len(covered) == device_mesh._get_root_mesh().ndim
 
 
 def spmd_mesh(device_mesh: DeviceMesh) -> Mesh:
@@ -280,11 +292,16 @@ def spmd_mesh(device_mesh: DeviceMesh) -> Mesh:
         Mesh(device_ids=range(8), mesh_shape=(2, 4), axis_names=('dp', 'tp'))
     """
     root = device_mesh._get_root_mesh()
+    cached = getattr(root, "_spmdtorch_mesh", None)
+    if cached is not None:
+        return cast(Mesh, cached)
     ids = [int(i) for i in root._layout.remap_to_tensor(root._rank_map)[0].flatten().tolist()]
     try:
-        return Mesh(ids, tuple(root.shape), root.mesh_dim_names)
+        mesh = Mesh(ids, tuple(root.shape), root.mesh_dim_names)
     except MeshError as e:
         raise DeviceMeshError(f"the DeviceMesh {root} has no spmdtorch mesh: {e}") from e
+    root._spmdtorch_mesh = mesh  # type: ignore[attr-defined]  # every annotation asks: built once per root mesh
+    return mesh
 
 
 def mesh_groups(device_mesh: DeviceMesh) -> torch.Tensor:

@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from spmdtorch import sharding
-from spmdtorch.dtensor._mesh import as_xla_mesh, spmd_mesh
+from spmdtorch.dtensor._mesh import as_xla_mesh, spans_root, spmd_mesh
 from spmdtorch.dtensor._placements import normalize_placements, partition_spec
 from spmdtorch.dtensor.errors import DTensorError, InplaceGradError, LocalTensorError, PlacementError
 from spmdtorch.tensor import is_xla_tensor
@@ -52,8 +52,20 @@ def _spec(mesh: DeviceMesh, placements: Sequence[Placement], t: torch.Tensor) ->
     return DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
 
 
-def _annotate(t: torch.Tensor, spec: DTensorSpec) -> torch.Tensor:
-    """``t`` annotated with the GSPMD sharding of ``spec`` (a copy if ``t`` already carries another one)."""
+def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> torch.Tensor:
+    """``t`` annotated with the GSPMD sharding of ``spec`` (a copy if ``t`` already carries another one).
+
+    On a sub-mesh that leaves root axes out (``mesh["tp"]`` of dp x tp) a
+    placement says nothing about those axes: in multi-controller DTensor each
+    dp group holds its own data. A partition spec cannot leave an axis open
+    (spmdtorch's annotations have no "unconstrained" entry), so such a spec
+    is applied only where the values are created (``creating``: distribute_tensor,
+    replicated over the other axes as torch's is); op results, ``from_local``
+    and ``redistribute`` on such a mesh are left to GSPMD's propagation, which
+    keeps e.g. a batch dim split over dp.
+    """
+    if not creating and not spans_root(spec.mesh):
+        return t
     spec_ = partition_spec(spec.mesh, spec.placements, t.dim())
     mesh = spmd_mesh(spec.mesh)
     try:
@@ -83,6 +95,9 @@ class _ToGlobal(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, d: XlaDTensor, grad_spec: DTensorSpec | None) -> torch.Tensor:
         ctx.grad_spec = grad_spec if grad_spec is not None else d._spec
+        # A leaf (a parameter made by distribute_tensor) gets its gradient laid
+        # out as itself, on a sub-mesh too (see _annotate's `creating`).
+        ctx.leaf = d.is_leaf
         # An alias of the global tensor that autograd does not treat as a view
         # (a view of a Function's input could not be written in place).
         return d._local_tensor.detach()
@@ -92,7 +107,7 @@ class _ToGlobal(torch.autograd.Function):
         if isinstance(grad, XlaDTensor):
             grad = grad._local_tensor
         spec = _grad_spec(ctx.grad_spec, grad)
-        return XlaDTensor._make(_annotate(grad, spec), spec), None
+        return XlaDTensor._make(_annotate(grad, spec, creating=ctx.leaf), spec), None
 
 
 class _FromGlobal(torch.autograd.Function):
@@ -148,6 +163,17 @@ def _propagated_spec(
         local = a.detach() if a.requires_grad else a  # a stand-in only: no autograd through it
         return DTensor(local, spec, requires_grad=False)  # torch's C constructor
 
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    if not (
+        func in propagator.op_strategy_funcs
+        or func in propagator.op_to_rules
+        or func in propagator.op_single_dim_strategy_funcs
+    ):
+        # Asked first, not caught: a raised exception's traceback holds the frames
+        # of the model's forward, which a reference cycle keeps alive until the
+        # cyclic collector runs (spmdtorch.compile then sees its activations
+        # outlive the call and cannot replay).
+        return _spec_by_decomposition(func, args, kwargs, specs, depth)
     try:
         s_args, s_kwargs = tree_map(stand_in, (args, kwargs))
         info = DTensor._op_dispatcher.unwrap_to_op_info(func, s_args, s_kwargs)
@@ -496,7 +522,7 @@ def distribute_tensor(
     target = normalize_placements(placements, mesh, tensor.dim(), "distribute_tensor")
     g = _to_xla(tensor.detach())
     spec = _spec(mesh, target, g)
-    return XlaDTensor._make(_annotate(g, spec), spec, requires_grad=tensor.requires_grad)
+    return XlaDTensor._make(_annotate(g, spec, creating=True), spec, requires_grad=tensor.requires_grad)
 
 
 def from_local(

@@ -182,3 +182,22 @@ def test_placements_without_gspmd_meaning(mesh2):
         distribute_tensor(x, mesh2, [Shard(0)])
     with pytest.raises(PlacementError, match="Shard\\(2\\)"):
         distribute_tensor(x, mesh2, [Shard(2), Replicate()])
+
+
+def test_sub_mesh_placements_leave_the_other_axes_to_gspmd(mesh2):
+    # A batch split over dp; a placement on mesh["tp"] says nothing about dp (each dp group
+    # has its own data in multi-controller DTensor), so it must not gather the batch.
+    m = spmd_mesh(mesh2)
+    x = mark_sharding(torch.randn(8, 4).to("xla"), m, ("dp", None))
+    before = get_sharding_spec(x)
+    d = from_local(x, mesh2["tp"], [Replicate()])
+    assert get_sharding_spec(d.to_local()) == before
+    y = d * 2
+    assert y.placements == (Replicate(),)
+    torch.testing.assert_close(y.full_tensor().cpu(), x.cpu() * 2)
+    # Parameters made on the sub-mesh are laid out there, replicated over dp (as torch's are).
+    w = distribute_tensor(torch.randn(8, 4), mesh2["tp"], [Shard(0)])
+    assert _spec_of(w) == _marked(mesh2, torch.zeros(8, 4), ("tp", None))
+    # On a mesh spanning every root axis the placement is the whole layout.
+    e = from_local(torch.randn(8, 4).to("xla"), mesh2, [Replicate(), Shard(0)])
+    assert _spec_of(e) == _marked(mesh2, torch.zeros(8, 4), ("tp", None))
