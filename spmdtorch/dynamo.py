@@ -3,9 +3,11 @@
 TorchDynamo captures a function's tensor operations as an FX graph (guarding
 the Python state it depends on) and hands the graph to a *backend*. This
 backend runs the captured graph's operations on the real xla tensors through
-spmdtorch's lazy engine, so the whole graph becomes one recorded program,
-and then computes it (``spmdtorch.sync()``) before returning, as PyTorch/XLA's
-``openxla`` backend executes each graph at the call. Consequences:
+spmdtorch's lazy engine: they join the lazy program like any other ops, so a
+compiled model's forward, its backward and the optimizer step are computed as
+one program at the step's ``spmdtorch.sync()``. (``openxla_backend``, what
+``backend="openxla"`` is under ``spmdtorch.compat``, computes each graph at the
+call, as PyTorch/XLA executes it.) Consequences:
 
 * shardings of the inputs (``mark_sharding``, FSDPv2 parameters) are honoured,
   outputs keep the shardings the program gives them, and
@@ -52,6 +54,8 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,11 +63,12 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from spmdtorch import config
 from spmdtorch._step import sync
 from spmdtorch.lazy import metrics
 from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XLA_FAKE_MODES, XlaTensor
 
-__all__ = ["backend"]
+__all__ = ["backend", "openxla_backend"]
 
 _META = torch.device("meta")
 
@@ -164,7 +169,83 @@ def _install_tracing_hooks() -> bool:
     return True
 
 
+# Code Dynamo must run, never trace: the engine and JAX. Between two graphs
+# (after a graph break, or when the traced Python reads a value with ``bool(t)``
+# / ``.item()``) the lazy engine computes pending work in Python; Dynamo would
+# otherwise try to compile each of those frames (spmdtorch's executor, JAX's
+# dispatch) as user code. User-facing spmdtorch functions (``mark_sharding``,
+# FSDPv2's forward, MixedPrecision) stay traceable.
+_ENGINE_MODULES = ("spmdtorch.lazy", "spmdtorch.tensor", "spmdtorch.ops", "spmdtorch._step", "jax", "jaxlib")
+
+
+def _skip_engine_frames() -> bool:
+    """Add the engine's and JAX's files to Dynamo's skip list; False where torch lacks the call."""
+    from torch._dynamo import trace_rules
+
+    add = getattr(trace_rules, "add", None)
+    if add is None:
+        return False
+    for name in _ENGINE_MODULES:
+        add(name)
+    return True
+
+
+# -- recompiles ----------------------------------------------------------------
+# Dynamo recompiles a frame only when a guard of every compiled version fails;
+# torch computes the failed guards (``guards.get_and_maybe_log_recompilation_reasons``,
+# which convert_frame calls before it traces the frame again). The wrap below
+# keeps them; the backend, called with the new graph, counts the recompile
+# (``DynamoRecompiles``) and, with ``SPMDTORCH_LOG_RECOMPILES=1`` (or
+# ``spmdtorch.debug.log_recompiles()``), logs them on ``spmdtorch.compile``,
+# the logger the engine's own recompile lines use.
+_log = logging.getLogger("spmdtorch.compile")
+
+
+class _Pending(threading.local):
+    """The guard failures of the frame Dynamo is recompiling on this thread (``None``: a first compile)."""
+
+    reasons: tuple[str, str] | None = None  # (function and place, guard failures)
+
+
+_PENDING = _Pending()
+
+
+def _install_recompile_hook() -> bool:
+    """Wrap convert_frame's call to torch's recompile-reason function; False where torch lacks it."""
+    from torch._dynamo import convert_frame
+
+    orig = getattr(convert_frame, "get_and_maybe_log_recompilation_reasons", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_spmdtorch", False):
+        return True
+
+    def reasons_hook(cache_entries: Any, frame: Any, *args: Any, **kwargs: Any) -> list[str]:
+        reasons = orig(cache_entries, frame, *args, **kwargs)
+        code = frame.f_code
+        where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+        _PENDING.reasons = (where, "; ".join(r.replace("\n", "; ") for r in reasons) or "no guard failure reported")
+        return reasons
+
+    reasons_hook._spmdtorch = True  # type: ignore[attr-defined]
+    convert_frame.get_and_maybe_log_recompilation_reasons = reasons_hook
+    return True
+
+
+def _note_recompile() -> None:
+    """Count (and, when asked, log) the recompile whose first graph the backend was just given."""
+    pending, _PENDING.reasons = _PENDING.reasons, None
+    if pending is None:
+        return
+    metrics.inc("DynamoRecompiles")
+    if config.settings().log_recompiles or _log.isEnabledFor(logging.INFO):
+        where, reasons = pending
+        _log.warning(f"torch.compile traced {where} again: Dynamo guard failed: {reasons}")
+
+
 _TRACING_HOOKS = _install_tracing_hooks()
+_RECOMPILE_HOOK = _install_recompile_hook()
+_ENGINE_SKIPPED = _skip_engine_frames()
 
 
 def _to_xla_device(arg: Any) -> Any:
@@ -200,35 +281,63 @@ def _names_xla(gm: torch.fx.GraphModule) -> bool:
     return any(_is_xla_device(leaf) for node in gm.graph.nodes for leaf in pytree.tree_leaves((node.args, node.kwargs)))
 
 
+def _graph_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, sync_at_call: bool) -> Callable[..., Any]:
+    metrics.inc("DynamoGraphs")
+    _note_recompile()
+    on_xla = _has_xla(example_inputs) or _names_xla(gm)
+    if on_xla:
+        _retarget_devices(gm)
+    if not sync_at_call:
+        return gm
+
+    def run(*args: Any) -> Any:
+        out = gm(*args)
+        if on_xla or _has_xla(args):
+            sync()
+        return out
+
+    return run
+
+
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """The TorchDynamo backend ``"spmdtorch"``: run the captured graph as one lazy program.
+    """The TorchDynamo backend ``"spmdtorch"``: the captured graph's ops join the lazy program.
 
     Registered with TorchDynamo under the name ``"spmdtorch"`` (the
     ``torch_dynamo_backends`` entry point), so ``torch.compile(fn,
     backend="spmdtorch")`` finds it without importing anything first.
+
+    The graph's ops are recorded on the xla tensors like any lazy code, so a
+    compiled model's forward, the backward after it and the optimizer step
+    are one program, computed at the step's ``spmdtorch.sync()`` (or when a
+    value is read): a training loop compiles exactly the programs plain lazy
+    mode compiles for it.
 
     Args:
         gm: the FX graph TorchDynamo captured (one per graph break).
         example_inputs: the graph's inputs for this first call.
 
     Returns:
-        A callable taking the graph's inputs: it records the graph's ops on
-        xla tensors, computes them in one program and returns the outputs
-        (sharded as the program left them). A graph without xla tensors runs
-        as plain torch.
+        A callable taking the graph's inputs and returning its outputs. A
+        graph without xla tensors runs as plain torch.
     """
-    metrics.inc("DynamoGraphs")
-    on_xla = _has_xla(example_inputs) or _names_xla(gm)
-    if on_xla:
-        _retarget_devices(gm)
+    return _graph_runner(gm, example_inputs, sync_at_call=False)
 
-    def run(*args: Any) -> Any:
-        out = gm(*args)
-        if on_xla or _has_xla(args):
-            # One program per graph, computed now (as PyTorch/XLA's dynamo
-            # bridge does): the next graph, or the Python after a break,
-            # starts from concrete values.
-            sync()
-        return out
 
-    return run
+def openxla_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """PyTorch/XLA's ``"openxla"`` semantics: as :func:`backend`, then the graph is computed at the call.
+
+    ``spmdtorch.compat`` points ``backend="openxla"`` / ``"openxla_eval"`` here:
+    PyTorch/XLA executes each captured graph when it is called, so its
+    outputs (and in-place updates of its inputs) are device data on return
+    and the next graph starts from concrete values.
+
+    Args:
+        gm: the FX graph TorchDynamo captured (one per graph break).
+        example_inputs: the graph's inputs for this first call.
+
+    Returns:
+        A callable taking the graph's inputs: it records the graph's ops,
+        computes them in one program (``spmdtorch.sync()``) and returns the
+        outputs, sharded as the program left them.
+    """
+    return _graph_runner(gm, example_inputs, sync_at_call=True)

@@ -1,7 +1,7 @@
 """PyTorch/XLA's TorchDynamo path: ``torch.compile(fn, backend="openxla")`` runs on spmdtorch.
 
 Under compat, ``import torch_xla`` points the TorchDynamo backend names
-``"openxla"`` and ``"openxla_eval"`` at ``spmdtorch.dynamo.backend``
+``"openxla"`` and ``"openxla_eval"`` at ``spmdtorch.dynamo.openxla_backend``
 (``route_openxla``): each captured graph's ops run on the xla tensors through
 the lazy engine as one program per graph, computed at the call, as PyTorch/XLA
 executes each graph. Unlike PyTorch/XLA's ``"openxla"`` there is no
@@ -52,10 +52,10 @@ class DynamoMarkShardingError(CompatError, ValueError):
 
 
 def extract_compiled_graph(model: torch.fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
-    """PyTorch/XLA's bridge entry: the callable that runs ``model`` on xla tensors (``spmdtorch.dynamo.backend``)."""
+    """PyTorch/XLA's bridge entry: the callable that runs ``model`` on xla tensors (``spmdtorch.dynamo.openxla_backend``)."""
     from spmdtorch import dynamo
 
-    return dynamo.backend(model, args)
+    return dynamo.openxla_backend(model, args)
 
 
 def is_xla_tensor(t: Any) -> bool:
@@ -139,9 +139,9 @@ def _point_openxla_at_spmdtorch() -> None:
     for name in _OPENXLA_NAMES:
         # No public call replaces a registered backend; register_backend refuses a taken name.
         current = registry._COMPILER_FNS.get(name)
-        if current is not dynamo.backend:
+        if current is not dynamo.openxla_backend:
             _TORCH_FNS[name] = current
-        registry._COMPILER_FNS[name] = dynamo.backend
+        registry._COMPILER_FNS[name] = dynamo.openxla_backend
         registry._BACKENDS.setdefault(name, None)
 
 
@@ -182,7 +182,7 @@ def _remove_hook() -> None:
 
 
 def route_openxla() -> None:
-    """Make ``torch.compile(backend="openxla" | "openxla_eval")`` use ``spmdtorch.dynamo.backend``."""
+    """Make ``torch.compile(backend="openxla" | "openxla_eval")`` use ``spmdtorch.dynamo.openxla_backend``."""
     if _TORCH_BACKEND_MODULE in sys.modules:
         _point_openxla_at_spmdtorch()
     elif _HOOK not in sys.meta_path:

@@ -99,12 +99,14 @@ def test_openxla_names_point_at_spmdtorch_until_uninstall(compat):
 
     import spmdtorch.dynamo
 
-    assert lookup_backend("openxla") is spmdtorch.dynamo.backend
-    assert lookup_backend("openxla_eval") is spmdtorch.dynamo.backend
+    assert lookup_backend("openxla") is spmdtorch.dynamo.openxla_backend
+    assert lookup_backend("openxla_eval") is spmdtorch.dynamo.openxla_backend
     compat.uninstall()
-    assert lookup_backend("openxla") is not spmdtorch.dynamo.backend  # torch's own (AOTAutograd + torch_xla) again
+    assert (
+        lookup_backend("openxla") is not spmdtorch.dynamo.openxla_backend
+    )  # torch's own (AOTAutograd + torch_xla) again
     compat.install()
-    assert lookup_backend("openxla") is spmdtorch.dynamo.backend
+    assert lookup_backend("openxla") is spmdtorch.dynamo.openxla_backend
 
 
 def test_import_torch_xla_does_not_import_dynamo():
