@@ -40,7 +40,9 @@ def _no_rank(what: str) -> NoReturn:
     raise NoRankError(
         f"DeviceMesh.{what}: one process drives every device of an xla mesh, so there is no current rank, "
         "coordinate or process group; a placement on a (sub-)mesh already covers all of its groups. Read the "
-        "groups with spmdtorch.dtensor.mesh_groups(mesh), or the spmdtorch Mesh with spmdtorch.dtensor.spmd_mesh(mesh)"
+        "groups with spmdtorch.dtensor.mesh_groups(mesh), or the spmdtorch Mesh with spmdtorch.dtensor.spmd_mesh(mesh). "
+        "(A DTensor made by torch's own DTensor.from_local on this mesh is a per-rank DTensor and lands here at its "
+        "first op: make it with spmdtorch.dtensor.from_local)"
     )
 
 

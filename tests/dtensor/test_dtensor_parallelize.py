@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 
@@ -17,6 +18,7 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
 )
 
 import spmdtorch
@@ -285,3 +287,37 @@ def test_tp_step_in_compiled_mode_equals_eager(mesh2):
     torch.testing.assert_close(
         model.w2.weight.full_tensor().detach().cpu(), ref.w2.weight.detach(), atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("use_loss_parallel", [True, False])
+def test_loss_parallel_on_sharded_logits(mesh2, use_loss_parallel):
+    torch.manual_seed(6)
+    ref = nn.Linear(8, 12)
+    head = parallelize_module(copy.deepcopy(ref), mesh2["tp"], ColwiseParallel(use_local_output=False))
+    x, y = torch.randn(6, 8), torch.randint(0, 12, (6,))
+    logits = head(x.to("xla"))
+    assert logits.placements == (Shard(1),)  # vocabulary split over tp, as loss_parallel expects
+    with loss_parallel() if use_loss_parallel else contextlib.nullcontext():
+        loss = F.cross_entropy(logits, y.to("xla"))
+        loss.backward()
+    ref_loss = F.cross_entropy(ref(x), y)
+    ref_loss.backward()
+    torch.testing.assert_close(loss.full_tensor().detach().cpu(), ref_loss.detach())
+    torch.testing.assert_close(head.weight.grad.full_tensor().cpu(), ref.weight.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_clip_grad_norm_over_dtensor_gradients(mesh2):
+    torch.manual_seed(7)
+    ref = SwiGLU()
+    plan = {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()}
+    model = parallelize_module(copy.deepcopy(ref), mesh2["tp"], plan)
+    x = torch.randn(4, 16)
+    model(x.to("xla")).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    torch.testing.assert_close(norm.full_tensor().cpu(), ref_norm, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(
+            p.grad.full_tensor().cpu(), ref.get_parameter(name).grad, rtol=1e-5, atol=1e-6, msg=name
+        )
