@@ -37,11 +37,17 @@ import dataclasses
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Hashable
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from spmdtorch import config
 from spmdtorch.lazy import metrics
+
+if TYPE_CHECKING:
+    import jax
+
+    from spmdtorch.lazy._storage import Storage
+    from spmdtorch.lazy.graph import LazyRef
 
 __all__ = ["ENGINE", "CompileCache", "Engine", "RegisteredCache"]
 
@@ -84,7 +90,7 @@ class CompileCache:
 
     __slots__ = ("_data", "_maxsize", "_tick", "evictions", "_counter")
 
-    def __init__(self, maxsize: int | None = None, counter: str = EVICTION_COUNTER):
+    def __init__(self, maxsize: int | None = None, counter: str = EVICTION_COUNTER) -> None:
         self._data: dict[Hashable, _Entry] = {}
         self._maxsize = maxsize  # None: config's SPMDTORCH_COMPILE_CACHE_SIZE
         self._tick = 0
@@ -124,7 +130,7 @@ class CompileCache:
     def clear(self) -> None:
         self._data.clear()
 
-    def values(self) -> list:
+    def values(self) -> list[Any]:
         """The cached values, oldest insertion first, without making any recent."""
         return [entry.prog for entry in self._data.values()]
 
@@ -134,7 +140,7 @@ class CompileCache:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Hashable]:
         return iter(self._data)
 
 
@@ -167,12 +173,6 @@ class RegisteredCache:
     counts: Callable[[], tuple[int, int]] | None = None
 
 
-class _Member(Protocol):
-    """What the pending set needs of a member (``lazy._storage.Storage``)."""
-
-    queued: int
-
-
 class PendingSet:
     """The storages whose value is pending: a weak set, in insertion order.
 
@@ -187,19 +187,19 @@ class PendingSet:
     __slots__ = ("_compact_at", "_gen", "_refs")
     _COMPACT_MIN = 4096  # references kept before dead ones are dropped
 
-    def __init__(self):
-        self._refs: list = []
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref[Storage]] = []
         self._gen = 1
         self._compact_at = self._COMPACT_MIN
 
-    def add(self, st: _Member) -> None:
+    def add(self, st: Storage) -> None:
         if st.queued != self._gen:
             st.queued = self._gen
             self._refs.append(weakref.ref(st))
             if len(self._refs) >= self._compact_at:
                 self._compact()
 
-    def discard(self, st: _Member) -> None:
+    def discard(self, st: Storage) -> None:
         if st.queued == self._gen:
             st.queued = 0
 
@@ -213,7 +213,7 @@ class PendingSet:
         self._refs = [ref for ref in self._refs if (st := ref()) is not None and st.queued == self._gen]
         self._compact_at = max(self._COMPACT_MIN, 2 * len(self._refs))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Storage]:
         gen = self._gen
         seen = set()
         for ref in list(self._refs):
@@ -269,19 +269,20 @@ class Engine:
     def __init__(self) -> None:
         self.compile_cache = CompileCache()
         self.last_key: Hashable | None = None
-        self.inflight: collections.deque = collections.deque()
+        self.inflight: collections.deque[tuple[jax.Array, list[jax.Array]]] = collections.deque()
         self.before_next: list[Callable[[], None]] = []
         self.before_next_lock = threading.Lock()
         # Least recently used first (executor.scalar_array / packed_array).
-        self.scalar_arrays: collections.OrderedDict = collections.OrderedDict()
-        self.packed_arrays: collections.OrderedDict = collections.OrderedDict()
+        self.scalar_arrays: collections.OrderedDict[Hashable, jax.Array] = collections.OrderedDict()
+        self.packed_arrays: collections.OrderedDict[Hashable, jax.Array] = collections.OrderedDict()
         # Not caches (clear_caches leaves them alone): the engine's live data model.
         self.pending = PendingSet()
-        self.holders: dict[int, weakref.ref[Any]] = {}
-        self.co_holders: dict[int, dict[int, weakref.ref[Any]]] = {}
-        self.trace_hook: list[Callable[[Any, Any], None] | None] = [None]
+        self.holders: dict[int, weakref.ref[Storage]] = {}
+        self.co_holders: dict[int, dict[int, weakref.ref[Storage]]] = {}
+        # Called with the storage written and the value it held (None: a new storage).
+        self.trace_hook: list[Callable[[Storage, jax.Array | LazyRef | None], None] | None] = [None]
         self.seq = itertools.count()
-        self.on_host: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.on_host: weakref.WeakSet[Storage] = weakref.WeakSet()
         self._caches: dict[str, RegisteredCache] = {}
         cc = self.compile_cache
         self.register_cache(

@@ -72,7 +72,7 @@ class Select:
         self.fn = fn
         self.index = index
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)[self.index]
 
 

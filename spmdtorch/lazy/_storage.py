@@ -37,12 +37,13 @@ Nothing here knows about torch tensors: ``spmdtorch.tensor`` wraps storages.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spmdtorch.lazy import metrics, padding
 from spmdtorch.lazy._engine import ENGINE
 from spmdtorch.lazy._placement import replicated_sharding
-from spmdtorch.lazy.graph import LazyRef
+from spmdtorch.lazy.graph import Aval, LazyRef
 
 if TYPE_CHECKING:
     import jax
@@ -312,15 +313,19 @@ def _sweep_holders() -> None:
     _HOLDERS_SWEEP_AT[0] = max(4096, 2 * len(HOLDERS))
 
 
-def _hold_shared(st: Storage, array) -> None:
-    """Record ``st`` as a further holder of ``array`` (another storage holds it already)."""
+def _hold_shared(st: Storage, array: object) -> None:
+    """Record ``st`` as a further holder of ``array`` (another storage holds it already).
+
+    ``array`` is a ``jax.Array``; typed ``object`` since only its ``id`` is
+    used (``_hold``'s ``Any`` value narrows to the storage's value type here).
+    """
     if len(CO_HOLDERS) >= _CO_HOLDERS_SWEEP:
         for k in [k for k, refs in CO_HOLDERS.items() if all(r() is None for r in refs.values())]:
             del CO_HOLDERS[k]
     CO_HOLDERS.setdefault(id(array), {})[id(st)] = weakref.ref(st)
 
 
-def _release_shared(st: Storage, array) -> None:
+def _release_shared(st: Storage, array: jax.Array) -> None:
     """``st`` no longer holds ``array``: forget it, and promote another holder if any."""
     refs = CO_HOLDERS[id(array)]
     refs.pop(id(st), None)
@@ -336,7 +341,7 @@ def _release_shared(st: Storage, array) -> None:
         del CO_HOLDERS[id(array)]
 
 
-def _live_holders(array):
+def _live_holders(array: jax.Array) -> Iterator[Storage]:
     """The storages that currently hold ``array``: the primary first, then the co-holders."""
     r = HOLDERS.get(id(array))
     st = None if r is None else r()
@@ -349,17 +354,17 @@ def _live_holders(array):
                 yield s
 
 
-def holder_of(array) -> Storage | None:
+def holder_of(array: jax.Array) -> Storage | None:
     """A storage that currently holds ``array`` (None if nobody does)."""
     return next(_live_holders(array), None)
 
 
-def holders_of(array) -> list:
+def holders_of(array: jax.Array) -> list[Storage]:
     """Every storage that currently holds ``array`` (several when they share one program output)."""
     return list(_live_holders(array))
 
 
-def sole_holder(array, st: Storage) -> bool:
+def sole_holder(array: jax.Array, st: Storage) -> bool:
     """Whether ``st`` is the only storage holding ``array`` (``holders_of(array) == [st]``, without the list)."""
     live = _live_holders(array)
     return next(live, None) is st and next(live, None) is None
@@ -374,7 +379,18 @@ class ViewStep:
 
     __slots__ = ("op", "args", "kwargs", "out_index", "aval", "replay")
 
-    def __init__(self, op, args, kwargs, out_index, aval):
+    # What recording its replay takes: a ``spmdtorch.tensor._values`` object
+    # (the layer above), so typed Any here.
+    replay: Any
+
+    def __init__(
+        self,
+        op: Any,
+        args: tuple[Any, ...],
+        kwargs: tuple[tuple[str, Any], ...],
+        out_index: int | None,
+        aval: Aval,
+    ) -> None:
         self.op = op
         self.args = args
         self.kwargs = kwargs
@@ -384,5 +400,5 @@ class ViewStep:
         # step is immutable): see spmdtorch.tensor._values.
         self.replay = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ViewStep({self.op}, {self.args}, {self.kwargs}, {self.out_index})"

@@ -45,6 +45,8 @@ __all__ = ["BoundedCache", "CacheStats", "Memoized", "bounded", "memoize", "regi
 
 P = ParamSpec("P")
 R = TypeVar("R")
+K = TypeVar("K")
+V = TypeVar("V")
 _MISS = object()
 
 
@@ -67,7 +69,7 @@ class CacheStats(NamedTuple):
     bound: str
 
 
-class BoundedCache(dict):
+class BoundedCache(dict[K, V]):
     """A dict that forgets its oldest entries beyond ``maxsize`` (insertion order).
 
     Make one with :func:`bounded`, which also registers it. Reads are plain
@@ -83,7 +85,7 @@ class BoundedCache(dict):
 
     __slots__ = ("maxsize", "evictions", "bypasses")
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int) -> None:
         super().__init__()
         if type(maxsize) is not int or maxsize < 1:
             raise ValueError(f"BoundedCache maxsize must be a positive int, got {maxsize!r}")
@@ -91,7 +93,7 @@ class BoundedCache(dict):
         self.evictions = 0  # entries forgotten because the cache was full
         self.bypasses = 0  # calls that could not use the cache
 
-    def put(self, key: Any, value: Any) -> None:
+    def put(self, key: K, value: V) -> None:
         """Stores ``value``; a new key at a full cache first forgets the oldest quarter."""
         if len(self) >= self.maxsize and key not in self:
             drop = max(1, self.maxsize // 4)
@@ -101,7 +103,7 @@ class BoundedCache(dict):
         self[key] = value
 
 
-def bounded(name: str, maxsize: int) -> BoundedCache:
+def bounded(name: str, maxsize: int) -> BoundedCache[Any, Any]:
     """A new :class:`BoundedCache` registered with the engine as ``name`` (``"module.what"``).
 
     Example:
@@ -111,7 +113,7 @@ def bounded(name: str, maxsize: int) -> BoundedCache:
         >>> debug.cache_sizes()["doc.bounded"]
         1
     """
-    cache = BoundedCache(maxsize)
+    cache: BoundedCache[Any, Any] = BoundedCache(maxsize)
     ENGINE.register_cache(name, cache, maxsize=maxsize, counts=lambda: (cache.evictions, cache.bypasses))
     return cache
 
@@ -145,7 +147,7 @@ class Memoized(Generic[P, R]):
 
     __slots__ = ("__dict__", "_fn", "cache")
 
-    def __init__(self, fn: Callable[P, R], cache: BoundedCache):
+    def __init__(self, fn: Callable[P, R], cache: BoundedCache[tuple[Any, ...], Any]) -> None:
         self._fn: Callable[..., R] = fn  # called with the positional key alone
         self.cache = cache
         functools.update_wrapper(self, fn)
@@ -155,7 +157,8 @@ class Memoized(Generic[P, R]):
             self.cache.bypasses += 1
             return self._fn(*args, **kwargs)
         try:
-            hit = self.cache.get(args, _MISS)
+            hit: R = self.cache.get(args, _MISS)  # an R, or _MISS
+
         except TypeError:  # an unhashable argument: run it uncached, counted
             self.cache.bypasses += 1
             return self._fn(*args)

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import jax
+    import torch
+
+    from spmdtorch.lazy._storage import Storage
 
 __all__ = [
     "TRACE_OWNER",
@@ -38,10 +46,11 @@ class _TraceState(threading.local):
 
     def __init__(self) -> None:
         self.active = False
-        self.created: list = []
-        self.replaced: dict = {}
-        self.optimizers: dict = {}
-        self.modules: dict = {}
+        self.created: list[weakref.ref[Storage]] = []
+        self.replaced: dict[int, tuple[jax.Array, Storage, list[Storage]]] = {}
+        # Any: what spmdtorch.compile records of each (a layer above this one).
+        self.optimizers: dict[int, tuple[weakref.ref[torch.optim.Optimizer], Any]] = {}
+        self.modules: dict[int, tuple[torch.nn.Module, Any]] = {}
 
 
 TraceState = _TraceState()

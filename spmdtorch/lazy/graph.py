@@ -12,13 +12,18 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from spmdtorch.lazy import caches
 from spmdtorch.lazy.contract import TRACE_OWNER, wait_turn
 
-__all__ = ["LazyRef", "Node", "Scalar", "Slot", "fill", "interned_scalar"]
+__all__ = ["Aval", "LazyRef", "Node", "Scalar", "Slot", "fill", "interned_scalar"]
+
+#: An output's abstract value: ``(shape, dtype)``.
+Aval = tuple[tuple[int, ...], np.dtype[Any]]
 
 
-_SLOTS: list = []
+_SLOTS: list[Slot] = []
 
 
 class Slot:
@@ -46,10 +51,10 @@ class Slot:
             _SLOTS.append(slot)
         return _SLOTS[i]
 
-    def __reduce__(self):  # copies and pickles come back as the interned object
+    def __reduce__(self) -> tuple[type[Slot], tuple[int]]:  # copies and pickles come back as the interned object
         return (Slot, (self.i,))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"${self.i}"
 
 
@@ -77,10 +82,12 @@ class Scalar:
 
     __slots__ = ("value",)
 
-    def __init__(self, value):
+    def __init__(self, value: complex | np.number[Any]) -> None:
+        # A Python number (int, float and bool are complex's subtypes for
+        # typing) or a NumPy scalar (scan's step counters).
         self.value = value
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Scalar({self.value!r})"
 
 
@@ -89,7 +96,7 @@ class Scalar:
 _INTERNED = caches.bounded("lazy.graph.interned_scalars", maxsize=4096)
 
 
-def interned_scalar(value, context) -> Scalar:
+def interned_scalar(value: float, context: object) -> Scalar:
     """One shared ``Scalar`` for equal Python numbers passed in the same ``context``.
 
     Why: a program takes one input per distinct ``Scalar`` object (packed into
@@ -148,7 +155,7 @@ class Node:
         template: Any,
         inputs: Sequence[Any],
         static_key: Any,
-        out_avals: Sequence[Any],
+        out_avals: Sequence[Aval],
         random: bool = False,
         sig: int | None = None,
     ) -> None:
@@ -171,7 +178,7 @@ class Node:
         # interning; the recorder passes it when it already knows it). None: not yet.
         self.sig = sig
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Node({self.name}, inputs={len(self.inputs)})"
 
 
@@ -180,17 +187,18 @@ class LazyRef:
 
     __slots__ = ("node", "index")
 
-    def __init__(self, node: Node, index: int):
+    def __init__(self, node: Node, index: int) -> None:
         self.node = node
         self.index = index
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return self.node.out_avals[self.index][0]
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> np.dtype[Any]:
         return self.node.out_avals[self.index][1]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
+
         return f"LazyRef({self.node.name}[{self.index}])"

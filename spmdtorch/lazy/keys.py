@@ -20,6 +20,7 @@ never a hit on another program.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from spmdtorch.lazy import caches
 
@@ -34,7 +35,7 @@ _SIGS = caches.bounded("lazy.keys.signatures", maxsize=SIG_TABLE_MAX)
 _NEXT = itertools.count()
 
 
-def _typed(x):
+def _typed(x: Any) -> Any:
     """``x`` with every float and bool made distinct from the ints (and -0.0 from 0.0) it equals.
 
     Returns ``x`` itself when it holds none (the common case: no allocation).
@@ -46,7 +47,7 @@ def _typed(x):
         return (t, repr(x))
     if t is not tuple and t is not list:
         return x
-    out = None
+    out: list[Any] | None = None
     for i, v in enumerate(x):
         tv = _typed(v) if type(v) in _NOT_PLAIN else v  # skip the call for ints, Slots, names...
         if out is None and tv is not v:
@@ -59,7 +60,7 @@ def _typed(x):
 _NOT_PLAIN = (tuple, list, float, bool, complex)
 
 
-def node_sig(name, static_key) -> int:
+def node_sig(name: Any, static_key: Any) -> int:
     """The signature of a node with this name and static key.
 
     Unhashable static keys get a fresh signature each time (the node then

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
+from collections.abc import Iterator
 
 __all__ = ["counters", "timers", "samples", "inc", "timed", "reset", "reset_counters", "reset_timers"]
 
@@ -16,7 +17,7 @@ MAX_SAMPLES = 1024
 
 counters: collections.Counter[str] = collections.Counter()
 # name -> [count, total seconds, max seconds]
-timers: dict[str, list] = {}
+timers: dict[str, list[float]] = {}
 # name -> the last MAX_SAMPLES (wall-clock time, seconds) pairs, for PyTorch/XLA's metric_data
 samples: dict[str, collections.deque[tuple[float, float]]] = {}
 
@@ -38,7 +39,8 @@ def add_time(name: str, seconds: float) -> None:
 
 
 @contextlib.contextmanager
-def timed(name: str):
+def timed(name: str) -> Iterator[None]:
+
     start = time.perf_counter()
     try:
         yield

@@ -10,6 +10,9 @@ results are those of the unsharded program.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -18,7 +21,9 @@ from spmdtorch.lazy import caches
 __all__ = ["shards_per_dim", "padded_shape", "pad_to", "unpad"]
 
 
-def shards_per_dim(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, spec, ndim: int) -> list[int]:
+def shards_per_dim(
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, spec: jax.sharding.PartitionSpec | Sequence[Any], ndim: int
+) -> list[int]:
     """How many blocks a ``PartitionSpec`` over ``mesh`` cuts each of ``ndim`` dims into."""
     out = []
     spec = tuple(spec) + (None,) * (ndim - len(spec))
@@ -32,10 +37,12 @@ def shards_per_dim(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, spec, nd
 
 
 # (shape, sharding) -> padded shape or None; every sync asks once per output.
-_PADDED = caches.bounded("lazy.padding.padded_shapes", maxsize=4096)
+_PADDED: caches.BoundedCache[tuple[tuple[int, ...], Any], tuple[int, ...] | None] = caches.bounded(
+    "lazy.padding.padded_shapes", maxsize=4096
+)
 
 
-def padded_shape(shape, sharding) -> tuple | None:
+def padded_shape(shape: Sequence[int], sharding: jax.sharding.Sharding | None) -> tuple[int, ...] | None:
     """The padded storage shape for ``shape`` under ``sharding``, or None if even.
 
     Example:
@@ -49,6 +56,7 @@ def padded_shape(shape, sharding) -> tuple | None:
     key = (shape, sharding)
     try:
         return _PADDED[key]
+
     except KeyError:
         pass
     padded = None
@@ -60,11 +68,11 @@ def padded_shape(shape, sharding) -> tuple | None:
     return padded
 
 
-def pad_to(x, *, shape):
+def pad_to(x: jax.Array, *, shape: Sequence[int]) -> jax.Array:
     """Zero-pad ``x`` at the end of each dim up to ``shape``."""
     return jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
 
 
-def unpad(x, *, shape):
+def unpad(x: jax.Array, *, shape: Sequence[int]) -> jax.Array:
     """The leading ``shape`` block of padded ``x``."""
     return jax.lax.slice(x, (0,) * len(shape), tuple(shape))

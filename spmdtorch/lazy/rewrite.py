@@ -29,13 +29,13 @@ of XLA's layouts may.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from spmdtorch.lazy._engine import ENGINE
-from spmdtorch.lazy.graph import LazyRef, Node, Slot
+from spmdtorch.lazy.graph import Aval, LazyRef, Node, Slot
 from spmdtorch.ops import linalg
 from spmdtorch.ops.registry import get_lowering
 
@@ -43,17 +43,20 @@ __all__ = ["RULES", "rewrite"]
 
 aten = torch.ops.aten
 
+#: ``rule(name, template, inputs, out_avals)``: the value to use instead of the node, or None.
+Rule = Callable[[Any, Any, Sequence[Any], Sequence[Aval]], "LazyRef | None"]
 
-def _ndim(value) -> int:
+
+def _ndim(value: Any) -> int:  # a node input: jax.Array or LazyRef
     return len(value.shape)
 
 
-def _static_args(node: Node) -> tuple[tuple, dict]:
+def _static_args(node: Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
     args, kwargs = node.template
     return args[1:], dict(kwargs)
 
 
-def _perm_of(name, args: tuple, kwargs: dict, ndim: int) -> tuple[int, ...] | None:
+def _perm_of(name: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ndim: int) -> tuple[int, ...] | None:
     """The permutation a ``t``/``transpose``/``permute`` view applies (None for other ops)."""
     ident = list(range(ndim))
     if name is aten.t.default:
@@ -76,7 +79,7 @@ def _perm_of(name, args: tuple, kwargs: dict, ndim: int) -> tuple[int, ...] | No
     return None
 
 
-def _node_perm(ref) -> tuple[int, ...] | None:
+def _node_perm(ref: object) -> tuple[int, ...] | None:
     """The permutation ``ref``'s node applies to its one input, when it is such a view."""
     if type(ref) is not LazyRef or ref.index != 0:
         return None
@@ -87,7 +90,7 @@ def _node_perm(ref) -> tuple[int, ...] | None:
     return _perm_of(node.name, args, kwargs, _ndim(node.inputs[0]))
 
 
-def _fold_permutation(name, template, inputs, out_avals):
+def _fold_permutation(name: Any, template: Any, inputs: Sequence[Any], out_avals: Sequence[Aval]) -> LazyRef | None:
     """``perm2(perm1(y))`` that cancels -> ``y``, for a computed ``y``."""
     inner = _node_perm(inputs[0])
     if inner is None or type(inputs[0].node.inputs[0]) is not LazyRef:
@@ -110,14 +113,14 @@ ENGINE.register_cache(
 )
 
 
-def _forget(key):
-    def callback(_ref):
+def _forget(key: int) -> Callable[[weakref.ref[Any]], None]:
+    def callback(_ref: weakref.ref[Any]) -> None:
         _INPUT_VIEWS.pop(key, None)
 
     return callback
 
 
-def _shared_input_view(name, template, inputs, out_avals):
+def _shared_input_view(name: Any, template: Any, inputs: Sequence[Any], out_avals: Sequence[Aval]) -> LazyRef | None:
     """The node of this view of a program input, made once per input and view."""
     src = inputs[0]
     if type(src) is LazyRef:
@@ -138,27 +141,31 @@ def _shared_input_view(name, template, inputs, out_avals):
     return LazyRef(node, 0)
 
 
-def _view_rule(name, template, inputs, out_avals):
+def _view_rule(name: Any, template: Any, inputs: Sequence[Any], out_avals: Sequence[Aval]) -> LazyRef | None:
     folded = _fold_permutation(name, template, inputs, out_avals)
     if folded is not None:
         return folded
     return _shared_input_view(name, template, inputs, out_avals)
 
 
-def _is_foldable_transpose(value) -> bool:
-    """A 2-D transpose of a computed value (a transpose of a program input stays shared)."""
+def _is_foldable_transpose(value: Any) -> bool:
+    """A 2-D transpose of a computed value (a transpose of a program input stays shared).
+
+    ``value`` is a node input; typed ``Any`` because ``_node_perm`` proves it a
+    ``LazyRef`` (a test mypy cannot carry across the call).
+    """
     return _node_perm(value) == (1, 0) and type(value.node.inputs[0]) is LazyRef
 
 
-def _fold_matmul_operands(first: int, fn: Callable, fn_name: str):
+def _fold_matmul_operands(first: int, fn: Callable[..., Any], fn_name: str) -> Rule:
     """A rule for a product whose matrix operands are the template args ``first``, ``first + 1``."""
 
-    def rule(name, template, inputs, out_avals):
+    def rule(name: Any, template: Any, inputs: Sequence[Any], out_avals: Sequence[Aval]) -> LazyRef | None:
         args, kwargs = template
         if len(args) < first + 2:
             return None
-        flags = []
-        new_inputs = None
+        flags: list[bool] = []
+        new_inputs: list[Any] | None = None
         for k in (first, first + 1):
             slot = args[k]
             value = inputs[slot.i] if type(slot) is Slot else None
@@ -183,12 +190,12 @@ _PERM_IDS = frozenset(id(op) for op in _PERM_OPS)
 
 #: ``id(OpOverload) -> rule(name, template, inputs, out_avals) -> value | None``
 #: (keyed by id: ``OpOverload.__hash__`` is Python-level and this is looked up per node).
-RULES: dict[int, Callable] = {id(op): _view_rule for op in _PERM_OPS}
+RULES: dict[int, Rule] = {id(op): _view_rule for op in _PERM_OPS}
 RULES[id(aten.mm.default)] = _fold_matmul_operands(0, linalg.mm_transposed, "mm_transposed")
 RULES[id(aten.addmm.default)] = _fold_matmul_operands(1, linalg.addmm_transposed, "addmm_transposed")
 
 
-def rewrite(name, template, inputs, out_avals):
+def rewrite(name: Any, template: Any, inputs: Sequence[Any], out_avals: Sequence[Aval]) -> LazyRef | None:
     """The value to use instead of recording ``name`` on ``inputs``, or None.
 
     Example:

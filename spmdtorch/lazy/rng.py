@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 __all__ = [
     "RandomGeneratorError",
+    "KeyedRegion",
     "active_region",
     "check_generator",
     "keyed_region",
@@ -52,7 +54,17 @@ __all__ = [
 
 # The region that keys random ops as they are recorded (see keyed_region):
 # None uses the program's key. One per process, like torch's generators.
-_REGION: list = [None]
+_REGION: list[KeyedRegion | None] = [None]
+
+
+class KeyedRegion(Protocol):
+    """What ``set_region`` takes: hands out a random node's keys (``spmdtorch.tensor.random_state``'s stream)."""
+
+    def keyed(
+        self, fn: Callable[..., Any], name: Any, template: Any, inputs: Sequence[Any]
+    ) -> tuple[Callable[..., Any], Any, Any, Sequence[Any]]:
+        """The node's new ``(fn, name, template, inputs)``, drawing from this region's key."""
+        ...
 
 
 class RandomGeneratorError(ValueError):
@@ -107,7 +119,7 @@ def placeholder_key_data() -> np.ndarray:
     return np.zeros(3, dtype=np.uint32)
 
 
-def check_generator(op, generator) -> None:
+def check_generator(op: object, generator: object) -> None:
     """Raise ``RandomGeneratorError`` if ``generator`` is an explicit generator.
 
     Args:
@@ -127,12 +139,12 @@ def check_generator(op, generator) -> None:
     )
 
 
-def active_region() -> Any:
+def active_region() -> KeyedRegion | None:
     """The region that keys the random ops recorded now (None: the program key)."""
     return _REGION[0]
 
 
-def set_region(region) -> None:
+def set_region(region: KeyedRegion | None) -> None:
     """Key the random ops recorded from now on with ``region`` (None: the program key).
 
     ``region`` must have ``keyed(fn, name, template, inputs)`` returning the
@@ -151,7 +163,7 @@ def program_boundary() -> None:
 
 
 @contextlib.contextmanager
-def keyed_region(region):
+def keyed_region(region: KeyedRegion | None) -> Iterator[KeyedRegion | None]:
     """``set_region(region)`` for the duration of the block, then the previous region."""
     prev = _REGION[0]
     _REGION[0] = region

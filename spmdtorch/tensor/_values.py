@@ -137,7 +137,7 @@ def _view_replay(step: ViewStep, low) -> _Replay:
     if low is None:
         raise NotImplementedError(f"spmdtorch has no lowering for view op {step.op}")
     if type(step) is ConstraintStep:  # built once per step: the read path stays as it is
-        template = constraint_template(step.sharding)
+        template: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]] = constraint_template(step.sharding)
         return _Replay(low, constrain, CONSTRAINT, template, (step.aval,), keys.node_sig(CONSTRAINT, template))
     template = ((Slot(0),) + step.args, step.kwargs)
     if step.out_index is None:
