@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 simulate_cpu_devices(8, unless_accelerator=True)  # before anything queries devices
 

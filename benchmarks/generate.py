@@ -40,7 +40,7 @@ import statistics
 import sys
 import time
 
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 simulate_cpu_devices(8, unless_accelerator=True)  # before anything queries devices
 

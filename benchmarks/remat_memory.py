@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 _NUM_DEVICES = 8
 # XLA:CPU must keep the optimisation barriers that rematerialisation rests on.

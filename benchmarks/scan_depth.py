@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import sys
 
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 _NUM_DEVICES = 8
 if __name__ == "__main__":  # before anything queries devices (also in each worker process)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from spmdtorch._cpu_devices import simulate_cpu_devices  # noqa: E402
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices  # noqa: E402
 
 _NUM_DEVICES = 8
 # Before anything queries devices (docs/design.md, hazard "CPU collective deadlock").

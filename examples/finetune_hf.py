@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 DEFAULT_CPU_DEVICES = 8
 

@@ -68,7 +68,7 @@ import re
 import sys
 import time
 
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 DEFAULT_CPU_DEVICES = 8
 

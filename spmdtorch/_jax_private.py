@@ -78,19 +78,19 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         "jax._src.xla_bridge",
         "backends_are_initialized",
-        "runtime._apply_pjrt_device_env, _cpu_devices.simulate_cpu_devices (the platform is fixed once it is true)",
+        "runtime._platform._apply_pjrt_device_env, runtime.cpu_devices.simulate_cpu_devices (the platform is fixed once it is true)",
         "",
     ),
     PrivateName(
         "jax._src.distributed",
         "global_state",
-        "runtime.is_distributed_initialized, runtime._start_peer_watch (the coordinator client and address)",
+        "runtime.is_distributed_initialized, runtime._distributed._start_peer_watch (the coordinator client and address)",
         "jax.distributed.is_initialized (for the yes/no question)",
     ),
     PrivateName(
         "jax._src.hardware_utils",
         "num_available_tpu_chips_and_device_id",
-        "runtime._on_cloud_tpu_vm (TPU chips attached, without starting a backend)",
+        "runtime._distributed._on_cloud_tpu_vm (TPU chips attached, without starting a backend)",
         "",
     ),
     PrivateName(

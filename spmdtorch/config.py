@@ -399,7 +399,7 @@ KNOBS: tuple[Knob, ...] = (
         DistributedEnvError,
     ),
     # Other launchers' variables: only read to notice that this process is one of several
-    # (spmdtorch._cluster); JAX's cluster detection reads the rest itself.
+    # (spmdtorch.runtime._cluster); JAX's cluster detection reads the rest itself.
     Knob(
         "slurm_step_num_tasks",
         "SLURM_STEP_NUM_TASKS",

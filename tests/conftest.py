@@ -2,7 +2,7 @@
 
 Everything here runs at conftest import, before any test queries devices:
 XLA reads ``XLA_FLAGS`` and ``NPROC`` when its CPU backend starts
-(``spmdtorch._cpu_devices``).
+(``spmdtorch.runtime.cpu_devices``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 # Shared test helpers (tests/training_helpers.py) import as top-level modules.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,10 +1,15 @@
-"""The shared simulated-CPU-device environment (spmdtorch._cpu_devices)."""
+"""The shared simulated-CPU-device environment (spmdtorch.runtime.cpu_devices)."""
 
 from __future__ import annotations
 
 import pytest
 
-from spmdtorch._cpu_devices import CPU_REMAT_XLA_FLAG, SimulatedDevicesError, cpu_device_env, simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import (
+    CPU_REMAT_XLA_FLAG,
+    SimulatedDevicesError,
+    cpu_device_env,
+    simulate_cpu_devices,
+)
 
 
 def test_env_replaces_the_count_keeps_other_flags_and_raises_nproc():

@@ -72,7 +72,7 @@ def test_a_moved_name_is_reported_by_name(monkeypatch):
         _jax_private.resolve("jax._src.xla_bridge", "backends_are_initialized")
     message = str(info.value)
     assert f"jax {jax.__version__} has no jax._src.xla_bridge.backends_are_initialized" in message
-    assert "runtime._apply_pjrt_device_env" in message
+    assert "runtime._platform._apply_pjrt_device_env" in message
     # The import-time caller degrades instead of failing the import.
     assert _jax_private.backends_initialized() is False
 

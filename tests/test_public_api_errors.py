@@ -557,7 +557,7 @@ def _is_spmdtorch_error(e: BaseException) -> bool:
 def _cleanup():
     # Some valid calls have process-wide effects: undo them.
     # The override itself (None: the environment decides), not the value it yields.
-    saved_limit = runtime._MAX_GATHER[0]
+    saved_limit = runtime._limits._MAX_GATHER[0]
     try:
         yield
     finally:

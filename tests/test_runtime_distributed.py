@@ -101,7 +101,7 @@ def test_a_bool_is_not_a_local_device_id():
 
 
 def test_a_job_of_one_process_is_a_no_op(monkeypatch):
-    monkeypatch.setattr(xr, "_DISTRIBUTED", [None])
+    monkeypatch.setattr(xr._distributed, "_DISTRIBUTED", [None])
     cfg = xr.initialize_distributed("127.0.0.1:1", 1, 0)
     assert cfg.num_processes == 1 and not xr.is_distributed_initialized()
     assert xr.initialize_distributed("127.0.0.1:1", 1, 0) is cfg  # idempotent
@@ -110,7 +110,7 @@ def test_a_job_of_one_process_is_a_no_op(monkeypatch):
 
 
 def test_refused_once_jax_has_started(devices8, monkeypatch):
-    monkeypatch.setattr(xr, "_DISTRIBUTED", [None])
+    monkeypatch.setattr(xr._distributed, "_DISTRIBUTED", [None])
     with pytest.raises(DistributedInitError, match="must run before JAX starts.*8 device"):
         xr.initialize_distributed("127.0.0.1:1", 2, 0)
 
@@ -176,7 +176,7 @@ def test_doctests(devices8, name):
     assert result.attempted > 0 and result.failed == 0
 
 
-# -- joining at import (spmdtorch.runtime.auto_initialize_distributed, spmdtorch._cluster) -----------
+# -- joining at import (spmdtorch.runtime.auto_initialize_distributed, spmdtorch.runtime._cluster) -----------
 
 
 @pytest.mark.parametrize(
@@ -195,7 +195,7 @@ def test_doctests(devices8, name):
     ],
 )
 def test_multi_process_launchers_are_detected(env, launcher, count, method):
-    from spmdtorch._cluster import detect_job
+    from spmdtorch.runtime._cluster import detect_job
 
     job = detect_job(env)
     assert job is not None and (job.launcher, job.num_processes, job.jax_detection) == (launcher, count, method)
@@ -214,7 +214,7 @@ def test_multi_process_launchers_are_detected(env, launcher, count, method):
     ],
 )
 def test_one_process_is_no_job_to_join(env):
-    from spmdtorch._cluster import detect_job
+    from spmdtorch.runtime._cluster import detect_job
 
     assert detect_job(env) is None
 
@@ -229,7 +229,7 @@ def test_world_size_without_torchruns_rendezvous_is_an_error_not_a_silent_single
 
 
 def test_auto_join_after_jax_started_names_the_launcher(devices8, monkeypatch):
-    monkeypatch.setattr(xr, "_DISTRIBUTED", [None])
+    monkeypatch.setattr(xr._distributed, "_DISTRIBUTED", [None])
     for k, v in TORCHRUN.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SPMDTORCH_JOINED_PID", raising=False)
@@ -241,12 +241,12 @@ def test_auto_join_after_jax_started_names_the_launcher(devices8, monkeypatch):
     monkeypatch.setenv("SPMDTORCH_AUTO_DISTRIBUTED", "1")
     monkeypatch.setenv("SPMDTORCH_JOINED_PID", str(os.getpid() + 1))
     assert xr.auto_initialize_distributed() is None
-    assert xr._DISTRIBUTED[0] is None
+    assert xr._distributed._DISTRIBUTED[0] is None
 
 
 def test_nothing_to_join_in_a_plain_process(monkeypatch):
-    monkeypatch.setattr(xr, "_DISTRIBUTED", [None])
-    assert xr.auto_initialize_distributed() is None and xr._DISTRIBUTED[0] is None
+    monkeypatch.setattr(xr._distributed, "_DISTRIBUTED", [None])
+    assert xr.auto_initialize_distributed() is None and xr._distributed._DISTRIBUTED[0] is None
 
 
 def test_coordinator_check_names_the_address(monkeypatch):
@@ -256,13 +256,13 @@ def test_coordinator_check_names_the_address(monkeypatch):
     with pytest.raises(
         DistributedInitError, match=r"cannot resolve the host of the coordinator no-such-host.invalid:1234"
     ):
-        xr._check_coordinator(bad_host)
+        xr._distributed._check_coordinator(bad_host)
     monkeypatch.setenv("SPMDTORCH_CONNECT_TIMEOUT", "1")
     address = f"127.0.0.1:{free_port()}"
     with pytest.raises(DistributedInitError, match=rf"process 1 of 2 cannot reach the coordinator {address} .* 1 s"):
-        xr._check_coordinator(xr.DistributedConfig(address, 2, 1, None, "arguments"))
+        xr._distributed._check_coordinator(xr.DistributedConfig(address, 2, 1, None, "arguments"))
     # Process 0 listens itself: the address must lead back to it (here it does) ...
-    xr._check_coordinator(xr.DistributedConfig(address, 2, 0, None, "arguments"))
+    xr._distributed._check_coordinator(xr.DistributedConfig(address, 2, 0, None, "arguments"))
     # ... not to another host (TEST-NET-1, RFC 5737: never routed) ...
     port = free_port()
     elsewhere = f"192.0.2.1:{port}"
@@ -270,10 +270,10 @@ def test_coordinator_check_names_the_address(monkeypatch):
         DistributedInitError,
         match=rf"process 0 of 2 listens for the coordinator {elsewhere} .* on port {port} .* does not lead back to it",
     ):
-        xr._check_coordinator(xr.DistributedConfig(elsewhere, 2, 0, None, "arguments"))
+        xr._distributed._check_coordinator(xr.DistributedConfig(elsewhere, 2, 0, None, "arguments"))
     # ... and its port must be free.
     with socket.create_server(("", port)):
         with pytest.raises(
             DistributedInitError, match=rf"process 0 of 2 cannot listen on port {port} .* pick a free port"
         ):
-            xr._check_coordinator(xr.DistributedConfig(f"127.0.0.1:{port}", 2, 0, None, "arguments"))
+            xr._distributed._check_coordinator(xr.DistributedConfig(f"127.0.0.1:{port}", 2, 0, None, "arguments"))

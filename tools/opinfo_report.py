@@ -1205,7 +1205,7 @@ def main(argv=None):
     # The same 8 simulated CPU devices as tests/conftest.py: XLA's CPU
     # programs (thread split, summation order) depend on it, and the CI test
     # must reproduce this report's near-tolerance verdicts.
-    from spmdtorch._cpu_devices import cpu_device_env
+    from spmdtorch.runtime.cpu_devices import cpu_device_env
 
     env = cpu_device_env(8)
     if args.opt_level != "" and "xla_backend_optimization_level" not in env["XLA_FLAGS"]:

@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 import torch
 from etils import epath
 
-from spmdtorch import _checks, _dtypes, _faults
+from spmdtorch import _checks, _dtypes
 from spmdtorch.checkpoint import fingerprint, placement, tree
 from spmdtorch.checkpoint.errors import (
     CheckpointArgumentTypeError,
@@ -56,6 +56,7 @@ from spmdtorch.checkpoint.errors import (
 from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
 from spmdtorch.checkpoint.tree import KeyPath
 from spmdtorch.lazy import executor
+from spmdtorch.runtime import faults
 
 __all__ = [
     "ARRAYS",
@@ -423,7 +424,7 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
         >>> w.cpu()
         tensor([0., 1., 2., 3.])
     """
-    with _faults.activity(f"saving the checkpoint {path}"):
+    with faults.activity(f"saving the checkpoint {path}"):
         path = checkpoint_path(path)
         overwrite = _checks.check_bool(overwrite, "save", "overwrite", CheckpointArgumentTypeError)
         if path.exists():
@@ -803,7 +804,7 @@ def load(path: CheckpointPath, state: Any, *, strict: bool = True, cast: bool = 
         DtypeMismatchError, ValueKindMismatchError: nothing was changed.
         CheckpointCorruptionError: the files are damaged; nothing was changed.
     """
-    with _faults.activity(f"restoring the checkpoint {path}"):
+    with faults.activity(f"restoring the checkpoint {path}"):
         path = checkpoint_path(path)
         strict = _checks.check_bool(strict, "load", "strict", CheckpointArgumentTypeError)
         cast = _checks.check_bool(cast, "load", "cast", CheckpointArgumentTypeError)

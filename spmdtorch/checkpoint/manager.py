@@ -44,7 +44,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from spmdtorch import _checks, _faults
+from spmdtorch import _checks
 from spmdtorch.checkpoint import io
 from spmdtorch.checkpoint.errors import (
     CheckpointArgumentError,
@@ -57,6 +57,7 @@ from spmdtorch.checkpoint.errors import (
 )
 from spmdtorch.checkpoint.paths import CheckpointPath, checkpoint_path
 from spmdtorch.lazy import executor
+from spmdtorch.runtime import faults
 
 #: Where retired steps go before they are deleted (not a step name, so never listed).
 _TRASH = ".spmdtorch-deleted"
@@ -300,8 +301,8 @@ class CheckpointManager:
         if save_on_preemption:
             self._install_handler()
         # A lost peer names this directory in its resume advice, and a background write in flight.
-        _faults.note_checkpoint_directory(str(self._directory))
-        self._activity = _faults.begin_activity(_background_write(weakref.ref(self)))
+        faults.note_checkpoint_directory(str(self._directory))
+        self._activity = faults.begin_activity(_background_write(weakref.ref(self)))
 
     # -- preemption ------------------------------------------------------------
 
@@ -413,7 +414,7 @@ class CheckpointManager:
             # Async: dispatched ahead of the next program, so that save()
             # blocks the loop only for Orbax's device→host copy.
             with (
-                _faults.activity(f"saving checkpoint step {step} to {self._directory}"),
+                faults.activity(f"saving checkpoint step {step} to {self._directory}"),
                 io.saving(pending, defer=asynchronous and not preempted),
             ):
                 saved = bool(self._mgr.save(step, args=args, force=True))
@@ -596,7 +597,7 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
-        _faults.end_activity(self._activity)
+        faults.end_activity(self._activity)
         try:
             self._finish_writes(report=False)
             self._mgr.close()

@@ -35,9 +35,9 @@ import torch.utils._pytree as pytree
 
 from spmdtorch import _checks, _dtypes
 from spmdtorch._checks import ArgumentTypeError
-from spmdtorch._cpu_devices import CPU_REMAT_XLA_FLAG
 from spmdtorch.lazy import rng
 from spmdtorch.lazy.graph import Slot
+from spmdtorch.runtime.cpu_devices import CPU_REMAT_XLA_FLAG
 from spmdtorch.tensor import random_state
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base

@@ -25,7 +25,7 @@ PKG = pathlib.Path(spmdtorch.__file__).resolve().parent
 # Module-level dicts that are tables, not caches: emptying one would lose
 # meaning, not just time. Each with why (a new entry here is a design decision).
 TABLES = {
-    ("_faults.py", "_ACTIVITIES"): "what each thread is doing now, for the watchdog's report",
+    ("runtime/faults.py", "_ACTIVITIES"): "what each thread is doing now, for the watchdog's report",
     ("checkpoint/manager.py", "_held"): "writer locks this process holds",
     ("compat/_dynamo.py", "_TORCH_FNS"): "torch's own backends, put back by uninstall()",
     ("compat/_metrics.py", "_DATA_SINCE"): "PyTorch/XLA's metric baselines since the last clear_metrics()",

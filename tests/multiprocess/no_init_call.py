@@ -21,7 +21,7 @@ from spmdtorch.partition import mark_sharding
 
 
 def main() -> dict:
-    joined = xr._DISTRIBUTED[0]
+    joined = xr._distributed._DISTRIBUTED[0]
     out: dict = {
         "joined_at_import": joined is not None and xr.is_distributed_initialized(),
         "source": None if joined is None else joined.source,

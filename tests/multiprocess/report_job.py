@@ -9,7 +9,7 @@ import os
 import spmdtorch.runtime as xr
 
 if __name__ == "__main__":
-    cfg = xr._DISTRIBUTED[0]
+    cfg = xr._distributed._DISTRIBUTED[0]
     counts = [
         xr.process_index(),
         xr.process_count(),

@@ -158,8 +158,8 @@ def test_coordinator_address_leading_nowhere_fails_fast_naming_it():
 
 
 def test_the_peer_lost_message_is_one_line_naming_peer_activity_timeout_and_fix(tmp_path):
-    from spmdtorch import _faults
     from spmdtorch.runtime import PeerLostError
+    from spmdtorch.runtime import faults as _faults
 
     with CheckpointManager(tmp_path / "ck", save_on_preemption=False):
         with _faults.activity("restoring the checkpoint X\nof step 3"):
@@ -180,7 +180,7 @@ def test_the_peer_lost_message_is_one_line_naming_peer_activity_timeout_and_fix(
 
 
 def test_only_a_clean_end_notes_that_the_script_finished(tmp_path):
-    from spmdtorch import _faults
+    from spmdtorch.runtime import faults as _faults
 
     clean = _faults._Watch(0, 2, 30, str(tmp_path / "0"))
     clean.say_goodbye()  # no peers connected: nothing is sent, the note is still written

@@ -28,7 +28,7 @@ import os
 import sys
 
 from spmdtorch import runtime
-from spmdtorch._cpu_devices import simulate_cpu_devices
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 if __name__ == "__main__" and runtime.ENV_NUM_PROCESSES not in os.environ:
     simulate_cpu_devices(8)  # one process; under the launcher, its devices (importing spmdtorch joined the job)
