@@ -42,6 +42,7 @@ from spmdtorch import sharding
 from spmdtorch.dtensor._mesh import as_xla_mesh, spans_root, spmd_mesh
 from spmdtorch.dtensor._placements import normalize_placements, partition_spec
 from spmdtorch.dtensor.errors import DTensorError, InplaceGradError, LocalTensorError, PlacementError
+from spmdtorch.lazy import caches
 from spmdtorch.tensor import is_xla_tensor
 
 __all__ = ["XlaDTensor", "distribute_tensor", "from_local"]
@@ -141,14 +142,71 @@ class _Redistribute(torch.autograd.Function):
 
 
 # -- placement propagation ------------------------------------------------------------
+# (op, each argument's shape/stride/dtype/placements or value) -> the outputs' (mesh, placements).
+# torch caches its own propagation too, but reaching it costs a DTensor stand-in per argument.
+_PLACEMENTS = caches.bounded("dtensor.propagated_placements", maxsize=4096)
+
+
+def _key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], specs: dict[int, Any]) -> Any:
+    flat, tree = tree_flatten((args, kwargs))
+    parts: list[Any] = [func, tree]
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            entry = specs.get(id(a))
+            spec = None if entry is None else (entry[1].mesh, entry[1].placements)
+            parts.append((tuple(a.shape), a.stride(), a.dtype, spec))
+        else:
+            parts.append((type(a), a))
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument (a list of lists): not cached
+        return None
+    return key
+
+
+def _placements_only(spec: Any) -> Any:
+    if isinstance(spec, DTensorSpec):
+        return (spec.mesh, spec.placements)
+    if isinstance(spec, (list, tuple)):
+        return [_placements_only(x) for x in spec]
+    return None
+
+
+def _as_specs(entry: Any) -> Any:
+    # Specs without tensor metadata: every caller rebuilds them with its output's.
+    if isinstance(entry, tuple):
+        return DTensorSpec(entry[0], entry[1])
+    if isinstance(entry, list):
+        return [_as_specs(x) for x in entry]
+    return None
+
+
 def _propagated_spec(
     func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], specs: dict[int, Any], depth: int = 0
 ) -> Any:
-    """torch's sharding propagation for ATen op ``func`` on tensors whose specs ``specs`` holds (by id).
+    """The output spec(s) torch's sharding rules give ATen op ``func`` on tensors whose specs ``specs`` holds (by id).
 
-    Returns the output spec (a ``DTensorSpec``, a sequence of them, or None),
-    or None when torch has no rule (the caller replicates).
+    Returns a ``DTensorSpec`` (without tensor metadata), a list of them, or
+    None when there is no rule (the caller replicates).
     """
+    key = _key(func, args, kwargs, specs)
+    if key is not None:
+        hit = _PLACEMENTS.get(key, _MISSING)
+        if hit is not _MISSING:
+            return _as_specs(hit)
+    found = _placements_only(_propagate_uncached(func, args, kwargs, specs, depth))
+    if key is not None:
+        _PLACEMENTS.put(key, found)
+    return _as_specs(found)
+
+
+_MISSING = object()
+
+
+def _propagate_uncached(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], specs: dict[int, Any], depth: int
+) -> Any:
     flat, _ = tree_flatten((args, kwargs))
     mesh = next((specs[id(a)][1].mesh for a in flat if id(a) in specs), None)
     if mesh is None:
@@ -244,7 +302,7 @@ class _Propagate(TorchDispatchMode):
             spec_list = spec if isinstance(spec, (list, tuple)) else [spec] * len(outs)
             for o, s in zip(outs, spec_list):
                 if isinstance(o, torch.Tensor) and isinstance(s, DTensorSpec):
-                    self.specs[id(o)] = (o, s)
+                    self.specs[id(o)] = (o, _spec(s.mesh, s.placements, o))
         return out
 
 
@@ -441,7 +499,7 @@ class XlaDTensor(DTensor):
         spec_list = spec if isinstance(spec, (list, tuple)) else [spec] * len(outs)
         for o, s in zip(outs, spec_list):
             if isinstance(o, torch.Tensor) and isinstance(s, DTensorSpec):
-                specs[id(o)] = (o, s)
+                specs[id(o)] = (o, _spec(s.mesh, s.placements, o))
         mesh = next(iter(specs.values()))[1].mesh if specs else None
         return tree_map(lambda o: _wrap_result(o, specs, originals, mesh, False), out)
 
