@@ -409,7 +409,8 @@ def get_stablehlo_bytecode(tensors=None) -> bytes:
         return b""
     module = executor.lower(refs).compiler_ir("stablehlo")
     buf = io.BytesIO()
-    module.operation.write_bytecode(buf)
+    # jax types Lowered.compiler_ir() Optional; the "stablehlo" dialect always gives a module.
+    module.operation.write_bytecode(buf)  # type: ignore[union-attr]
     return buf.getvalue()
 
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import jax
 
     from spmdtorch.lazy._storage import Storage
+    from spmdtorch.lazy.executor import ProgramKey
     from spmdtorch.lazy.graph import LazyRef
 
 __all__ = ["ENGINE", "CompileCache", "Engine", "RegisteredCache"]
@@ -268,7 +269,7 @@ class Engine:
 
     def __init__(self) -> None:
         self.compile_cache = CompileCache()
-        self.last_key: Hashable | None = None
+        self.last_key: ProgramKey | None = None
         self.inflight: collections.deque[tuple[jax.Array, list[jax.Array]]] = collections.deque()
         self.before_next: list[Callable[[], None]] = []
         self.before_next_lock = threading.Lock()

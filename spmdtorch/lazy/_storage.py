@@ -224,12 +224,8 @@ class Storage:
             self.prev = None
             self._hold(value)
 
-    def _hold(self, value: Any) -> None:
-        """Registers this storage as a holder of the concrete ``value``, a ``jax.Array`` (buffer donation rests on it).
-
-        Typed ``Any``: ``set`` tells a pending value apart by ``type() is``, a
-        test mypy does not narrow on, and a cast would cost a call per write.
-        """
+    def _hold(self, value: jax.Array) -> None:
+        """Registers this storage as a holder of the concrete ``value`` (buffer donation rests on it)."""
         value_id = id(value)
         r = HOLDERS.get(value_id)
         cur = None if r is None else r()
@@ -313,12 +309,8 @@ def _sweep_holders() -> None:
     _HOLDERS_SWEEP_AT[0] = max(4096, 2 * len(HOLDERS))
 
 
-def _hold_shared(st: Storage, array: object) -> None:
-    """Record ``st`` as a further holder of ``array`` (another storage holds it already).
-
-    ``array`` is a ``jax.Array``; typed ``object`` since only its ``id`` is
-    used (``_hold``'s ``Any`` value narrows to the storage's value type here).
-    """
+def _hold_shared(st: Storage, array: jax.Array) -> None:
+    """Record ``st`` as a further holder of ``array`` (another storage holds it already)."""
     if len(CO_HOLDERS) >= _CO_HOLDERS_SWEEP:
         for k in [k for k, refs in CO_HOLDERS.items() if all(r() is None for r in refs.values())]:
             del CO_HOLDERS[k]

@@ -24,7 +24,7 @@ import re
 import struct
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -92,12 +92,12 @@ class PlanKey(NamedTuple):
         outputs: ``(node index, output index)`` per program output.
     """
 
-    entries: tuple
-    random_order: tuple
-    outputs: tuple
+    entries: tuple[int, ...]
+    random_order: tuple[int, ...]
+    outputs: tuple[tuple[int, int], ...]
 
 
-def _node_starts(entries: tuple) -> list[int]:
+def _node_starts(entries: tuple[int, ...]) -> list[int]:
     """Where each node's record starts in ``PlanKey.entries`` (for messages)."""
     starts = []
     pos = 0
@@ -127,13 +127,13 @@ class ProgramKey(NamedTuple):
     """
 
     plan: PlanKey
-    leaves: tuple
-    donate: tuple
-    out_shardings: tuple
+    leaves: tuple[tuple[Any, ...], ...]
+    donate: tuple[bool, ...]
+    out_shardings: tuple[jax.sharding.Sharding | None, ...]
     matmul_precision: str
-    recycle: tuple = ()
-    baked: tuple = ()
-    placement_mode: Any = None
+    recycle: tuple[int, ...] = ()
+    baked: tuple[tuple[int, str, bytes], ...] = ()
+    placement_mode: Hashable = None
 
 
 class _Plan:
@@ -155,14 +155,15 @@ class _Plan:
 
     __slots__ = ("nodes", "codes", "leaves", "outputs", "key", "has_random", "draws", "donatable")
 
-    nodes: list
-    codes: list
-    leaves: list
-    outputs: tuple
+    nodes: list[Node]
+    codes: list[tuple[InputCode, ...]]
+    # jax.Array | Scalar (tensor.subgraph puts its own placeholders here while it builds a body).
+    leaves: list[Any]
+    outputs: tuple[tuple[int, int], ...]
     key: PlanKey
     has_random: bool
-    draws: list
-    donatable: frozenset | None
+    draws: list[int]
+    donatable: frozenset[int] | None
 
     def __init__(self, refs: Sequence[LazyRef]) -> None:
         # Post-order, depth first, each node's inputs scanned once (an
@@ -181,13 +182,15 @@ class _Plan:
         # share one buffer (``run_plan``). That is what lets AdamW's
         # per-parameter step counters (created equal, updated alike) stay one
         # array, so the bias corrections are computed once, not per parameter.
-        node_ids: dict = {}  # id(node) -> its index in ``kept`` (a merged node: the one it became)
-        leaf_codes: dict = {}
-        leaves: list[Any] = []  # jax.Array | Scalar
+        node_ids: dict[int, int] = {}  # id(node) -> its index in ``kept`` (a merged node: the one it became)
+        leaf_codes: dict[int, int] = {}
+        leaves: list[jax.Array | Scalar] = []  # see the leaves attribute
         codes: list[tuple[InputCode, ...]] = []
         flat: list[int] = []  # PlanKey.entries
         kept: list[Node] = []
-        seen: dict = {}  # (sig, codes) -> index in ``kept`` (common subexpressions)
+        seen: dict[
+            tuple[int, tuple[InputCode, ...]], int
+        ] = {}  # (sig, codes) -> index in ``kept`` (common subexpressions)
         has_random = False
         for ref in refs:
             root = ref.node
@@ -248,7 +251,7 @@ class _Plan:
         # graph.Node.draw), not from its position in the graph, so that the
         # values do not depend on sharding constraints or output order.
         draws = [-1] * len(nodes)
-        random_order: tuple = ()
+        random_order: tuple[int, ...] = ()
         if has_random:
             order = sorted((n.draw, i) for i, n in enumerate(nodes) if n.random)
             for rank, (_, i) in enumerate(order):
@@ -263,7 +266,7 @@ class _Plan:
         self.donatable = None  # leaf positions that may be donated (None: every unheld array)
         self.key = PlanKey(tuple(flat), random_order, self.outputs)
 
-    def pair_outputs(self, storages: list) -> list:
+    def pair_outputs(self, storages: list[_storage.Storage]) -> list[_storage.Storage]:
         """Order the outputs so that each donated input's buffer goes to its own storage's new value.
 
         JAX pairs donated inputs with outputs greedily, in argument order, by
@@ -333,7 +336,9 @@ class InputPlacementPolicy(NamedTuple):
 INPUT_PLACEMENT_POLICIES: list[InputPlacementPolicy] = []
 
 
-def _placement_candidates(plan, storages) -> tuple[list[int], dict]:
+def _placement_candidates(
+    plan: _Plan, storages: Sequence[_storage.Storage | None]
+) -> tuple[list[int], dict[int, _storage.Storage]]:
     """Leaf positions a placement policy may re-place, and ``{id(array): storage it is replaced into}``.
 
     A candidate is an array replicated on the default placement that a
@@ -344,7 +349,7 @@ def _placement_candidates(plan, storages) -> tuple[list[int], dict]:
     """
     default_mesh = replicated_sharding().mesh
     successors = {st.prev: st for st in storages if st is not None and st.prev is not None}
-    found = []
+    found: list[int] = []
     for i, leaf in enumerate(plan.leaves):
         if type(leaf) is Scalar:
             continue
@@ -360,7 +365,13 @@ def _placement_candidates(plan, storages) -> tuple[list[int], dict]:
     return found, successors
 
 
-def _place_inputs(plan, mesh, storages=(), *, inspect_only: bool = False) -> InputPlacement | None:
+def _place_inputs(
+    plan: _Plan,
+    mesh: jax.sharding.Mesh | None,
+    storages: Sequence[_storage.Storage | None] = (),
+    *,
+    inspect_only: bool = False,
+) -> InputPlacement | None:
     """Apply the first switched-on input placement policy to ``plan``'s leaves (None: none is on).
 
     ``mesh``: the user's mesh the program already uses (None: none); one
@@ -390,10 +401,10 @@ def _place_inputs(plan, mesh, storages=(), *, inspect_only: bool = False) -> Inp
     return decision
 
 
-def _user_mesh(plan, out_shardings):
+def _user_mesh(plan: _Plan, out_shardings: Sequence[jax.sharding.Sharding | None]) -> jax.sharding.Mesh | None:
     """The first mesh other than the default placement's that the program uses."""
     default_mesh = replicated_sharding().mesh
-    candidates = [getattr(leaf, "sharding", None) for leaf in plan.leaves if type(leaf) is not Scalar]
+    candidates: list[Any] = [getattr(leaf, "sharding", None) for leaf in plan.leaves if type(leaf) is not Scalar]
     candidates += list(out_shardings)
     candidates += [
         dict(n.template[1]).get("sharding")
@@ -402,11 +413,13 @@ def _user_mesh(plan, out_shardings):
     ]
     for sh in candidates:
         if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh != default_mesh:
-            return sh.mesh
+            # jax types NamedSharding.mesh Mesh | AbstractMesh; an array's or a
+            # constraint's sharding holds a concrete Mesh.
+            return sh.mesh  # type: ignore[return-value]
     return None
 
 
-def _rehome(plan, mesh, *, inspect_only: bool = False) -> None:
+def _rehome(plan: _Plan, mesh: jax.sharding.Mesh, *, inspect_only: bool = False) -> None:
     """Move default-placed (replicated) leaves onto the user's ``mesh``.
 
     JAX carries an array's mesh into the avals of everything computed from it
@@ -446,7 +459,7 @@ def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
     ``spmdtorch.compile`` does the same on a replay for an argument its traced
     program re-homed (see ``_rehome``).
     """
-    new = jax.device_put(array, target)
+    new: jax.Array = jax.device_put(array, target)
     for hook in REHOME_HOOKS:
         hook(array, new)
     for holder in _storage.holders_of(array):
@@ -457,10 +470,12 @@ def rehome(array: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
 
 
 # type -> ("S", type): one key object per Python number type (int, float, bool, complex).
-_SCALAR_SIGS = caches.bounded("lazy.executor.scalar_signatures", maxsize=16)
+_SCALAR_SIGS: caches.BoundedCache[type, tuple[str, type]] = caches.bounded(
+    "lazy.executor.scalar_signatures", maxsize=16
+)
 
 
-def _leaf_sig(leaf):
+def _leaf_sig(leaf: jax.Array | Scalar) -> tuple[Any, ...]:
     if type(leaf) is Scalar:
         t = type(leaf.value)
         sig = _SCALAR_SIGS.get(t)
@@ -485,7 +500,7 @@ _SCALAR_KINDS = (
 )
 
 
-def _scalar_kind(value):
+def _scalar_kind(value: object) -> str | None:
     t = type(value)
     if t is bool:
         return "b"
@@ -512,10 +527,15 @@ class _Layout:
 
     __slots__ = ("n_leaves", "array_pos", "groups", "constants")
 
-    def __init__(self, plan, pack: bool = True, bake: bool = False):
-        kinds: dict = {}
-        array_pos = []
-        constants = []
+    n_leaves: int
+    array_pos: tuple[int, ...]
+    groups: tuple[tuple[str, tuple[int, ...]], ...]
+    constants: tuple[tuple[int, np.ndarray, np.dtype[Any], bool], ...]
+
+    def __init__(self, plan: _Plan, pack: bool = True, bake: bool = False) -> None:
+        kinds: dict[str, list[int]] = {}
+        array_pos: list[int] = []
+        constants: list[tuple[int, np.ndarray, np.dtype[Any], bool]] = []
         for i, leaf in enumerate(plan.leaves):
             kind = _scalar_kind(leaf.value) if pack and type(leaf) is Scalar else None
             if kind is None:
@@ -530,9 +550,9 @@ class _Layout:
         # (leaf index, numpy value, dtype, weak) per baked number.
         self.constants = tuple(constants)
 
-    def unpack(self, args):
+    def unpack(self, args: Sequence[jax.Array]) -> list[jax.Array]:
         """Program side: the per-leaf values from ``(*arrays, *vectors)``."""
-        vals = [None] * self.n_leaves
+        vals: list[Any] = [None] * self.n_leaves  # every entry is set below
         n = len(self.array_pos)
         for p, a in zip(self.array_pos, args[:n]):
             vals[p] = a
@@ -545,7 +565,7 @@ class _Layout:
             vals[p] = _convert_element_type(value, dtype, weak_type=weak)
         return vals
 
-    def pack(self, leaf_args, mesh):
+    def pack(self, leaf_args: Sequence[Any], mesh: jax.sharding.Mesh | None) -> list[jax.Array]:
         """Caller side: per-leaf arguments (Python numbers for scalars) to program arguments."""
         out = [
             leaf_args[p] if type(leaf_args[p]) is not Scalar else scalar_array(leaf_args[p].value, mesh)
@@ -556,7 +576,8 @@ class _Layout:
         return out
 
 
-def _baked(kind, value) -> tuple:
+def _baked(kind: str, value: Any) -> tuple[np.ndarray, np.dtype[Any], bool]:
+    # value: a bool, int or float, as ``kind`` says (a tag mypy cannot follow).
     """``(numpy value, dtype, weak)`` of a Python number as the program holds it (see :class:`_Layout`)."""
     _, np_type, dtype, weak = next(k for k in _SCALAR_KINDS if k[0] == kind)
     if kind == "i":
@@ -570,9 +591,9 @@ def _check_int32(value: int) -> None:
         raise OverflowError(f"Python int {value} too large to convert to int32")
 
 
-def _baked_key(plan) -> tuple:
+def _baked_key(plan: _Plan) -> tuple[tuple[int, str, bytes], ...]:
     """``ProgramKey.baked`` of ``plan`` compiled with ``bake=True``: which numbers, bit for bit."""
-    key = []
+    key: list[tuple[int, str, bytes]] = []
     for i, leaf in enumerate(plan.leaves):
         if type(leaf) is Scalar:
             kind = _scalar_kind(leaf.value)
@@ -581,7 +602,7 @@ def _baked_key(plan) -> tuple:
     return tuple(key)
 
 
-def _packed_array(kind, values, mesh):
+def _packed_array(kind: str, values: tuple[Any, ...], mesh: jax.sharding.Mesh | None) -> jax.Array:
     """A replicated device vector of ``values``; repeated value sets reuse one array."""
     # Floats by bit pattern (0.0 and -0.0 differ; one struct.pack for all).
     key = (kind, struct.pack(f"{len(values)}d", *values) if kind == "f" else values, mesh)
@@ -604,7 +625,12 @@ def _packed_array(kind, values, mesh):
     return arr
 
 
-def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None = None, sentinel: bool = False):
+def _make_fn(
+    plan: _Plan,
+    layout: _Layout | None = None,
+    outputs: tuple[tuple[int, int], ...] | None = None,
+    sentinel: bool = False,
+) -> Callable[..., list[jax.Array]]:
     """The program as a function of its arguments (``layout``: how leaves are passed;
     None passes one argument per leaf, as a nested body such as a shard_map region wants).
     ``outputs``: the ``(node, index)`` pairs it returns (default: the plan's).
@@ -612,11 +638,12 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
     if layout is None:
         layout = _Layout(plan, pack=False)
     nodes = [(n.fn, n.template, d, n.out_avals, n.name) for n, d in zip(plan.nodes, plan.draws)]
-    codes = plan.codes
+    # InputCode, read by ``type(c) is tuple``, which mypy does not narrow to int in the else branch.
+    codes: Sequence[tuple[Any, ...]] = plan.codes
     outputs = plan.outputs if outputs is None else outputs
     n_args = len(layout.array_pos) + len(layout.groups)
 
-    def run(*args):
+    def run(*args: jax.Array) -> list[jax.Array]:
         leaf_vals = layout.unpack(args[:n_args])
         key: Any = None  # a jax key; set whenever a node draws (draw >= 0 only in random plans)
         if plan_has_random:
@@ -639,7 +666,7 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
                 outs = tuple(o for o in outs if o is not None)
                 if len(outs) != len(avals):
                     raise LoweringError(f"lowering of {name} returned {len(outs)} tensors, torch expects {len(avals)}")
-            fixed = []
+            fixed: list[jax.Array] = []
             for o, (shape, dtype) in zip(outs, avals):
                 o = jnp.asarray(o)
                 if o.dtype != dtype:
@@ -662,7 +689,9 @@ def _make_fn(plan: _Plan, layout: _Layout | None = None, outputs: tuple | None =
     return run
 
 
-def _program_args(layout: _Layout, n_leaves: int, mesh, leaf_args) -> list:
+def _program_args(
+    layout: _Layout, n_leaves: int, mesh: jax.sharding.Mesh | None, leaf_args: Sequence[Any]
+) -> list[Any]:
     """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
     return layout.pack(leaf_args[:n_leaves], mesh) + list(leaf_args[n_leaves:])
 
@@ -693,38 +722,38 @@ class _Program:
             allocating a new one every step (design decision 23).
     """
 
-    compiled: Any
-    lowered: Any
+    compiled: jax.stages.Compiled
+    lowered: jax.stages.Lowered
     name: str
     n_leaves: int
     has_random: bool
-    mesh: Any
+    mesh: jax.sharding.Mesh | None
     layout: _Layout
-    out_map: tuple | None
-    donated: tuple
-    recycle: tuple = ()
+    out_map: tuple[int, ...] | None
+    donated: tuple[int, ...]
+    recycle: tuple[Recycled, ...] = ()
     aliases: int = 0
 
-    def call_args(self, leaf_args) -> list:
+    def call_args(self, leaf_args: Sequence[Any]) -> list[Any]:
         """Program arguments from per-leaf arguments (+ the random key, when it draws)."""
         return _program_args(self.layout, self.n_leaves, self.mesh, leaf_args)
 
 
 def _program_for(
     plan: _Plan,
-    donate: tuple,
-    out_shardings: tuple,
-    mesh=None,
-    recycle: tuple = (),
-    bake=False,
+    donate: tuple[bool, ...],
+    out_shardings: tuple[jax.sharding.Sharding | None, ...],
+    mesh: jax.sharding.Mesh | None = None,
+    recycle: tuple[int, ...] = (),
+    bake: bool = False,
     placement: InputPlacement | None = None,
-):
+) -> tuple[_Program, ProgramKey]:
     leaf_sigs = tuple([_leaf_sig(leaf) for leaf in plan.leaves])
     baked = _baked_key(plan) if bake else ()
     mode = None if placement is None else placement.mode
     key = ProgramKey(plan.key, leaf_sigs, donate, out_shardings, _precision.current(), recycle, baked, mode)
     cache = ENGINE.compile_cache
-    prog = cache.get(key)
+    prog: _Program | None = cache.get(key)
     if prog is not None:
         metrics.inc("CachedCompile")
         return prog, key
@@ -747,19 +776,19 @@ _PROGRAM_NUMBERS = itertools.count()
 
 def _compile_program(
     plan: _Plan,
-    donate: tuple,
-    out_shardings: tuple,
-    mesh,
+    donate: tuple[bool, ...],
+    out_shardings: tuple[jax.sharding.Sharding | None, ...],
+    mesh: jax.sharding.Mesh | None,
     name: str,
     matmul_precision: str = "highest",
-    recycle: tuple = (),
+    recycle: tuple[int, ...] = (),
     bake: bool = False,
 ) -> _Program:
     start = time.perf_counter()
     layout = _Layout(plan, bake=bake)
     # Storages whose values are the same output with the same placement get
     # one buffer (the program returns it once; execute() hands it to each).
-    unique: dict = {}
+    unique: dict[tuple[tuple[int, int], jax.sharding.Sharding | None], int] = {}
     out_map = tuple(unique.setdefault((o, sh), len(unique)) for o, sh in zip(plan.outputs, out_shardings))
     fn = _make_fn(plan, layout, tuple(o for o, _ in unique), sentinel=True)
     donate_idx = tuple(j for j, i in enumerate(layout.array_pos) if donate[i])
@@ -771,7 +800,7 @@ def _compile_program(
         # (the leaves first, so they keep the pairing pair_outputs chose).
         inner = fn
 
-        def fn(*args):
+        def fn(*args: jax.Array) -> list[jax.Array]:
             return inner(*args[:n_args])
 
         donate_idx += tuple(range(n_args, n_args + len(recycled)))
@@ -808,14 +837,15 @@ def _compile_program(
     return prog
 
 
-def _alias_count(compiled) -> int:
+def _alias_count(compiled: jax.stages.Compiled) -> int:
     """The input/output alias pairs of a compiled program, read off its HLO module's header.
 
     XLA, not JAX, decides which donated buffers an output reuses; the module's
     ``input_output_alias={ {out}: (param, {}, may-alias), ... }`` lists them.
     The text is printed once per compilation (large constants elided).
     """
-    modules = compiled.runtime_executable().hlo_modules()
+    # jax types runtime_executable() Optional; a compiled program always has one.
+    modules = compiled.runtime_executable().hlo_modules()  # type: ignore[union-attr]
     header = modules[0].to_string().split("\n", 1)[0] if modules else ""
     return len(_ALIAS_ENTRY.findall(header))
 
@@ -834,11 +864,11 @@ class Recycled(NamedTuple):
     """
 
     output: int
-    shape: tuple
-    dtype: Any
-    sharding: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    sharding: jax.sharding.Sharding
 
-    def fits(self, array) -> bool:
+    def fits(self, array: jax.Array) -> bool:
         """Whether ``array`` can be this buffer (same shape, dtype and sharding, not deleted)."""
         sharding = array.sharding  # usually the very object the last replay's output had
         return (
@@ -858,7 +888,9 @@ class Recycled(NamedTuple):
         return jax.make_array_from_callback(self.shape, self.sharding, lambda index: zero[index])
 
 
-def recycled_buffers(prog: _Program, targets, args) -> list:
+def recycled_buffers(
+    prog: _Program, targets: Sequence[_storage.Storage | None], args: Sequence[Any]
+) -> list[jax.Array]:
     """The buffers a replayed program's recycled outputs write into (``spmdtorch.compile``).
 
     Args:
@@ -875,12 +907,18 @@ def recycled_buffers(prog: _Program, targets, args) -> list:
         reads the old value first: pending values were computed before the
         call, and other holders rule the array out.
     """
-    out = []
-    arg_ids = None
+    out: list[jax.Array] = []
+    arg_ids: set[int] | None = None
     for r in prog.recycle:
         st = targets[r.output]
         value = None if st is None else st.value
-        if value is not None and type(value) is not LazyRef and _storage.sole_holder(value, st) and r.fits(value):
+        if (
+            st is not None  # (implied by value; said again for mypy)
+            and value is not None
+            and type(value) is not LazyRef
+            and _storage.sole_holder(value, st)
+            and r.fits(value)
+        ):
             if arg_ids is None:
                 arg_ids = {id(a) for a in args}
             if id(value) not in arg_ids:
@@ -890,13 +928,14 @@ def recycled_buffers(prog: _Program, targets, args) -> list:
     return out
 
 
-def _recycled(plan: _Plan, k: int, sharding) -> Recycled:
+def _recycled(plan: _Plan, k: int, sharding: jax.sharding.Sharding | None) -> Recycled:
+    assert sharding is not None  # _recycle_slots takes only outputs whose sharding is known
     node, index = plan.outputs[k]
     shape, dtype = plan.nodes[node].out_avals[index]
     return Recycled(k, tuple(shape), jnp.dtype(dtype), sharding)
 
 
-def _log_recompile(old, new, plan=None):
+def _log_recompile(old: ProgramKey | None, new: ProgramKey, plan: _Plan | None = None) -> None:
     """Say which input made this graph miss the cache (opt-in)."""
     if old is None:
         msg = "first compilation"
@@ -933,7 +972,7 @@ def _log_recompile(old, new, plan=None):
     log.warning(line)
 
 
-def scalar_array(value, mesh=None):
+def scalar_array(value: Any, mesh: jax.sharding.Mesh | None = None) -> jax.Array:
     """A replicated, weakly typed device array holding Python number ``value``.
 
     Passing a Python number to an executable copies it to every device on
@@ -957,15 +996,15 @@ def scalar_array(value, mesh=None):
     return arr
 
 
-def _call_args(plan: _Plan, mesh=None, draw_key=True) -> list:
+def _call_args(plan: _Plan, mesh: jax.sharding.Mesh | None = None, draw_key: bool = True) -> list[Any]:
     """Per-leaf arguments: arrays, and the ``Scalar`` leaves themselves (packed by ``_Program.call_args``)."""
-    args = list(plan.leaves)
+    args: list[Any] = list(plan.leaves)  # + the key's data (numpy)
     if plan.has_random:
         args.append(rng.next_key_data() if draw_key else rng.placeholder_key_data())
     return args
 
 
-def _run(refs, storages):
+def _run(refs: Sequence[LazyRef], storages: Sequence[_storage.Storage | None]) -> list[jax.Array]:
     """Compile (or reuse) and run the program computing ``refs``.
 
     Raises:
@@ -976,7 +1015,12 @@ def _run(refs, storages):
     return run_plan(_Plan(refs), storages)[0]
 
 
-def run_plan(plan: _Plan, storages, recycle=None, bake: bool = False):
+def run_plan(
+    plan: _Plan,
+    storages: Sequence[_storage.Storage | None],
+    recycle: dict[int, jax.Array | None] | None = None,
+    bake: bool = False,
+) -> tuple[list[jax.Array], _Program]:
     """Compile (or reuse) and run ``plan``; ``storages[i]`` receives output i.
 
     ``recycle``: ``{id(storage): the array it held before (None: none)}`` for
@@ -1026,10 +1070,11 @@ def run_plan(plan: _Plan, storages, recycle=None, bake: bool = False):
     )
     slots = _recycle_slots(plan, storages, out_shardings, recycle, read_ids) if recycle else ()
     prog, _ = _program_for(plan, donate, out_shardings, mesh, slots, bake, placement)
-    buffers = []
+    buffers: list[jax.Array] = []
     given: set[int] = set()
     for r in prog.recycle:  # empty without ``recycle``
-        old = recycle[id(storages[r.output])]
+        # (Runs only for a program with recycled outputs, made only with ``recycle``.)
+        old = recycle[id(storages[r.output])] if recycle is not None else None
         if old is not None and id(old) not in given and _storage.holder_of(old) is None and r.fits(old):
             given.add(id(old))
             buffers.append(old)
@@ -1038,9 +1083,15 @@ def run_plan(plan: _Plan, storages, recycle=None, bake: bool = False):
     return execute(prog, _call_args(plan, mesh), buffers), prog
 
 
-def _recycle_slots(plan: _Plan, storages, out_shardings, recycle, read_ids) -> tuple:
+def _recycle_slots(
+    plan: _Plan,
+    storages: Sequence[_storage.Storage | None],
+    out_shardings: Sequence[jax.sharding.Sharding | None],
+    recycle: dict[int, jax.Array | None],
+    read_ids: set[int],
+) -> tuple[int, ...]:
     """Positions of the outputs that take a recycled buffer (``run_plan``)."""
-    counts: dict = {}
+    counts: dict[tuple[tuple[int, int], jax.sharding.Sharding | None], int] = {}
     for o, sh in zip(plan.outputs, out_shardings):
         counts[(o, sh)] = counts.get((o, sh), 0) + 1
     slots = []
@@ -1058,7 +1109,7 @@ def _recycle_slots(plan: _Plan, storages, out_shardings, recycle, read_ids) -> t
 # before_next_execution. Guarded by ENGINE.before_next_lock.
 
 
-def before_next_execution(fn) -> None:
+def before_next_execution(fn: Callable[[], None]) -> None:
     """Call ``fn()`` right before the next program execution (or at :func:`flush_before_next`).
 
     For work that reads arrays the next step may donate but should not hold up
@@ -1091,7 +1142,7 @@ def _run_owed() -> None:
             owed.pop(0)
 
 
-def execute(prog: _Program, args, recycled=()) -> list:
+def execute(prog: _Program, args: Sequence[Any], recycled: Sequence[jax.Array] = ()) -> list[jax.Array]:
     """Run a compiled program asynchronously, bounding executions in flight.
 
     ``recycled``: one buffer per ``prog.recycle`` entry, donated (see :class:`_Program`).
@@ -1105,6 +1156,7 @@ def execute(prog: _Program, args, recycled=()) -> list:
     call = prog.call_args(args)
     if recycled:
         call += recycled
+    outs: list[jax.Array]  # jax.stages.Compiled.__call__ is typed Any (a bare annotation: no runtime work)
     if _profiling.STATE.active:
         with jax.profiler.TraceAnnotation(prog.name):
             outs = prog.compiled(*call)
@@ -1120,7 +1172,7 @@ def execute(prog: _Program, args, recycled=()) -> list:
     return outs
 
 
-def _replicated_on(mesh):
+def _replicated_on(mesh: jax.sharding.Mesh | None) -> jax.sharding.Sharding:
     """Replicated over ``mesh`` (None: the default placement's devices)."""
     if mesh is None:
         return replicated_sharding()
@@ -1135,7 +1187,7 @@ def _bound_in_flight(limit: int) -> None:
         sentinel.block_until_ready()
 
 
-def _padded_output(st):
+def _padded_output(st: _storage.Storage) -> LazyRef:
     """The value a storage receives: padded when its sharding is uneven."""
 
     ref = st.value
@@ -1143,19 +1195,34 @@ def _padded_output(st):
     target = None if st.sharding is None else padding.padded_shape(shape, st.sharding)
     if target is None:
         st.logical_shape = None
-        return ref
+        # Not a stub gap: ``st.value`` is a LazyRef here (pending_storages keeps
+        # only those), a filter mypy cannot follow into this call; a cast would
+        # cost a call per program output.
+        return ref  # type: ignore[return-value]
     st.logical_shape = shape
-    return record(padding.pad_to, "pad_to_shards", ((Slot(0),), (("shape", target),)), [ref], ((target, ref.dtype),))
+    padded: LazyRef = record(
+        padding.pad_to, "pad_to_shards", ((Slot(0),), (("shape", target),)), [ref], ((target, ref.dtype),)
+    )
+    return padded
 
 
-def pending_storages() -> list:
+def pending_storages() -> list[_storage.Storage]:
     """Live storages whose value is pending (what the next barrier computes)."""
     live = [st for st in list(_storage.PENDING) if isinstance(st.value, LazyRef)]
     live.sort(key=lambda st: st.pseq)
     return live
 
 
-def sync(wait: bool = False, _on_plan=None, _recycle=None, _bake: bool = False) -> None:
+#: ``sync``'s ``_on_plan(plan, storages, program)``: called with what a sync compiled and ran (``spmdtorch.compile``).
+OnPlan = Callable[[_Plan, list[_storage.Storage], _Program], None]
+
+
+def sync(
+    wait: bool = False,
+    _on_plan: OnPlan | None = None,
+    _recycle: dict[int, jax.Array | None] | None = None,
+    _bake: bool = False,
+) -> None:
     """Compute every pending live tensor in one compiled program.
 
     Args:
@@ -1171,7 +1238,9 @@ def sync(wait: bool = False, _on_plan=None, _recycle=None, _bake: bool = False) 
         _sync(wait, _on_plan, _recycle, _bake)
 
 
-def _sync(wait: bool, _on_plan, _recycle=None, _bake: bool = False) -> None:
+def _sync(
+    wait: bool, _on_plan: OnPlan | None, _recycle: dict[int, jax.Array | None] | None = None, _bake: bool = False
+) -> None:
     metrics.inc("MarkStep")
     if _storage.ON_HOST:  # a barrier places what is still on the host (deferred upload), as PyTorch/XLA's sync
         _storage.upload_on_host()
@@ -1228,10 +1297,10 @@ class LoweredProgram(NamedTuple):
             shardings (``{devices=[2,4]<=[8]}``) are positions in this tuple.
     """
 
-    lowered: Any
-    args: tuple
+    lowered: jax.stages.Lowered
+    args: tuple[Any, ...]
     roles: tuple[str, ...]
-    devices: tuple
+    devices: tuple[jax.Device, ...]
 
 
 def lower_program(
@@ -1250,7 +1319,7 @@ def lower_program(
     refs = [r for r in roots if type(r) is LazyRef]
     plan, layout, inner, mesh, leaf_args = _prepare_inspection(refs, bake=True)
     n = len(plan.leaves)
-    args = layout.pack(leaf_args[:n], mesh)
+    args: list[Any] = layout.pack(leaf_args[:n], mesh)  # + key data (numpy) and computed roots
     roles = ["data" if type(plan.leaves[p]) is not Scalar else "scalar" for p in layout.array_pos]
     if plan.has_random:
         args.append(rng.placeholder_key_data() if key_data is None else np.asarray(key_data, np.uint32))
@@ -1271,7 +1340,7 @@ def lower_program(
             roles.append("data")
         where.append(-1 - same)
 
-    def program(*xs):
+    def program(*xs: jax.Array) -> list[jax.Array]:
         outs = inner(*xs[:n_inner]) if refs else []
         return [outs[w] if w >= 0 else xs[-1 - w] for w in where]
 
@@ -1279,14 +1348,14 @@ def lower_program(
     with jax.default_matmul_precision(_precision.current()):
         lowered = jax.jit(program).lower(*args)
     # jit assigns devices in the order of the mesh its shardings name (all one mesh).
-    home = mesh
+    home: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = mesh
     if home is None:
         named = [a.sharding for a in args if isinstance(getattr(a, "sharding", None), jax.sharding.NamedSharding)]
         home = named[0].mesh if named else replicated_sharding().mesh
     return LoweredProgram(lowered, tuple(args), tuple(roles), tuple(home.devices.flat))
 
 
-def lower(refs):
+def lower(refs: Sequence[LazyRef]) -> jax.stages.Lowered:
     """``jax.stages.Lowered`` for the program computing ``refs`` (for debugging).
 
     No random key is drawn: the placeholder key lowers the same program, and
@@ -1299,7 +1368,9 @@ def lower(refs):
         return jax.jit(fn).lower(*layout.pack(leaf_args[:n], mesh), *leaf_args[n:])
 
 
-def _prepare_inspection(refs, *, bake: bool):
+def _prepare_inspection(
+    refs: Sequence[LazyRef], *, bake: bool
+) -> tuple[_Plan, _Layout, Callable[..., list[jax.Array]], jax.sharding.Mesh | None, list[Any]]:
     """The plan, layout, function, mesh and arguments of the program computing ``refs``, for lowering only.
 
     Inputs are placed (auto mode) and re-homed for this plan alone

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 
@@ -73,6 +73,7 @@ def fill(x: Any, vals: Sequence[Any]) -> Any:
     return x
 
 
+@final  # no subclasses: ``type(x) is Scalar`` tests then narrow for mypy, both ways
 class Scalar:
     """A Python number passed as a runtime input (so its value is not baked in).
 
@@ -182,6 +183,7 @@ class Node:
         return f"Node({self.name}, inputs={len(self.inputs)})"
 
 
+@final  # no subclasses: ``type(x) is LazyRef`` tests then narrow for mypy, both ways
 class LazyRef:
     """Output ``index`` of ``node``: a pending value with a known shape/dtype."""
 
