@@ -229,11 +229,12 @@ def _collectives(hlo: str) -> list[tuple[str, str, str]]:
     return sorted(_COLLECTIVE.findall(hlo))
 
 
-def _tp_step_hlo(model: nn.Module, mesh) -> str:
-    # A dp x tp step: the batch split over dp (mark_sharding), the MLP's weights over tp.
+def _tp_step_hlo(model: nn.Module, mesh, batch_axes: tuple[str, ...]) -> str:
+    # One step: the batch split over `batch_axes` (mark_sharding), the MLP's weights over tp.
     m = spmd_mesh(mesh)
-    x = mark_sharding(torch.randn(8, 6, 16).to("xla"), m, ("dp", None, None))
-    target = mark_sharding(torch.randn(8, 6, 16).to("xla"), m, ("dp", None, None))
+    batch = batch_axes if len(batch_axes) > 1 else batch_axes[0]
+    x = mark_sharding(torch.randn(8, 6, 16).to("xla"), m, (batch, None, None))
+    target = mark_sharding(torch.randn(8, 6, 16).to("xla"), m, (batch, None, None))
     F.mse_loss(model(x), target).backward()
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()]
     hlo = debug.get_hlo_text(grads, optimized=True)
@@ -241,16 +242,21 @@ def _tp_step_hlo(model: nn.Module, mesh) -> str:
     return hlo
 
 
-def test_tp_step_has_the_collectives_of_the_mark_sharding_program(mesh2):
+@pytest.mark.parametrize(
+    ("shape", "names", "batch_axes"),
+    [((2, 4), ("dp", "tp"), ("dp",)), ((2, 2, 2), ("dp", "cp", "tp"), ("dp", "cp"))],
+)
+def test_tp_step_has_the_collectives_of_the_mark_sharding_program(devices8, shape, names, batch_axes):
+    mesh = init_device_mesh("xla", shape, mesh_dim_names=names)
     torch.manual_seed(4)
     ref = SwiGLU()
     plan = {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()}
-    dtensor_hlo = _tp_step_hlo(parallelize_module(copy.deepcopy(ref), mesh2["tp"], plan), mesh2)
+    dtensor_hlo = _tp_step_hlo(parallelize_module(copy.deepcopy(ref), mesh["tp"], plan), mesh, batch_axes)
     marked = copy.deepcopy(ref).to("xla")
     for name, spec in [("w1.weight", ("tp", None)), ("w1.bias", ("tp",)), ("w3.weight", ("tp", None))]:
-        mark_sharding(marked.get_parameter(name), spmd_mesh(mesh2), spec)
-    mark_sharding(marked.w2.weight, spmd_mesh(mesh2), (None, "tp"))
-    marked_hlo = _tp_step_hlo(marked, mesh2)
+        mark_sharding(marked.get_parameter(name), spmd_mesh(mesh), spec)
+    mark_sharding(marked.w2.weight, spmd_mesh(mesh), (None, "tp"))
+    marked_hlo = _tp_step_hlo(marked, mesh, batch_axes)
     found = _collectives(dtensor_hlo)
     assert found, "the tensor-parallel step has no collective (the row-wise all-reduce is missing)"
     assert found == _collectives(marked_hlo)

@@ -201,3 +201,29 @@ def test_sub_mesh_placements_leave_the_other_axes_to_gspmd(mesh2):
     # On a mesh spanning every root axis the placement is the whole layout.
     e = from_local(torch.randn(8, 4).to("xla"), mesh2, [Replicate(), Shard(0)])
     assert _spec_of(e) == _marked(mesh2, torch.zeros(8, 4), ("tp", None))
+
+
+def test_partial_results_redistribute_to_any_layout(mesh2):
+    # Row-wise products are Partial over tp; turning them into Shard is DTensor's reduce-scatter.
+    a, b = torch.randn(8, 8), torch.randn(8, 6)
+    da = distribute_tensor(a, mesh2, [Replicate(), Shard(1)])
+    db = distribute_tensor(b, mesh2, [Replicate(), Shard(0)])
+    p = da @ db
+    assert p.placements == (Replicate(), Partial())
+    s = p.redistribute(mesh2, [Replicate(), Shard(0)])
+    assert s.placements == (Replicate(), Shard(0))
+    assert _spec_of(s) == _marked(mesh2, torch.zeros(8, 6), ("tp", None))
+    torch.testing.assert_close(s.full_tensor().cpu(), a @ b)
+    # to another mesh over the same devices (the tp sub-mesh): a layout change like any other
+    t = s.redistribute(mesh2["tp"], [Shard(1)])
+    assert t.device_mesh == mesh2["tp"] and t.placements == (Shard(1),)
+    torch.testing.assert_close(t.full_tensor().cpu(), a @ b)
+
+
+def test_gradient_through_to_local_with_grad_placements(mesh2):
+    x = torch.randn(8, 4)
+    d = distribute_tensor(x, mesh2, [Shard(0), Replicate()]).requires_grad_(True)
+    local = d.to_local(grad_placements=[Replicate(), Replicate()])
+    (local * 3).sum().backward()
+    assert d.grad.placements == (Replicate(), Replicate())
+    torch.testing.assert_close(d.grad.full_tensor().cpu(), torch.full((8, 4), 3.0))
