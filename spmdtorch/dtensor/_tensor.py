@@ -307,11 +307,33 @@ class _Propagate(TorchDispatchMode):
 
 
 # -- the class ---------------------------------------------------------------------------
+# Python's in-place operators (x += y) and item assignment; other dunders (__int__, __index__) read.
+_INPLACE_DUNDERS = frozenset(
+    f"__i{op}__"
+    for op in (
+        "add",
+        "sub",
+        "mul",
+        "matmul",
+        "truediv",
+        "floordiv",
+        "mod",
+        "pow",
+        "and",
+        "or",
+        "xor",
+        "lshift",
+        "rshift",
+    )
+) | {"__setitem__"}
+
+
 def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a torch function writes its first argument (``x.add_``, ``x += y``, ``x[i] = v``) or ``out=``."""
     name = getattr(func, "__name__", "")
     if "out" in kwargs:
         return True
-    return (name.endswith("_") and not name.startswith("__")) or name in ("__setitem__",) or name.startswith("__i")
+    return (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
 
 
 _NO_WRAP = torch.overrides.get_default_nowrap_functions()

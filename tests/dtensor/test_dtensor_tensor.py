@@ -162,6 +162,11 @@ def test_inplace_on_grad_dtensor_is_a_named_error(mesh2):
     h = d.requires_grad_(True) * 2
     with pytest.raises(InplaceGradError, match="out of place"):
         h.relu_()
+    with pytest.raises(InplaceGradError, match="in-place op"):
+        h += 1
+    # Reading dunders are not writes.
+    total = h.sum().detach()
+    assert int(total) == int(float(total)) and h.shape.__len__() == 2
     with torch.no_grad():
         before = d.full_tensor().cpu()
         assert d.add_(1) is d
