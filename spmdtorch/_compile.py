@@ -49,19 +49,21 @@ from spmdtorch import _guards, config
 from spmdtorch import _hparam_inputs as _hp
 from spmdtorch.lazy import (
     TRACE_HOOK,
+    CompileCache,
     Storage,
-    _precision,
-    _profiling,
     caches,
     executor,
     holders_of,
     metrics,
     padding,
     paused_gc,
+    precision,
+    profiling,
     rng,
 )
-from spmdtorch.lazy._engine import CompileCache
-from spmdtorch.lazy._trace_records import (
+from spmdtorch.lazy.contract import CompileContractError, TraceState, begin_trace, end_trace, tracing
+from spmdtorch.lazy.graph import LazyRef, Scalar
+from spmdtorch.lazy.trace_records import (
     AliasResult,
     ArgInput,
     ArgResult,
@@ -78,8 +80,7 @@ from spmdtorch.lazy._trace_records import (
     TensorMeta,
     ValueResult,
 )
-from spmdtorch.lazy.contract import CompileContractError, TraceState, begin_trace, end_trace, tracing
-from spmdtorch.lazy.graph import LazyRef, Scalar
+from spmdtorch.tensor import storage_of, view_chain
 from spmdtorch.tensor.device_mode import to_xla
 from spmdtorch.tensor.dispatch import read_value
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
@@ -180,12 +181,12 @@ def _pin_grad_shardings(made: frozenset) -> None:
         for group in opt.param_groups:
             for p in group["params"]:
                 g = p.grad
-                if not (isinstance(g, XlaTensor) and isinstance(p, XlaTensor)) or id(g._st) not in made:
+                if not (isinstance(g, XlaTensor) and isinstance(p, XlaTensor)) or id(storage_of(g)) not in made:
                     continue
-                st = g._st
-                if st.sharding is not None or p._chain or p._st.logical_shape is not None:
+                st = storage_of(g)
+                if st.sharding is not None or view_chain(p) or storage_of(p).logical_shape is not None:
                     continue
-                sharding = _base_sharding(g, p._st.sharding)
+                sharding = _base_sharding(g, storage_of(p).sharding)
                 if sharding is not None and padding.padded_shape(tuple(st.value.shape), sharding) is None:
                     st.sharding = sharding
 
@@ -200,9 +201,9 @@ def _base_sharding(t: XlaTensor, sharding):
     """
     if not isinstance(sharding, jax.sharding.NamedSharding) or t.storage_offset() != 0 or not t.is_contiguous():
         return None
-    base = tuple(t._st.value.shape)
+    base = tuple(storage_of(t).value.shape)
     shape = tuple(t.shape)
-    chain = t._chain
+    chain = view_chain(t)
     if all(step.op is torch.ops.aten.t.default for step in chain) and len(chain) % 2 == 0:
         return sharding if base == shape else None
     if len(chain) != 1 or chain[0].op not in (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default):
@@ -357,14 +358,14 @@ def _signature(flat_args, spec):
     autocast = torch.is_autocast_enabled("xla")
     sig: list[Any] = [
         spec,
-        _precision.current(),
+        precision.current(),
         torch.is_grad_enabled(),
         torch.get_autocast_dtype("xla") if autocast else None,
     ]
     storages: list[Storage] = []
     for a in flat_args:
         if isinstance(a, XlaTensor):
-            st = a._st
+            st = storage_of(a)
             alias = next((i for i, s in enumerate(storages) if s is st), -1)
             storages.append(st)
             base = st.value
@@ -376,7 +377,7 @@ def _signature(flat_args, spec):
                     alias,  # _mk: (shape, stride, offset, dtype)
                     tuple(base.shape),
                     getattr(base, "sharding", None),
-                    len(a._chain),
+                    len(view_chain(a)),
                 )
             )
         elif isinstance(a, torch.Tensor):
@@ -545,7 +546,7 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if _TraceState.active:  # nested: just inline
             return self.fn(*args, **kwargs)
-        if _profiling.STATE.active:
+        if profiling.STATE.active:
             name = getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
             with jax.profiler.TraceAnnotation(f"spmdtorch.compiled:{name}"):
                 return self._call(args, kwargs)
@@ -692,7 +693,7 @@ class CompiledFunction:
             arg_arrays: dict[int, int] = {}  # id(jax.Array) -> flat argument index
             for i, a in enumerate(flat_in):
                 if isinstance(a, XlaTensor):
-                    arg_arrays.setdefault(id(a._st.value), i)
+                    arg_arrays.setdefault(id(storage_of(a).value), i)
             result = self.fn(*args, **kwargs)
             res_flat, res_spec = pytree.tree_flatten(result)
             # A replay returns tensors without autograd history; so does a trace.
@@ -715,7 +716,7 @@ class CompiledFunction:
             # What fn made and kept without returning it (gradients, new optimizer
             # state) and the state it overwrote: a replay overwrites them again,
             # so their old buffers can take the new values (executor.Recycled).
-            returned = {id(r._st) for r in res_flat if isinstance(r, XlaTensor)}
+            returned = {id(storage_of(r)) for r in res_flat if isinstance(r, XlaTensor)}
             made = frozenset(created - returned)
             _pin_grad_shardings(made)
             recycle: dict[int, Any] = dict.fromkeys(made)
@@ -752,11 +753,11 @@ class CompiledFunction:
         arg_storages: dict[int, int] = {}  # id(Storage) -> flat argument index
         for i, a in enumerate(flat_in):
             if isinstance(a, XlaTensor):
-                arg_storages.setdefault(id(a._st), i)
+                arg_storages.setdefault(id(storage_of(a)), i)
         returned: dict[int, int] = {}  # id(Storage) -> result leaf index
         for i, r in enumerate(res_flat):
             if isinstance(r, XlaTensor):
-                returned.setdefault(id(r._st), i)
+                returned.setdefault(id(storage_of(r)), i)
         # Inputs: where each leaf of the program comes from on the next call.
         roles: list[InputRole] = []
         scalars: list[tuple[Any, Any]] = []
@@ -808,14 +809,14 @@ class CompiledFunction:
         out_pos = {id(st): k for k, st in enumerate(storages)}
         for r in res_flat:
             if isinstance(r, XlaTensor):
-                k = out_pos.get(id(r._st))
-                meta = TensorMeta(tuple(r.shape), r.stride(), int(r.storage_offset()), r.dtype, r._chain)
+                k = out_pos.get(id(storage_of(r)))
+                meta = TensorMeta(tuple(r.shape), r.stride(), int(r.storage_offset()), r.dtype, view_chain(r))
                 if k is not None and type(targets[k]) is FreshOutput:
                     res_leaves.append(FreshResult(k, meta))
-                elif id(r._st) in arg_storages:
-                    res_leaves.append(ArgResult(arg_storages[id(r._st)], meta))
+                elif id(storage_of(r)) in arg_storages:
+                    res_leaves.append(ArgResult(arg_storages[id(storage_of(r))], meta))
                 else:
-                    res_leaves.append(AliasResult(weakref.ref(r._st), meta))
+                    res_leaves.append(AliasResult(weakref.ref(storage_of(r)), meta))
             elif isinstance(r, torch.Tensor):
                 res_leaves.append(ConstResult(r))
             else:
@@ -971,7 +972,8 @@ class CompiledFunction:
                             return _RETRACE
                     args.append(value)
                 elif type(role) is ArgInput:
-                    value = flat_in[role.index]._st.value
+                    # Concrete: a call's pending inputs are synced before its signature is taken.
+                    value = cast(jax.Array, storage_of(flat_in[role.index]).value)
                     if role.placement is not None and value.sharding != role.placement:
                         value = executor.rehome(value, role.placement)
                     args.append(value)
@@ -1013,7 +1015,7 @@ class CompiledFunction:
                     st = Storage(outs[k])
                     res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
                 case ArgResult(index, m):
-                    st = flat_in[index]._st
+                    st = storage_of(flat_in[index])
                     res.append(XlaTensor(st, m.chain, m.shape, m.stride, m.offset, m.dtype))
                 case AliasResult(ref, m):
                     alias = cast(Storage, ref())  # alive: checked before running

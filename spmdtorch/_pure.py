@@ -79,7 +79,7 @@ from spmdtorch._vjp_nodes import (
 )
 from spmdtorch.lazy import caches
 from spmdtorch.lazy.graph import LazyRef
-from spmdtorch.tensor import subgraph
+from spmdtorch.tensor import storage_of, subgraph, view_chain
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -247,7 +247,7 @@ def _outputs(entry: _Entry, refs: list[Any]) -> list[XlaTensor]:
     for r, dt, sh in zip(refs, entry.sub.out_dtypes, entry.out_shardings):
         t = new_base(r, dt, sharding=sh)
         if sh is not None:
-            t._st.annotated = True
+            storage_of(t).annotated = True
         outs.append(t)
     return outs
 
@@ -478,7 +478,9 @@ class PureFunction:
                         f"{what} reads {origin} that requires grad and is not one of its arguments: it would "
                         "get no gradient. Pass it as an argument (a module's own parameters are arguments already)"
                     )
-            shardings = tuple(o._st.sharding if not o._chain and o._st.annotated else None for o in out_tensors)
+            shardings = tuple(
+                storage_of(o).sharding if not view_chain(o) and storage_of(o).annotated else None for o in out_tensors
+            )
             sub = subgraph.end(rec, out_tensors, arg_names)
         except subgraph.SubgraphError as e:
             subgraph.abort(rec)

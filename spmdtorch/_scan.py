@@ -75,7 +75,7 @@ from spmdtorch._vjp_nodes import (
 from spmdtorch.lazy import caches
 from spmdtorch.lazy.constraint import record_constraint
 from spmdtorch.lazy.graph import LazyRef, Scalar
-from spmdtorch.tensor import subgraph
+from spmdtorch.tensor import storage_of, subgraph, view_chain
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -370,9 +370,9 @@ class _Call:
 
 def _param_spec(t: torch.Tensor) -> tuple[Any, Any] | None:
     """``(mesh, spec of the stacked array)`` when ``t``'s value is sharded over a named mesh."""
-    if not isinstance(t, XlaTensor) or t._chain:
+    if not isinstance(t, XlaTensor) or view_chain(t):
         return None
-    st = t._st
+    st = storage_of(t)
     sh = st.sharding
     if sh is None and not isinstance(st.value, LazyRef):
         sh = getattr(st.value, "sharding", None)
@@ -384,7 +384,7 @@ def _param_spec(t: torch.Tensor) -> tuple[Any, Any] | None:
 
 def _annotate(t: torch.Tensor, sharding: jax.sharding.NamedSharding) -> None:
     """Give the fresh (pending) tensor ``t`` a sharding it keeps, as ``mark_sharding`` does for a pending value."""
-    st = _check_tensor(t, "a stacked layer tensor")._st
+    st = storage_of(_check_tensor(t, "a stacked layer tensor"))
     st.set(record_constraint(read_value(t), sharding))
     st.sharding = sharding
     st.annotated = True

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from spmdtorch._checks import ArgumentTypeError, check_bool, check_callable, check_instance
-from spmdtorch.lazy import _profiling, executor, paused_gc
+from spmdtorch.lazy import executor, paused_gc, profiling
 
 __all__ = ["add_step_closure", "mark_step", "step", "sync", "wait_device_ops"]
 
@@ -160,7 +160,7 @@ def _step(pause_gc: bool) -> Iterator[None]:
         # While profiling, each block is one step on the trace ("spmdtorch.step", step_num);
         # otherwise no annotation object is made at all (one flag test per step).
         number = next(_STEP_NUMBERS)
-        annotation = _profiling.step_annotation("spmdtorch.step", number) if _profiling.STATE.active else None
+        annotation = profiling.step_annotation("spmdtorch.step", number) if profiling.STATE.active else None
         if annotation is not None:
             annotation.__enter__()
         try:

@@ -51,7 +51,7 @@ from spmdtorch.fsdp import FSDP_AXIS, param_spec
 from spmdtorch.lazy import Storage, executor, padding
 from spmdtorch.mesh import Mesh
 from spmdtorch.sharding import ShardingError, mark_sharding, match_rules
-from spmdtorch.tensor import transfer
+from spmdtorch.tensor import storage_of, transfer, view_chain
 from spmdtorch.tensor.xla_tensor import XlaTensor, contiguous_strides
 
 __all__ = ["PretrainedLoad", "UninitializedTensorsError", "load_pretrained"]
@@ -256,7 +256,7 @@ def _check_values(targets: Mapping[int, _Target], sources: Mapping[str, _SourceI
                 f"{where}: {src.file}[{src.key!r}] has dtype {src.dtype}, the model's {target.source} is "
                 f"{t.dtype}; pass cast=True to convert, or build the model in {src.dtype}"
             )
-        if isinstance(t, XlaTensor) and t._chain:
+        if isinstance(t, XlaTensor) and view_chain(t):
             raise UnsupportedValueError(
                 f"the model's {target.source} is a view of another tensor; load into a model whose "
                 "tensors own their data"
@@ -446,7 +446,7 @@ def _initialise(
             typing.cast(XlaTensor, nn.Parameter(data, requires_grad=t.requires_grad)) if target.is_param else data
         )
         _replace(target, new)
-        versions[key] = new._st.version
+        versions[key] = storage_of(new).version
         for mod, _ in target.places:
             if all(mod is not o for o in owners):
                 owners.append(mod)
@@ -467,7 +467,7 @@ def _initialise(
 
 
 def _version(target: _Target) -> int:
-    return typing.cast(XlaTensor, target.tensor)._st.version
+    return storage_of(typing.cast(XlaTensor, target.tensor)).version
 
 
 def _by_file(targets: Mapping[int, _Target], sources: Mapping[str, _SourceInfo]) -> dict[str, list[int]]:

@@ -55,6 +55,7 @@ from spmdtorch import _checks
 from spmdtorch.checkpoint import placement
 from spmdtorch.checkpoint._cpu_shards import CpuShards, is_sharded
 from spmdtorch.checkpoint.errors import CheckpointArgumentTypeError, UnsafeEntryError, UnsupportedValueError
+from spmdtorch.tensor import view_chain
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["SPMDLoadPlanner", "SPMDSavePlanner"]
@@ -277,7 +278,7 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
         self._xla: dict[str, _LoadTensor] = {}
         for fqn, obj in self.state_dict.items():
             if isinstance(obj, XlaTensor):
-                if obj._chain:
+                if view_chain(obj):
                     raise UnsupportedValueError(
                         f"state_dict[{fqn!r}] is a view of another tensor (shape {tuple(obj.shape)}); load into "
                         "the base tensor, or t.clone() the view first"

@@ -28,7 +28,7 @@ from spmdtorch.checkpoint.errors import UnsupportedValueError
 from spmdtorch.checkpoint.tree import KeyPath, keystr
 from spmdtorch.lazy import caches, executor, padding
 from spmdtorch.lazy.graph import LazyRef
-from spmdtorch.tensor import transfer
+from spmdtorch.tensor import storage_of, transfer, view_chain
 from spmdtorch.tensor.dispatch import concrete_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -69,7 +69,7 @@ class Layout:
 
 
 def _concrete_storage_value(t: XlaTensor) -> jax.Array:
-    st = t._st
+    st = storage_of(t)
     if isinstance(st.value, LazyRef):
         executor.sync()
     # After a sync every live storage holds a concrete jax.Array (Storage.value
@@ -79,13 +79,13 @@ def _concrete_storage_value(t: XlaTensor) -> jax.Array:
 
 def layout_of(t: XlaTensor, path: KeyPath) -> Layout:
     """The layout a restored value must take to replace ``t``'s data in place."""
-    if t._chain:
+    if view_chain(t):
         raise UnsupportedValueError(
             f"state{keystr(path)} is a view of another tensor (shape {tuple(t.shape)}); load into the "
             "base tensor, or t.clone() the view first"
         )
     value = _concrete_storage_value(t)
-    sharding = t._st.sharding or value.sharding
+    sharding = storage_of(t).sharding or value.sharding
     return Layout(sharding, value.shape, tuple(t.shape), value.dtype)
 
 
@@ -141,7 +141,7 @@ def save_value(t: XlaTensor) -> tuple[jax.Array, jax.Array, tuple[int, ...] | No
     The array to save has the tensor's logical shape and an even sharding;
     the fingerprint reads the storage itself (padding excluded).
     """
-    if t._chain:
+    if view_chain(t):
         value = concrete_value(t)
         return value, value, None
     value = _concrete_storage_value(t)
@@ -154,7 +154,7 @@ def save_value(t: XlaTensor) -> tuple[jax.Array, jax.Array, tuple[int, ...] | No
 
 def install(t: XlaTensor, array: jax.Array) -> None:
     """Make ``array`` (the target's layout) the new data of xla tensor ``t``, in place."""
-    st = t._st
+    st = storage_of(t)
     st.set(array)  # also drops the storage's cached view values (Storage.vcache)
 
 

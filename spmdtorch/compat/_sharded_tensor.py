@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from spmdtorch import sharding
 from spmdtorch.compat.errors import CompatError
-from spmdtorch.tensor import XlaTensor
+from spmdtorch.tensor import XlaTensor, storage_of, view_chain
 
 __all__ = [
     "PlacementsUnavailableError",
@@ -229,8 +229,8 @@ class XLAShardedTensor(DTensor, XlaTensor):
         requires_grad = bool(kwargs.get("requires_grad", False))
         r = XlaTensor.__new__(
             cls,
-            elem._st,
-            elem._chain,
+            storage_of(elem),
+            view_chain(elem),
             tuple(elem.shape),
             elem.stride(),
             elem.storage_offset(),

@@ -44,8 +44,7 @@ from spmdtorch.debug.profiler import (
     trace_detached,
     trace_me,
 )
-from spmdtorch.lazy import caches, executor, manual, metrics, rng
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import ENGINE, caches, executor, manual, metrics, rng
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor.dispatch import read_value
 from spmdtorch.tensor.xla_tensor import XlaTensor

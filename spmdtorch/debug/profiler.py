@@ -47,7 +47,7 @@ from spmdtorch import _checks
 from spmdtorch._checks import ArgumentError, ArgumentTypeError
 from spmdtorch._step import mark_step
 from spmdtorch.debug._activity import DeviceActivity, activity_of, newest_xspace
-from spmdtorch.lazy import _profiling, executor
+from spmdtorch.lazy import executor, profiling
 
 __all__ = [
     "DeviceActivity",
@@ -198,7 +198,7 @@ def start_trace(
         except RuntimeError as e:  # started through jax.profiler directly
             raise ProfilerError(f"cannot start a trace into {path!r}: {e}") from e
         _CAPTURE.logdir = path
-        _profiling.STATE.acquire()
+        profiling.STATE.acquire()
 
 
 def stop_trace() -> Path:
@@ -224,7 +224,7 @@ def stop_trace() -> Path:
             try:
                 jax.profiler.stop_trace()
             finally:
-                _profiling.STATE.release()
+                profiling.STATE.release()
     return _latest_run(logdir)
 
 
@@ -404,7 +404,7 @@ def start_server(port: int, only_on_master: bool = True) -> Any:
         except (ValueError, RuntimeError) as e:
             raise ProfilerError(f"cannot start a profiler server on port {port}: {e}") from e
         _CAPTURE.server_port = port
-        _profiling.STATE.acquire()
+        profiling.STATE.acquire()
     return _CAPTURE.server
 
 
@@ -432,7 +432,7 @@ def stop_server() -> None:
             jax.profiler.stop_server()
         finally:
             _CAPTURE.server = _CAPTURE.server_port = None
-            _profiling.STATE.release()
+            profiling.STATE.release()
 
 
 def _local_hosts() -> set[str]:

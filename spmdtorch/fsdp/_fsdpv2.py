@@ -56,6 +56,7 @@ from spmdtorch.sharding import (
     mark_sharding,
     tensor_sharding,
 )
+from spmdtorch.tensor import storage_of, view_chain
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -132,7 +133,7 @@ def _output_spec(ndim: int, extra_data_axis: str | None) -> tuple[str | tuple[st
 
 def _is_sharded(p: torch.Tensor) -> bool:
     """Annotated (any spec, replicated included), or concrete data split across devices."""
-    if cast(XlaTensor, p)._st.annotated:  # the wrapper moved the module to xla first
+    if storage_of(cast(XlaTensor, p)).annotated:  # the wrapper moved the module to xla first
         return True
     sharding = tensor_sharding(p)
     return sharding is not None and not sharding.is_fully_replicated
@@ -194,16 +195,16 @@ def _annotate_output(t: torch.Tensor, mesh: Mesh, spec: tuple[Any, ...]) -> torc
     if not isinstance(t, XlaTensor):
         return mark_sharding(t, mesh, spec)  # raises ShardingError naming the device
     wanted = mesh.named_sharding(spec)
-    if t._chain:
+    if view_chain(t):
         current = tensor_sharding(t)  # the view's own annotation, if any
         in_place = current is None or current == wanted
     else:
-        st = t._st
+        st = storage_of(t)
         in_place = isinstance(st.value, LazyRef) and (not st.annotated or st.sharding == wanted)
     if in_place:
         return mark_sharding(t, mesh, spec)
     copy = cast(XlaTensor, t.clone())  # a clone of an xla tensor is one
-    if copy._st.annotated and copy._st.sharding != wanted:
+    if storage_of(copy).annotated and storage_of(copy).sharding != wanted:
         clear_sharding(copy)  # a clone inherits its source's annotation
     return mark_sharding(copy, mesh, spec)
 

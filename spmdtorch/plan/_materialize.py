@@ -44,6 +44,7 @@ from spmdtorch.fsdp import FSDP_AXIS, param_spec
 from spmdtorch.lazy import executor
 from spmdtorch.mesh import Mesh
 from spmdtorch.sharding import mark_sharding
+from spmdtorch.tensor import storage_of
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["MaterializeError", "materialize"]
@@ -124,7 +125,7 @@ def _annotate(model: nn.Module, mesh, rules) -> None:
                 f"'fsdp', but the mesh's axes are {mesh.axis_names!r}; name an axis 'fsdp'"
             )
         for _, p in model.named_parameters():
-            if not cast(XlaTensor, p)._st.annotated:  # materialised: every parameter is an xla tensor
+            if not storage_of(cast(XlaTensor, p)).annotated:  # materialised: every parameter is an xla tensor
                 mark_sharding(p, mesh, param_spec(p.shape))
         return
     if not isinstance(rules, Mapping):
@@ -213,7 +214,7 @@ def materialize(
         fresh = _to_pending(model, undo)
         _annotate(model, mesh, rules_or_fsdp)
         init = init_fn or _default_init
-        versions = {key: t._st.version for key, (_, t) in fresh.items()}
+        versions = {key: storage_of(t).version for key, (_, t) in fresh.items()}
         with torch.no_grad():
             for mod in model.modules():
                 if any(id(t) in fresh for _, _, t in _owned(mod)):
@@ -231,7 +232,7 @@ def materialize(
 
 def _check_initialised(model, fresh, versions, custom: bool) -> None:
     """Every materialised tensor must have been written (else it would silently be zeros)."""
-    untouched = {key for key, (_, t) in fresh.items() if t._st.version == versions[key]}
+    untouched = {key for key, (_, t) in fresh.items() if storage_of(t).version == versions[key]}
     if not untouched:
         return
     owners: dict[str, str] = {}  # qualified name -> owning module's class

@@ -45,6 +45,7 @@ from spmdtorch import _checks, _dtypes
 from spmdtorch.fsdp import FSDP_AXIS, param_spec
 from spmdtorch.lazy import padding
 from spmdtorch.sharding import ShardingError, match_rules, tensor_sharding
+from spmdtorch.tensor import view_chain
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = [
@@ -242,7 +243,7 @@ def _fmt(n: int) -> str:
 
 
 def _existing_sharding(t) -> jax.sharding.Sharding | None:
-    if not isinstance(t, XlaTensor) or t._chain:
+    if not isinstance(t, XlaTensor) or view_chain(t):
         return None
     return tensor_sharding(t)
 

@@ -14,7 +14,7 @@ from spmdtorch.sharding._hlo_sharding import hlo_sharding_string
 from spmdtorch.sharding._marking import CLEARED_AT, ShardingTypeError, _check_tensor, view_constraint
 from spmdtorch.sharding._sharding_type import ShardingType, sharding_type_of
 from spmdtorch.sharding._visualize import visualize_sharding
-from spmdtorch.tensor import multihost
+from spmdtorch.tensor import multihost, storage_of, view_chain
 from spmdtorch.tensor.dispatch import concrete_value, read_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -31,12 +31,12 @@ def _effective_sharding(t: torch.Tensor, computed: bool = False) -> jax.sharding
     placement too, as PyTorch/XLA reports every program output's sharding
     (see ``get_sharding_spec``).
     """
-    if isinstance(t, XlaTensor) and t._chain:
+    if isinstance(t, XlaTensor) and view_chain(t):
         step = view_constraint(t)
         if step is not None:  # an annotated view (or one clear_sharding left replicated)
             return step.sharding if step.annotated else None
         # A view of a manual value is manual (it cannot be computed on its own).
-        view_manual = manual.manual_sharding(read_value(t)) if isinstance(t._st.value, LazyRef) else None
+        view_manual = manual.manual_sharding(read_value(t)) if isinstance(storage_of(t).value, LazyRef) else None
         if view_manual is not None:
             return view_manual
         # Another view (gradients often are: mm's backward returns .t() of a result):
@@ -46,7 +46,7 @@ def _effective_sharding(t: torch.Tensor, computed: bool = False) -> jax.sharding
             return None
         view_sharding: jax.sharding.Sharding = computed_value.sharding
         return view_sharding
-    st = _check_tensor(t, "get_sharding_spec")._st
+    st = storage_of(_check_tensor(t, "get_sharding_spec"))
     if st.host is not None:
         return None  # still on the host (deferred upload): placed nowhere yet, and asking must not upload it
     if isinstance(st.value, LazyRef):

@@ -33,6 +33,7 @@ from spmdtorch.ops.manual import ManualOpsError, local_shape
 from spmdtorch.sharding._inspect import _effective_sharding
 from spmdtorch.sharding._manual import ManualRegionError
 from spmdtorch.sharding._marking import ShardingError, ShardingSpec, ShardingTypeError
+from spmdtorch.tensor import storage_of, view_chain
 from spmdtorch.tensor.dispatch import read_value
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
@@ -159,7 +160,7 @@ def shard_to_full_shape(t: torch.Tensor, sharding: Any, full_shape: Sequence[int
             f"sharded as {target} is {block}; pass the full_shape and sharding t's blocks come from"
         )
     out = new_base(manual.record_shard_to_full(value, target, full), xt.dtype, sharding=target)
-    out._st.annotated = True  # reported as annotated (PyTorch/XLA gives the result this sharding spec)
+    storage_of(out).annotated = True  # reported as annotated (PyTorch/XLA gives the result this sharding spec)
     return out
 
 
@@ -175,11 +176,11 @@ def mark_manual_sharding(t: torch.Tensor) -> torch.Tensor:
     """
     what = "mark_manual_sharding"
     xt = _check(t, what)
-    if xt._chain:
+    if view_chain(xt):
         raise ManualShardingError(
             f"{what}: t (shape {tuple(xt.shape)}) is a view; mark a tensor that owns its value (t.clone())"
         )
-    st = xt._st
+    st = storage_of(xt)
     value = st.value
     if not isinstance(value, LazyRef):
         raise ManualShardingError(

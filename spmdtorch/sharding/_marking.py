@@ -38,6 +38,7 @@ from spmdtorch.lazy.constraint import constrained_input, record_constraint
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.mesh import Mesh
 from spmdtorch.sharding._in_graph import annotation, mark_sharding_in_graph
+from spmdtorch.tensor import set_view_chain, storage_of, view_chain
 from spmdtorch.tensor.dispatch import base_value, constrained_chain, special_op
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -98,7 +99,7 @@ def _check_tensor(t: object, what: str = "mark_sharding") -> XlaTensor:
 
 def view_constraint(t: XlaTensor) -> ConstraintStep | None:
     """The constraint step ending view ``t``'s chain (its annotation, or what clear_sharding left), else None."""
-    chain = t._chain
+    chain = view_chain(t)
     if chain and type(chain[-1]) is ConstraintStep:
         step: ConstraintStep = chain[-1]
         return step
@@ -107,7 +108,7 @@ def view_constraint(t: XlaTensor) -> ConstraintStep | None:
 
 def _already_annotated(t: torch.Tensor, current: jax.sharding.Sharding, partition_spec: Sequence[Any]) -> ShardingError:
     annotation = cast(jax.sharding.NamedSharding, current)  # annotations are mark_sharding's NamedShardings
-    what = "view" if cast(XlaTensor, t)._chain else "tensor"
+    what = "view" if view_chain(cast(XlaTensor, t)) else "tensor"
     return ShardingError(
         f"{what} of shape {tuple(t.shape)} is already annotated with spec "
         f"{tuple(annotation.spec)}; call spmdtorch.partition.clear_sharding(t) before "
@@ -182,17 +183,17 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
         return mark_sharding_in_graph(t, mesh, partition_spec)
     xt = _check_tensor(t)
     sharding = _named_sharding(mesh, partition_spec, xt)
-    if xt._chain:
+    if view_chain(xt):
         step = view_constraint(xt)
         if step is not None and step.annotated:
             if step.sharding == sharding:
                 return t
             raise _already_annotated(t, step.sharding, partition_spec)
         # A view's own value is constrained; what clear_sharding left is replaced.
-        chain = xt._chain if step is None else xt._chain[:-1]
-        xt._chain = constrained_chain(chain, sharding, annotated=True)
+        chain = view_chain(xt) if step is None else view_chain(xt)[:-1]
+        set_view_chain(xt, constrained_chain(chain, sharding, annotated=True))
         return t
-    st = xt._st
+    st = storage_of(xt)
     if st.annotated:
         if st.sharding == sharding:
             return t
@@ -311,10 +312,10 @@ def clear_sharding(t: _T) -> _T:
         ''
     """
     xt = _check_tensor(t, "clear_sharding")
-    if xt._chain:
+    if view_chain(xt):
         _clear_view(xt)
         return t
-    st = xt._st
+    st = storage_of(xt)
     if st.host is not None:
         return t  # still on the host (deferred upload): never annotated, placed nowhere yet
     annotation = st.sharding if st.annotated else None
@@ -359,17 +360,17 @@ def _clear_view(t: XlaTensor) -> None:
     Without a mesh to be replicated over (an unannotated view of a pending,
     unannotated base), there is nothing to clear and the chain stays.
     """
-    chain = t._chain
+    chain = view_chain(t)
     step = view_constraint(t)
     if step is not None:
         chain = chain[:-1]
         mesh_of: jax.sharding.Sharding | None = step.sharding
     else:
-        st = t._st
+        st = storage_of(t)
         mesh_of = st.sharding if st.annotated else getattr(st.value, "sharding", None)
     if mesh_of is None:
         return
-    t._chain = constrained_chain(chain, _replicated_like(mesh_of), annotated=False)
+    set_view_chain(t, constrained_chain(chain, _replicated_like(mesh_of), annotated=False))
 
 
 def tensor_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
@@ -381,10 +382,10 @@ def tensor_sharding(t: torch.Tensor) -> jax.sharding.Sharding | None:
     uploads it.
     """
     xt = _check_tensor(t, "tensor_sharding")
-    if xt._chain:
+    if view_chain(xt):
         step = view_constraint(xt)
         return None if step is None else step.sharding
-    st = xt._st
+    st = storage_of(xt)
     if st.annotated:
         annotation: jax.sharding.Sharding | None = st.sharding
         return annotation

@@ -12,7 +12,7 @@ import torch
 from spmdtorch.lazy import executor
 from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.sharding._marking import ShardingError, ShardingTypeError, _check_tensor
-from spmdtorch.tensor import transfer
+from spmdtorch.tensor import storage_of, transfer, view_chain
 from spmdtorch.tensor.dispatch import concrete_value
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -44,10 +44,10 @@ def _logical_ids() -> dict[int, int]:
 
 
 def _concrete(t: XlaTensor) -> jax.Array:
-    if t._chain:
+    if view_chain(t):
         # A view holds no data of its own: its value computed (annotation applied).
         return concrete_value(t)
-    st = t._st
+    st = storage_of(t)
     if isinstance(st.value, LazyRef):
         executor.sync()
     return cast(jax.Array, st.value)  # a sync computes every pending storage
@@ -106,7 +106,7 @@ def load_local_shards_(t: torch.Tensor, shards: Sequence[torch.Tensor | XLAShard
             raise ShardingTypeError(
                 f"load_local_shards_: shards[{i}] must be a tensor or an XLAShard, got {type(shard).__name__}"
             )
-    if xt._chain:
+    if view_chain(xt):
         raise ShardingError(
             f"load_local_shards_ writes a tensor's own data, but this one (shape {tuple(t.shape)}) is a "
             "view of another tensor's; load the shards of the base tensor, or into t.clone()"
@@ -131,5 +131,5 @@ def load_local_shards_(t: torch.Tensor, shards: Sequence[torch.Tensor | XLAShard
         block[tuple(slice(0, n) for n in expected)] = data.to(t.dtype)
         pieces.append(jax.device_put(transfer.host_numpy(block).copy(), dst.device))
     new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, pieces)
-    xt._st.set(new)  # same (padded) shape and logical shape as before (set drops cached view values)
+    storage_of(xt).set(new)  # same (padded) shape and logical shape as before (set drops cached view values)
     return xt

@@ -9,6 +9,9 @@ handlers, which register with the router), ``transfer``, then
 
 from spmdtorch.tensor import device_mode as device_mode  # registers the torch-function handler
 from spmdtorch.tensor import dispatch as dispatch  # registers the op handlers with the router
-from spmdtorch.tensor.xla_tensor import XlaTensor, is_xla_tensor
+from spmdtorch.tensor.xla_tensor import XlaTensor, is_xla_tensor, set_view_chain, storage_of, view_chain
 
-__all__ = ["XlaTensor", "device_mode", "dispatch", "is_xla_tensor"]
+# storage_of / view_chain / set_view_chain: the declared way into a tensor's data
+# model for the packages above; XlaTensor._st / ._chain stay this package's
+# (tests/partition/test_packages.py checks that no other package reads them).
+__all__ = ["XlaTensor", "device_mode", "dispatch", "is_xla_tensor", "set_view_chain", "storage_of", "view_chain"]

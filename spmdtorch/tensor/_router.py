@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from spmdtorch.lazy import metrics
-from spmdtorch.lazy._engine import ENGINE
+from spmdtorch.lazy import caches, metrics
 from spmdtorch.ops import registry
 from spmdtorch.tensor._facts import OpFacts, op_facts
 
@@ -147,7 +146,7 @@ def reset_op_facts() -> None:
 
 
 # Keyed by id(OpOverload): ops are never freed, and torch defines a few thousand.
-ENGINE.register_cache(
+caches.register(
     "tensor.dispatch.op_facts",
     reset_op_facts,
     size=lambda: len(_FACTS_BY_ID),

@@ -13,9 +13,7 @@ from typing import Any
 import jax
 import torch
 
-from spmdtorch.lazy import contract, executor, keys, padding, record
-from spmdtorch.lazy._record import Select
-from spmdtorch.lazy._storage import Storage, ViewStep
+from spmdtorch.lazy import Select, Storage, ViewStep, contract, executor, keys, padding, record
 from spmdtorch.lazy.constraint import CONSTRAINT, ConstraintStep, constrain, constraint_template
 from spmdtorch.lazy.graph import LazyRef, Slot
 from spmdtorch.ops import views

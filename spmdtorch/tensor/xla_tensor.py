@@ -39,6 +39,9 @@ __all__ = [
     "forget_meta_key",
     "from_host",
     "is_xla_tensor",
+    "set_view_chain",
+    "storage_of",
+    "view_chain",
     "new_base",
     "storage_stand_in",
     "view_tensor",
@@ -496,6 +499,38 @@ def new_base(value, dtype: torch.dtype, requires_grad: bool = False, sharding=No
     """A fresh contiguous XlaTensor owning a new storage that holds ``value``."""
     shape = tuple(value.shape)
     return XlaTensor(Storage(value, sharding), (), shape, None, 0, dtype, requires_grad)
+
+
+def storage_of(t: XlaTensor) -> Storage:
+    """The ``Storage`` cell behind ``t`` (shared by its views and by tensors that alias it).
+
+    The declared way for packages above ``tensor`` to reach a tensor's data
+    model (``XlaTensor._st`` is the tensor package's own).
+
+    Example:
+        >>> import torch
+        >>> x = torch.ones(4, device="xla")
+        >>> storage_of(x[1:]) is storage_of(x)
+        True
+    """
+    return t._st
+
+
+def view_chain(t: XlaTensor) -> tuple:
+    """The view steps (``ViewStep``, ``ConstraintStep``) from ``storage_of(t)``'s base to ``t``; ``()`` for a base.
+
+    Example:
+        >>> import torch
+        >>> x = torch.ones(4, 2, device="xla")
+        >>> view_chain(x), len(view_chain(x.t()))
+        ((), 1)
+    """
+    return t._chain
+
+
+def set_view_chain(t: XlaTensor, chain: tuple) -> None:
+    """Makes ``t`` read its base through ``chain`` (a sharding constraint added or removed at its end)."""
+    t._chain = chain
 
 
 def from_host(t: torch.Tensor) -> XlaTensor:

@@ -1,8 +1,9 @@
 """The split of the SPMD API: spmdtorch.sharding, spmdtorch.fsdp, spmdtorch.plan and the re-export.
 
 ``spmdtorch.partition`` keeps every name it exported before the split, as the
-same objects the packages export; and no module reaches into another
-package's private modules (``spmdtorch.<package>._name``).
+same objects the packages export; no module reaches into another
+package's private modules (``spmdtorch.<package>._name``), for every package;
+and only ``tensor`` and ``lazy`` touch a tensor's storage and view chain.
 """
 
 import ast
@@ -68,6 +69,25 @@ def test_no_module_imports_another_packages_private_modules():
         rel = path.relative_to(root).parts
         own = rel[0] if len(rel) > 1 else None  # the package this file belongs to
         for line, pkg, target in _private_imports(path):
-            if pkg in {p.__name__.split(".")[1] for p in _PACKAGES} and pkg != own:
+            if pkg != own:  # every package: its private modules are its own
                 offences.append(f"{path.relative_to(root)}:{line} imports {target}")
     assert not offences, "import the package's public/declared API instead:\n" + "\n".join(offences)
+
+
+# The tensor's data model is the tensor and lazy packages' own: others use
+# spmdtorch.tensor.storage_of / view_chain / set_view_chain.
+_DATA_MODEL_ATTRS = {"_st", "_chain"}
+_DATA_MODEL_OWNERS = {"tensor", "lazy"}
+
+
+def test_no_package_reads_a_tensors_storage_or_view_chain_directly():
+    root = pathlib.Path(spmdtorch.__file__).parent
+    offences = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).parts
+        if len(rel) > 1 and rel[0] in _DATA_MODEL_OWNERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in _DATA_MODEL_ATTRS:
+                offences.append(f"{path.relative_to(root)}:{node.lineno} .{node.attr}")
+    assert not offences, "use spmdtorch.tensor.storage_of / view_chain / set_view_chain:\n" + "\n".join(offences)
