@@ -136,10 +136,12 @@ PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 # then one node per layer call and one per its backward, differentiated by jax.vjp).
 # ptxla: the same step under PyTorch/XLA 2.9's lazy tensors (_ptxla_worker.py), run by the
 # interpreter --ptxla-python names (PyTorch/XLA needs its own torch).
-ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "ptxla")
+# dynamo: the lazy step with the model torch.compile'd (backend="spmdtorch"; issue 46).
+ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "dynamo", "ptxla")
 MODES = ALL_MODES  # the driver narrows it with --modes ("jax" always runs)
 PTXLA_PYTHON: str | None = None  # --ptxla-python
 TARGETS = {"compiled": 1.00, "compiled_pure": 1.00, "lazy": 1.25, "lazy_pure": 1.25, "first": 1.1}  # issue 19
+TARGETS["dynamo"] = 1.10  # issue 46, item 4
 # Issue 19: a lazy step at most half of PyTorch/XLA's (both ratios to the same round's twin).
 PTXLA_TARGET = 0.5
 # The steady state is timed as blocks of N steps, the three modes' blocks
@@ -380,6 +382,10 @@ def session_spmdtorch(
     if mode.endswith("_pure"):
         for layer in model.layers:  # the FSDPv2 wrappers of the decoder layers
             spmdtorch.assume_pure(layer)
+    if mode == "dynamo":  # no annotation: the whole model under torch.compile, the step lazy
+        import torch
+
+        train_step = make_train_step(torch.compile(model, backend="spmdtorch"), opt, zero_grad_after)
     if mode.startswith("compiled"):
         run = spmdtorch.compile(train_step)
     else:

@@ -40,9 +40,12 @@ by name (``torch.compile(fn, backend="spmdtorch")``); a wrapper backend that
 looks ``"spmdtorch"`` up only inside its own call should import
 ``spmdtorch.dynamo`` first.
 
-Not yet: the program is re-recorded op by op on every call (the engine's
-program cache avoids the XLA compile, not the Python recording, so a compiled
-call is not faster than lazy mode).
+A graph replays: from its first call on it runs through
+``spmdtorch.assume_pure`` (recorded once per input signature, then one lazy
+node per call and one for its backward), so a compiled model does not
+re-record its ops in Python each call. Graphs assume_pure refuses (an input
+updated in place, as an optimizer step's graph; random numbers; an output
+that is an input or a view of one) are recorded op by op (``_Replay``).
 
 Example:
     >>> import torch, spmdtorch
@@ -64,6 +67,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from spmdtorch import config
+from spmdtorch._pure import AssumePureError, assume_pure
 from spmdtorch._step import sync
 from spmdtorch.lazy import metrics
 from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XLA_FAKE_MODES, XlaTensor
@@ -281,19 +285,95 @@ def _names_xla(gm: torch.fx.GraphModule) -> bool:
     return any(_is_xla_device(leaf) for node in gm.graph.nodes for leaf in pytree.tree_leaves((node.args, node.kwargs)))
 
 
+class _Replay:
+    """Runs a captured graph: recorded op by op at first, then as one cached node per call.
+
+    The first call records the graph's ops as lazy mode would. If that call's
+    outputs alias none of its xla inputs (a replayed graph returns fresh
+    tensors, which would cut the link a view or an input returned as is
+    keeps), later calls go through ``spmdtorch.assume_pure(gm)``: recorded
+    once per input signature, then one node (and, with grad, one backward
+    node) per call. Dynamo's graphs are pure functions of their inputs except
+    where assume_pure refuses them at the first call of a signature (an
+    argument updated in place, as an optimizer's graph does; random numbers;
+    a CPU tensor argument; a host read; an annotation inside the graph): such
+    a graph is recorded op by op from then on. Counters: ``DynamoGraphReplays``
+    (calls run as one node), ``DynamoGraphsRecorded`` (graphs that stay op by op).
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        self.gm = gm
+        self.replaying = False  # gm.forward is assume_pure's (it marks a module in place)
+        self.recorded_why = ""
+        why = _replay_refusal(gm, example_inputs)
+        if why:
+            self._record(why)
+        else:
+            # torch may hand over a lazily compiled GraphModule whose forward compiles itself and calls
+            # the module again: compile it now, so the forward assume_pure wraps is the graph's code.
+            real_recompile = getattr(gm, "real_recompile", None)
+            if real_recompile is not None:
+                real_recompile()
+            assume_pure(gm)
+            self.replaying = True
+
+    def _record(self, why: str) -> None:
+        if self.replaying:
+            del self.gm.forward  # the instance attribute assume_pure set: the graph's own forward again
+        self.replaying = False
+        self.recorded_why = why
+        metrics.inc("DynamoGraphsRecorded")
+
+    def __call__(self, *args: Any) -> Any:
+        if self.replaying:
+            try:
+                out = self.gm(*args)
+            except AssumePureError as e:
+                # Raised while recording a new signature on placeholders: nothing real ran yet.
+                self._record(str(e))
+            else:
+                metrics.inc("DynamoGraphReplays")
+                return out
+        return self.gm(*args)
+
+
+def _replay_refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    """Why ``gm`` must be recorded op by op ("" if it may replay), from Dynamo's fake values of its nodes."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    if not tensors or not all(isinstance(t, XlaTensor) for t in tensors):
+        return "a graph input is not an xla tensor"
+    inputs = set()
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if node.op == "placeholder" and isinstance(value, torch.Tensor):
+            inputs.add(StorageWeakRef(value.untyped_storage()))
+        if node.op == "output":
+            for arg in pytree.tree_leaves(node.args):
+                value = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
+                if value is None and isinstance(arg, torch.fx.Node):
+                    return "an output has no fake value to check"
+                # A replay returns fresh tensors: an output that is an input or a view of one would lose the alias.
+                if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) in inputs:
+                    return f"output {arg.name} aliases a graph input"
+    return ""
+
+
 def _graph_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, sync_at_call: bool) -> Callable[..., Any]:
     metrics.inc("DynamoGraphs")
     _note_recompile()
     on_xla = _has_xla(example_inputs) or _names_xla(gm)
-    if on_xla:
-        _retarget_devices(gm)
-    if not sync_at_call:
+    if not on_xla:
         return gm
+    _retarget_devices(gm)
+    replay = _Replay(gm, example_inputs)
+    if not sync_at_call:
+        return replay
 
     def run(*args: Any) -> Any:
-        out = gm(*args)
-        if on_xla or _has_xla(args):
-            sync()
+        out = replay(*args)
+        sync()
         return out
 
     return run

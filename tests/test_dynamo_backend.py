@@ -150,7 +150,8 @@ def test_cpu_graph_runs_as_plain_torch():
 
 def test_import_spmdtorch_does_not_import_dynamo():
     code = "import sys, spmdtorch; print('torch._dynamo' in sys.modules)"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "False"
 
 
