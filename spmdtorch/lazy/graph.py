@@ -13,14 +13,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, final
 
 import numpy as np
+from jax.typing import DTypeLike
 
 from spmdtorch.lazy import caches
 from spmdtorch.lazy.contract import TRACE_OWNER, wait_turn
 
 __all__ = ["Aval", "LazyRef", "Node", "Scalar", "Slot", "fill", "interned_scalar"]
 
-#: An output's abstract value: ``(shape, dtype)``.
-Aval = tuple[tuple[int, ...], np.dtype[Any]]
+#: An output's abstract value: ``(shape, dtype)``; the dtype as JAX takes it
+#: (a ``numpy.dtype`` or a scalar type such as ``jnp.int32``).
+Aval = tuple[tuple[int, ...], DTypeLike]
 
 
 _SLOTS: list[Slot] = []
@@ -198,7 +200,7 @@ class LazyRef:
         return self.node.out_avals[self.index][0]
 
     @property
-    def dtype(self) -> np.dtype[Any]:
+    def dtype(self) -> DTypeLike:
         return self.node.out_avals[self.index][1]
 
     def __repr__(self) -> str:

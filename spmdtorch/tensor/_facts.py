@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,11 @@ from spmdtorch.ops import registry
 __all__ = ["UNSET", "OpFacts", "Route", "functional_twin", "op_facts", "view_twin"]
 
 aten = torch.ops.aten
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    Op: TypeAlias = torch._ops.OpOverload[..., Any]  # an ATen overload
 
 # Argument types whose Python numbers become runtime inputs. "Tensor" is here
 # because a Python number passed where a tensor is expected (``t / 0.5``
@@ -77,14 +82,14 @@ class OpFacts:
         decompose_first: the router tries ``op.decompose()`` before ``route``.
     """
 
-    arg_names: list
+    arg_names: list[str]
     lowering: registry.Lowering | None
-    lift_pos: frozenset
-    lift_names: frozenset
-    static_scalars: frozenset
+    lift_pos: frozenset[int]
+    lift_names: frozenset[str]
+    static_scalars: frozenset[Any]
     branch: Callable[..., Any] | None
-    mutable_pos: tuple
-    mutable_names: tuple
+    mutable_pos: tuple[int, ...]
+    mutable_names: tuple[str, ...]
     is_view: bool
     is_out: bool
     is_inplace: bool
@@ -98,7 +103,7 @@ class OpFacts:
 
 
 @caches.memoize("tensor.facts.op_facts", maxsize=8192)
-def op_facts(func) -> OpFacts:
+def op_facts(func: Op) -> OpFacts:
     """``func``'s static facts (cached; ``spmdtorch.tensor._router.reset_op_facts`` clears it)."""
     schema = func._schema
     args = schema.arguments
@@ -131,11 +136,12 @@ def op_facts(func) -> OpFacts:
 
 
 @caches.memoize("tensor.facts.functional_twins", maxsize=8192)
-def functional_twin(func):
+def functional_twin(func: Op) -> Op | None:
     """``add_.Tensor`` → ``add.Tensor``; ``add.out`` → ``add.Tensor``; else None."""
     schema = func._schema
     name = schema.name.split("::")[-1]
     facts = op_facts(func)
+    cand: Op
     if facts.is_inplace:
         packet = getattr(aten, name[:-1], None)
         if packet is None:
@@ -143,9 +149,9 @@ def functional_twin(func):
         # Same overload name is not always the same signature: pow_.Scalar
         # (Tensor self, Scalar exponent) is pow.Tensor_Scalar, while
         # pow.Scalar is (Scalar self, Tensor exponent).
-        want = [(a.name, str(a.type)) for a in schema.arguments]
-        same = getattr(packet, func._overloadname, None)
-        cands = ([same] if same is not None else []) + [getattr(packet, ov) for ov in packet.overloads()]
+        want: list[tuple[str, str]] | list[str] = [(a.name, str(a.type)) for a in schema.arguments]
+        same: Op | None = getattr(packet, func._overloadname, None)
+        cands: list[Op] = ([same] if same is not None else []) + [getattr(packet, ov) for ov in packet.overloads()]
         for cand in cands:
             if [(a.name, str(a.type)) for a in cand._schema.arguments] == want and not op_facts(cand).mutable_pos:
                 return cand
@@ -165,12 +171,13 @@ def functional_twin(func):
 
 
 @caches.memoize("tensor.facts.view_twins", maxsize=8192)
-def view_twin(func):
+def view_twin(func: Op) -> Op:
     """``transpose_.default`` → ``transpose.int``: the out-of-place view op with
     the same arguments (overload names differ between the two packets)."""
     name = func._schema.name.split("::")[-1][:-1]
     packet = getattr(aten, name)
-    same = getattr(packet, func._overloadname, None)
+    same: Op | None = getattr(packet, func._overloadname, None)
+    cand: Op
     if same is not None:
         return same
     want = [(a.name, str(a.type)) for a in func._schema.arguments]

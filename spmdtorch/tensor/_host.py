@@ -56,7 +56,7 @@ def host_numpy(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy()
 
 
-def to_device_array(t: torch.Tensor, sharding=None) -> jax.Array:
+def to_device_array(t: torch.Tensor, sharding: jax.sharding.Sharding | None = None) -> jax.Array:
     """Copy a CPU tensor to the devices (replicated unless ``sharding`` given).
 
     The copy is what keeps device data immutable when the user later writes
@@ -78,7 +78,7 @@ def host_copy(t: torch.Tensor) -> np.ndarray:
     return np.array(host_numpy(t), copy=True)
 
 
-def put_host_copy(host: np.ndarray, sharding, nbytes: int) -> jax.Array:
+def put_host_copy(host: np.ndarray, sharding: jax.sharding.Sharding, nbytes: int) -> jax.Array:
     """Places ``host`` (a private copy: JAX may alias it) with ``sharding``, counted as one transfer.
 
     ``nbytes`` is what the transfer counts in ``OutboundBytes`` (the torch

@@ -23,6 +23,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -136,7 +139,7 @@ def enabled() -> bool:
     return torch.is_autocast_enabled("xla")
 
 
-def _has_xla(tree) -> bool:
+def _has_xla(tree: Iterable[Any]) -> bool:
     for a in tree:
         if isinstance(a, XlaTensor):
             return True
@@ -145,8 +148,10 @@ def _has_xla(tree) -> bool:
     return False
 
 
-def _cast(tree, want, only_from=None):
-    def one(a):
+def _cast(tree: Any, want: torch.dtype, only_from: tuple[torch.dtype, ...] | None = None) -> Any:
+    """``tree`` (a tensor, or lists/tuples of them and other values) with its floating tensors cast to ``want``."""
+
+    def one(a: Any) -> Any:
         if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != want:
             if only_from is None or a.dtype in only_from:
                 return a.to(want)
@@ -157,7 +162,9 @@ def _cast(tree, want, only_from=None):
     return one(tree)
 
 
-def autocast_inputs(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def autocast_inputs(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments ``func`` runs with under ``torch.autocast("xla")`` (unchanged for other ops).
 
     Lower-precision ops get every floating tensor cast to the autocast dtype;

@@ -58,13 +58,13 @@ set_max_gather_bytes = runtime.set_max_gather_bytes
 # while it reports the output sharding of every program result ("{replicated}"
 # included); ``spmdtorch.sharding.get_sharding_spec(t, computed=True)`` tells
 # the two apart with this (the placements themselves are the same).
-_HOST_PLACED: dict[int, weakref.ref] = {}
+_HOST_PLACED: dict[int, weakref.ref[jax.Array]] = {}
 
 
 def _note_host_placed(arr: jax.Array) -> jax.Array:
     key = id(arr)
 
-    def forget(_ref: weakref.ref) -> None:
+    def forget(_ref: weakref.ref[jax.Array]) -> None:
         _HOST_PLACED.pop(key, None)
 
     _HOST_PLACED[key] = weakref.ref(arr, forget)
@@ -97,7 +97,9 @@ def put_global(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
     return _note_host_placed(jax.make_array_from_callback(host.shape, sharding, lambda index: host[index]))
 
 
-def put_process_local(host: np.ndarray, sharding: jax.sharding.Sharding, global_shape=None) -> jax.Array:
+def put_process_local(
+    host: np.ndarray, sharding: jax.sharding.Sharding, global_shape: tuple[int, ...] | None = None
+) -> jax.Array:
     """Builds a global array from each process's part ``host`` (see module docs).
 
     With one process the part is the whole array.

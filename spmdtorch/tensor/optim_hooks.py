@@ -30,8 +30,10 @@ Example:
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
+import torch.utils.hooks
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -45,21 +47,21 @@ __all__ = ["foreach_by_default", "install"]
 # optimizer -> the param groups this module switched to foreach for its
 # current step (restored by the post-hook, or by the next pre-hook when the
 # step raised and the post-hook never ran).
-_SWITCHED: weakref.WeakKeyDictionary[torch.optim.Optimizer, list] = weakref.WeakKeyDictionary()
-_HANDLES: list = []
+_SWITCHED: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[dict[str, Any]]] = weakref.WeakKeyDictionary()
+_HANDLES: list[torch.utils.hooks.RemovableHandle] = []
 
 # When False the hooks leave every optimizer as it is (for comparisons).
 foreach_by_default = True
 
 
-def _restore(optimizer) -> None:
+def _restore(optimizer: torch.optim.Optimizer) -> None:
     groups = _SWITCHED.pop(optimizer, None)
     if groups:
         for group in groups:
             group["foreach"] = None
 
 
-def _wants_foreach(group: dict) -> bool:
+def _wants_foreach(group: dict[str, Any]) -> bool:
     if "foreach" not in group or group["foreach"] is not None:
         return False  # the optimizer has no foreach path, or the user chose
     if group.get("fused") or group.get("differentiable") or group.get("capturable"):
@@ -73,7 +75,7 @@ def _wants_foreach(group: dict) -> bool:
     return bool(params) and all(isinstance(p, XlaTensor) for p in params)
 
 
-def _pre_hook(optimizer, args, kwargs):
+def _pre_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     _restore(optimizer)
     if not foreach_by_default:
         return
@@ -85,7 +87,7 @@ def _pre_hook(optimizer, args, kwargs):
     return
 
 
-def _post_hook(optimizer, args, kwargs):
+def _post_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     _restore(optimizer)
 
 

@@ -39,6 +39,8 @@ import contextlib
 import dataclasses
 import sys
 import types
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -65,10 +67,10 @@ class _KeyCell:
 
     __slots__ = ("key",)
 
-    def __init__(self):
-        self.key = None
+    def __init__(self) -> None:
+        self.key: torch.Tensor | None = None
 
-    def get(self):
+    def get(self) -> torch.Tensor:
         if self.key is None:
             self.key = _new_key()
         return self.key
@@ -92,7 +94,7 @@ class XlaRngState:
         return self.cell.key
 
 
-def _key_words(*, key):
+def _key_words(*, key: jax.Array) -> jax.Array:
     # A key's raw words, as int32 so that they live in an ordinary tensor.
     return jax.lax.bitcast_convert_type(jax.random.key_data(key), jnp.int32)
 
@@ -102,11 +104,11 @@ class _Keyed:
 
     __slots__ = ("fn", "index")
 
-    def __init__(self, fn, index: int):
+    def __init__(self, fn: Callable[..., Any], index: int) -> None:
         self.fn = fn
         self.index = index
 
-    def __call__(self, *args, _stream_key, **kwargs):
+    def __call__(self, *args: Any, _stream_key: jax.Array, **kwargs: Any) -> Any:
         words = jax.lax.bitcast_convert_type(_stream_key, jnp.uint32)
         key = jax.random.fold_in(jax.random.wrap_key_data(words), self.index)
         return self.fn(*args, key=key, **kwargs)
@@ -117,11 +119,13 @@ class _Stream:
 
     __slots__ = ("cell", "count")
 
-    def __init__(self, cell: _KeyCell, count: int):
+    def __init__(self, cell: _KeyCell, count: int) -> None:
         self.cell = cell
         self.count = count
 
-    def keyed(self, fn, name, template, inputs):
+    def keyed(
+        self, fn: Callable[..., Any], name: Any, template: Any, inputs: Sequence[Any]
+    ) -> tuple[Callable[..., Any], Any, Any, Sequence[Any]]:
         key = self.cell.get()
         index = self.count
         self.count += 1
@@ -131,14 +135,14 @@ class _Stream:
         return _Keyed(fn, index), (name, "keyed", index), template, inputs
 
 
-def _new_key():
+def _new_key() -> torch.Tensor:
     shape = jax.eval_shape(_key_words, key=jax.random.key(0)).shape
     with rng.keyed_region(None):  # the key itself comes from the program's key
         ref = record(_key_words, "spmdtorch.rng_stream_key", ((), ()), [], ((shape, jnp.int32),), random=True)
     return new_base(ref, torch.int32)
 
 
-def get_rng_state(device=None) -> XlaRngState:
+def get_rng_state(device: torch.device | str | int | None = None) -> XlaRngState:
     """The xla RNG state; the ops recorded after a restore of it draw the same numbers.
 
     Args:
@@ -154,7 +158,7 @@ def get_rng_state(device=None) -> XlaRngState:
     return XlaRngState(stream.cell, stream.count)
 
 
-def set_rng_state(state: XlaRngState, device=None) -> None:
+def set_rng_state(state: XlaRngState, device: torch.device | str | int | None = None) -> None:
     """Restore a state from :func:`get_rng_state`.
 
     Args:

@@ -316,7 +316,13 @@ class _Body:
 
     __slots__ = ("inner", "leaf_src", "out_src", "n_args")
 
-    def __init__(self, inner: Callable[..., Any] | None, leaf_src: tuple, out_src: tuple, n_args: int) -> None:
+    def __init__(
+        self,
+        inner: Callable[..., Any] | None,
+        leaf_src: tuple[tuple[str, int], ...],
+        out_src: tuple[tuple[str, int], ...],
+        n_args: int,
+    ) -> None:
         self.inner = inner
         self.leaf_src = leaf_src
         self.out_src = out_src

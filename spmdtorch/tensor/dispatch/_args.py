@@ -6,7 +6,8 @@ inputs (array values, lifted Python numbers) and the meta-cache key.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,12 +17,15 @@ from spmdtorch.tensor._values import read_value
 from spmdtorch.tensor.dispatch._errors import DeviceMismatchError, MetaFactoryLeak
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
+if TYPE_CHECKING:
+    from spmdtorch.tensor._facts import Op, OpFacts
+
 __all__ = ["Args", "all_ints"]
 
 _INT32 = (-(2**31), 2**31 - 1)
 
 
-def _check_other_tensor(a: torch.Tensor, func, allow_cpu: bool):
+def _check_other_tensor(a: torch.Tensor, func: object, allow_cpu: bool) -> None:
     if a.device.type == "cpu" and (a.dim() == 0 or allow_cpu):
         return
     if a.device.type == "meta":
@@ -52,9 +56,13 @@ class Args:
 
     __slots__ = ("inputs", "key", "template")
 
-    def __init__(self, func, facts, args, kwargs):
+    inputs: list[Any]
+    key: tuple[Any, ...]
+    template: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]]
+
+    def __init__(self, func: Op, facts: OpFacts, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         inputs = self.inputs = []
-        key = [facts]
+        key: list[Any] = [facts]
         lift_pos = facts.lift_pos
         t_args: list[Any] = []  # slots, static numbers, None, size tuples...
         for i, a in enumerate(args):
@@ -100,7 +108,7 @@ class Args:
         key.append(self.template)
         self.key = tuple(key)
 
-    def _leaf(self, a, liftable, key, func, facts):
+    def _leaf(self, a: Any, liftable: bool, key: list[Any], func: Op, facts: OpFacts) -> Any:
         if isinstance(a, XlaTensor):
             key.append(a._mk)
             self.inputs.append(read_value(a))
@@ -126,7 +134,7 @@ class Args:
         return a
 
 
-def all_ints(seq) -> bool:
+def all_ints(seq: Iterable[object]) -> bool:
     """Every element is a plain ``int`` (what ``Args._leaf`` would keep as is, one call each)."""
     for x in seq:
         if type(x) is not int:

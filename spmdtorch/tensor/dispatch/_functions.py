@@ -43,8 +43,15 @@ def under_saved_tensor_hooks() -> bool:
 
 
 def scaled_dot_product_attention(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
-):
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> object:  # a tensor, or NotImplemented
     """``F.scaled_dot_product_attention`` as one fused op (``jax.nn.dot_product_attention``).
 
     The call becomes ``aten._scaled_dot_product_flash_attention_for_cpu``,
@@ -82,7 +89,9 @@ FUNCTION_OVERRIDES[F.scaled_dot_product_attention] = scaled_dot_product_attentio
 _BATCHED_MATMUL = torch.ops.spmdtorch.batched_matmul.default
 
 
-def matmul(input, other, *, out=None):
+def matmul(
+    input: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor | None = None
+) -> object:  # a tensor, or NotImplemented
     """``torch.matmul`` / ``@`` of xla tensors with two or more equal batch dims, as one batched product.
 
     torch decomposes such a product into ``bmm`` over the merged batch dims,
@@ -113,7 +122,9 @@ FUNCTION_OVERRIDES[torch.Tensor.matmul] = matmul
 FUNCTION_OVERRIDES[torch.Tensor.__matmul__] = matmul
 
 
-def linear(input, weight, bias=None):
+def linear(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> object:  # a tensor, or NotImplemented
     """``F.linear`` of xla tensors as one op each way (``spmdtorch.ops._linear``).
 
     torch decomposes it into about four ATen calls forward and eight
@@ -140,7 +151,8 @@ def linear(input, weight, bias=None):
         )
         and not under_saved_tensor_hooks()
     ):
-        return LinearFn.apply(input, weight, bias)
+        # torch.autograd.Function.apply is unannotated in torch's stubs.
+        return LinearFn.apply(input, weight, bias)  # type: ignore[no-untyped-call]
     return NotImplemented
 
 
