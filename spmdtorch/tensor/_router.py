@@ -30,10 +30,14 @@ routing is one dict lookup by ``id(func)`` and one call.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from spmdtorch.lazy import caches, metrics
 from spmdtorch.ops import registry
-from spmdtorch.tensor._facts import OpFacts, op_facts
+from spmdtorch.tensor._facts import OpFacts, Route, op_facts
+
+if TYPE_CHECKING:
+    from spmdtorch.tensor._facts import Op
 
 __all__ = [
     "PATHS",
@@ -47,27 +51,31 @@ __all__ = [
     "torch_function_handler",
 ]
 
-Handler = Callable  # (func, args, kwargs, facts) -> result
+Handler = Route  # (func, args, kwargs, facts) -> result
+# torch_function_handler's: (func, args, kwargs) -> result.
+TorchFunctionHandler = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+# A registering decorator hands the handler back as it was (its own signature kept).
+_H = TypeVar("_H", bound=Handler)
 
 # id(OpOverload) -> OpFacts with its route. OpOverload.__hash__ is Python-level,
 # and the hot path looks an op up once per call: an int key keeps that lookup
 # cheap (ops are long-lived singletons, so their ids are stable).
-_FACTS_BY_ID: dict = {}
-_SPECIAL: dict = {}  # OpOverload -> handler (step 1)
-_PREFIXES: list = []  # (schema-name prefix, handler) (step 1)
+_FACTS_BY_ID: dict[int, OpFacts] = {}
+_SPECIAL: dict[object, Handler] = {}  # OpOverload -> handler (step 1)
+_PREFIXES: list[tuple[str, Handler]] = []  # (schema-name prefix, handler) (step 1)
 # The general paths, steps 3-6: "view", "mutation", "lowering", "decompose".
 PATHS: dict[str, Handler] = {}
 _PATH_KINDS = ("view", "mutation", "lowering", "decompose")
 
 
-def special(*names: str, prefix: str | None = None):
+def special(*names: str, prefix: str | None = None) -> Callable[[_H], _H]:
     """Register the decorated handler for the ATen ops ``names`` (``"packet.overload"`` or ``"packet"``).
 
     ``prefix``: also every op whose schema name starts with it (``"aten::_foreach_"``:
     ``dir(aten)`` lists only the packets loaded so far, so they cannot be enumerated).
     """
 
-    def deco(fn: Handler) -> Handler:
+    def deco(fn: _H) -> _H:
         for name in names:
             for op in registry.resolve_ops(name):
                 if _SPECIAL.get(op, fn) is not fn:
@@ -81,7 +89,7 @@ def special(*names: str, prefix: str | None = None):
     return deco
 
 
-def special_op(*ops: object) -> Callable[[Handler], Handler]:
+def special_op(*ops: object) -> Callable[[_H], _H]:
     """Register the decorated handler for operator overloads given as objects (custom ``torch.library`` ops).
 
     What ``special`` does for ATen names, for ops outside ``torch.ops.aten``:
@@ -90,7 +98,7 @@ def special_op(*ops: object) -> Callable[[Handler], Handler]:
     modes (backward passes).
     """
 
-    def deco(fn: Handler) -> Handler:
+    def deco(fn: _H) -> _H:
         for op in ops:
             if _SPECIAL.get(op, fn) is not fn:
                 raise ValueError(f"{op} already has the special handler {_SPECIAL[op].__qualname__}")
@@ -101,12 +109,12 @@ def special_op(*ops: object) -> Callable[[Handler], Handler]:
     return deco
 
 
-def path(kind: str):
+def path(kind: str) -> Callable[[_H], _H]:
     """Register the decorated handler as general path ``kind`` (one of ``_PATH_KINDS``)."""
     if kind not in _PATH_KINDS:
         raise ValueError(f"unknown dispatch path {kind!r}; expected one of {_PATH_KINDS}")
 
-    def deco(fn: Handler) -> Handler:
+    def deco(fn: _H) -> _H:
         PATHS[kind] = fn
         reset_op_facts()
         return fn
@@ -114,10 +122,10 @@ def path(kind: str):
     return deco
 
 
-_TORCH_FUNCTION: list[Handler] = []  # the one torch-level handler (torch_function_handler)
+_TORCH_FUNCTION: list[TorchFunctionHandler] = []  # the one torch-level handler (torch_function_handler)
 
 
-def torch_function_handler(fn: Handler) -> Handler:
+def torch_function_handler(fn: TorchFunctionHandler) -> TorchFunctionHandler:
     """Register the decorated ``fn(func, args, kwargs)`` for torch-level calls with an xla argument.
 
     ``XlaTensor.__torch_function__`` calls it (``torch_function``) with
@@ -129,7 +137,7 @@ def torch_function_handler(fn: Handler) -> Handler:
     return fn
 
 
-def torch_function(func, args, kwargs):
+def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one torch-level call that has an xla tensor argument (the registered handler)."""
     if not _TORCH_FUNCTION:
         raise RuntimeError(
@@ -154,12 +162,12 @@ caches.register(
 )
 
 
-def facts_of(func) -> OpFacts:
+def facts_of(func: Op) -> OpFacts:
     """``func``'s facts, route included (``dispatch`` inlines this lookup)."""
     return _FACTS_BY_ID.get(id(func)) or _resolve(func)
 
 
-def _resolve(func) -> OpFacts:
+def _resolve(func: Op) -> OpFacts:
     facts = op_facts(func)
     route = _SPECIAL.get(func)
     if route is None:
@@ -190,7 +198,7 @@ def _resolve(func) -> OpFacts:
 _COUNTERS = metrics.counters  # one object for the process (metrics.reset clears it in place)
 
 
-def dispatch(func, args, kwargs):
+def dispatch(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one ATen call on xla tensors (``kwargs`` a dict): see the module docstring for the order."""
     _COUNTERS["DispatchedOps"] += 1
     facts = _FACTS_BY_ID.get(id(func)) or _resolve(func)

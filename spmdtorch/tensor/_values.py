@@ -8,7 +8,8 @@ the inverse view ops that produce the base's next value. Duck-typed on
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import torch
@@ -19,6 +20,10 @@ from spmdtorch.lazy.graph import LazyRef, Slot
 from spmdtorch.ops import views
 from spmdtorch.tensor._host import array_to_torch
 from spmdtorch.tensor._router import facts_of
+
+if TYPE_CHECKING:
+    from spmdtorch.lazy.graph import Aval
+    from spmdtorch.ops.registry import Lowering
 
 __all__ = ["assign_value", "base_value", "concrete_value", "constrained_chain", "read_value", "to_cpu"]
 
@@ -46,10 +51,10 @@ def base_value(st: Storage) -> Any:
     return ref
 
 
-def concrete_value(t) -> jax.Array:
+def concrete_value(t: Any) -> jax.Array:
     """The computed array of ``t``: pending work is run (a sync), and a view's
     slice that no storage holds is evaluated on its own."""
-    value = read_value(t)
+    value: jax.Array | LazyRef = read_value(t)
     if isinstance(value, LazyRef):
         executor.sync()
         value = read_value(t)
@@ -58,7 +63,7 @@ def concrete_value(t) -> jax.Array:
     return value
 
 
-def to_cpu(t) -> torch.Tensor:
+def to_cpu(t: Any) -> torch.Tensor:
     """Materialise an XlaTensor and return a CPU copy with torch's dtype."""
     contract.check_not_tracing("reads a tensor's value (.item(), .cpu(), print, bool)")
     value = read_value(t)
@@ -100,7 +105,7 @@ def read_value(t: Any) -> Any:
     return value
 
 
-def record_view_step(step: ViewStep, value):
+def record_view_step(step: ViewStep, value: jax.Array | LazyRef) -> LazyRef:
     """Record ``step`` applied to ``value`` (a view's replay)."""
     # Every read of a view replays its chain (hundreds per step): what the
     # node needs besides its input is built once per ViewStep and reused
@@ -109,7 +114,8 @@ def record_view_step(step: ViewStep, value):
     rp = step.replay
     if rp is None or rp.lowering is not low:
         rp = step.replay = _view_replay(step, low)
-    return record(rp.fn, rp.name, rp.template, [value], rp.out_avals, sig=rp.sig)
+    ref: LazyRef = record(rp.fn, rp.name, rp.template, [value], rp.out_avals, sig=rp.sig)
+    return ref
 
 
 class _Replay:
@@ -117,7 +123,15 @@ class _Replay:
 
     __slots__ = ("fn", "lowering", "name", "out_avals", "sig", "template")
 
-    def __init__(self, lowering, fn, name, template, out_avals, sig):
+    def __init__(
+        self,
+        lowering: Lowering,
+        fn: Callable[..., Any],
+        name: Any,
+        template: Any,
+        out_avals: tuple[Aval, ...],
+        sig: int,
+    ) -> None:
         self.lowering = lowering
         self.fn = fn
         self.name = name
@@ -126,7 +140,7 @@ class _Replay:
         self.sig = sig
 
 
-def _view_replay(step: ViewStep, low) -> _Replay:
+def _view_replay(step: ViewStep, low: Lowering | None) -> _Replay:
     """The replay node of ``step``.
 
     For one output of a multi-output view (``split``) the node computes the
@@ -145,7 +159,9 @@ def _view_replay(step: ViewStep, low) -> _Replay:
     return _Replay(low, fn, name, template, (step.aval,), keys.node_sig(name, template))
 
 
-def constrained_chain(chain: tuple, sharding: jax.sharding.Sharding, annotated: bool) -> tuple:
+def constrained_chain(
+    chain: tuple[ViewStep, ...], sharding: jax.sharding.Sharding, annotated: bool
+) -> tuple[ViewStep, ...]:
     """``chain`` (a view's, non-empty) plus a step that constrains the view's value to ``sharding``.
 
     Every read of the view then replays the constraint (``mark_sharding`` of a
@@ -154,7 +170,7 @@ def constrained_chain(chain: tuple, sharding: jax.sharding.Sharding, annotated: 
     return chain + (ConstraintStep(_ALIAS, chain[-1].aval, sharding, annotated),)
 
 
-def assign_value(t, value) -> None:
+def assign_value(t: Any, value: jax.Array | LazyRef) -> None:
     """Make ``value`` (same shape, storage dtype) the new value of ``t``.
 
     Writes through a view become inverse view ops on the base, so every alias

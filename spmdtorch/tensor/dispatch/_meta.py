@@ -8,7 +8,8 @@ computed once per ``Args.key`` and kept as a ``MetaSpec``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
@@ -17,25 +18,28 @@ from spmdtorch.lazy import caches, metrics
 from spmdtorch.tensor.xla_tensor import PYTHON_KEY, MetaFlag, MetaKey, XlaTensor, contiguous_strides
 
 if TYPE_CHECKING:
+    from spmdtorch.lazy import ViewStep
+    from spmdtorch.lazy.graph import Aval
     from spmdtorch.ops.registry import Lowering
+    from spmdtorch.tensor._facts import Op, OpFacts
 
 __all__ = ["META_CACHE", "META_CACHE_MAX", "MetaSpec", "TensorSpec", "meta_miss", "meta_outputs"]
 
 # Output specs by argument signature. Bounded: a program whose static
 # arguments never repeat (a loop over slice offsets) must not grow it forever.
 META_CACHE_MAX = 1 << 14
-META_CACHE = caches.bounded("tensor.dispatch.meta_cache", META_CACHE_MAX)
+META_CACHE: caches.BoundedCache[Hashable, MetaSpec] = caches.bounded("tensor.dispatch.meta_cache", META_CACHE_MAX)
 _COUNTERS = metrics.counters
 
 
 class TensorSpec(NamedTuple):
     """One tensor output as torch's meta kernel made it."""
 
-    shape: tuple
-    stride: tuple
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
     offset: int
     dtype: torch.dtype
-    contiguous_stride: tuple  # the strides of a fresh contiguous tensor of this shape
+    contiguous_stride: tuple[int, ...]  # the strides of a fresh contiguous tensor of this shape
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -57,16 +61,18 @@ class MetaSpec:
             what a first caller fills is valid for every hit.
     """
 
-    specs: tuple
+    # Per output a TensorSpec / MetaKey, or None for a non-tensor output;
+    # typed Any since the dispatch paths index the outputs they know are tensors.
+    specs: tuple[Any, ...]
     multi: bool
-    avals: tuple = ()
-    dense_mks: tuple = ()
-    view_mks: tuple = ()
+    avals: tuple[Aval, ...] = ()
+    dense_mks: tuple[Any, ...] = ()
+    view_mks: tuple[Any, ...] = ()
     sig: int | None = None
-    steps: tuple | None = None
+    steps: tuple[ViewStep, ...] | None = None
     twin: tuple[Lowering, MetaSpec] | Literal[False] | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         specs = self.specs
         self.avals = tuple((sp.shape, _dtypes.to_jax_dtype(sp.dtype)) for sp in specs if sp is not None)
         self.dense_mks = tuple(
@@ -75,7 +81,7 @@ class MetaSpec:
         self.view_mks = tuple(None if sp is None else MetaKey(sp.shape, sp.stride, sp.offset, sp.dtype) for sp in specs)
 
 
-def _run_meta(func, args, kwargs, facts):
+def _run_meta(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     meta_kwargs = kwargs
     if facts.has_device and kwargs.get("device") is not None:
         meta_kwargs = dict(kwargs, device="meta")
@@ -92,7 +98,7 @@ def _run_meta(func, args, kwargs, facts):
         MetaFlag.active = False
 
 
-def _to_meta(a):
+def _to_meta(a: Any) -> Any:
     if isinstance(a, XlaTensor):
         return a
     if isinstance(a, torch.Tensor):
@@ -102,12 +108,19 @@ def _to_meta(a):
     return a
 
 
-def _tensor_spec(o) -> TensorSpec:
+def _tensor_spec(o: torch.Tensor) -> TensorSpec:
     shape = tuple(o.shape)
-    return TensorSpec(shape, tuple(o.stride()), o.storage_offset(), o.dtype, contiguous_strides(shape))
+    # torch types storage_offset() int | SymInt; a meta kernel's output (no symbolic shapes) has an int.
+    return TensorSpec(
+        shape,
+        tuple(o.stride()),
+        o.storage_offset(),  # type: ignore[arg-type]
+        o.dtype,
+        contiguous_strides(shape),
+    )
 
 
-def _meta_spec(out) -> MetaSpec | None:
+def _meta_spec(out: object) -> MetaSpec | None:
     if isinstance(out, torch.Tensor):
         return MetaSpec((_tensor_spec(out),), False)
     if isinstance(out, (tuple, list)):
@@ -115,7 +128,7 @@ def _meta_spec(out) -> MetaSpec | None:
     return None
 
 
-def meta_outputs(func, args, kwargs, facts, key) -> MetaSpec:
+def meta_outputs(func: Op, args: Sequence[Any], kwargs: dict[str, Any], facts: OpFacts, key: Hashable) -> MetaSpec:
     """The ``MetaSpec`` of ``func(*args, **kwargs)`` (``key``: its ``Args.key``)."""
     hit = META_CACHE.get(key)
     if hit is not None:
@@ -124,7 +137,7 @@ def meta_outputs(func, args, kwargs, facts, key) -> MetaSpec:
     return meta_miss(func, args, kwargs, facts, key)
 
 
-def meta_miss(func, args, kwargs, facts, key) -> MetaSpec:
+def meta_miss(func: Op, args: Sequence[Any], kwargs: dict[str, Any], facts: OpFacts, key: Hashable) -> MetaSpec:
     """``meta_outputs`` after a cache miss (the hot paths look the cache up inline)."""
     out = _run_meta(func, args, kwargs, facts)
     spec = _meta_spec(out)
