@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 import itertools
 import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.utils._device
@@ -46,7 +48,7 @@ from spmdtorch.tensor.xla_tensor import XlaTensor
 __all__ = ["install", "to_xla", "torch_function"]
 
 
-def _is_xla(device) -> bool:
+def _is_xla(device: object) -> bool:
     if isinstance(device, torch.device):
         return device.type == "xla"
     if isinstance(device, str):
@@ -58,11 +60,11 @@ class _ToXla(torch.autograd.Function):
     """CPU → xla transfer that autograd can differentiate (grad flows back to CPU)."""
 
     @staticmethod
-    def forward(ctx, t):
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
         return transfer.from_host(t)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad.cpu()
 
 
@@ -71,7 +73,7 @@ def to_xla(t: torch.Tensor) -> torch.Tensor:
     if isinstance(t, XlaTensor):
         return t
     if t.requires_grad and torch.is_grad_enabled():
-        return _ToXla.apply(t)
+        return _ToXla.apply(t)  # type: ignore[no-untyped-call, no-any-return]  # Function.apply: unannotated in torch
     return transfer.from_host(t)
 
 
@@ -81,7 +83,7 @@ _TORCH_TO = torch.Tensor.to
 _DTYPE = torch.dtype
 _DEVICE = torch.device
 _STR = str
-_TORCH_FROM_DATA = {
+_TORCH_FROM_DATA: dict[str, Callable[..., torch.Tensor]] = {
     "tensor": torch.tensor,
     "as_tensor": torch.as_tensor,
     "asarray": torch.asarray,
@@ -89,7 +91,7 @@ _TORCH_FROM_DATA = {
 _TORCH_NEW_TENSOR = torch.Tensor.new_tensor
 
 
-def _to_targets_xla(self, args, kwargs) -> bool:
+def _to_targets_xla(self: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether ``self.to(*args, **kwargs)`` moves host data to the xla device.
 
     Only CPU tensors (and xla tensors) move here; other tensors (the meta
@@ -106,7 +108,7 @@ def _to_targets_xla(self, args, kwargs) -> bool:
     return target and (isinstance(self, XlaTensor) or self.device.type == "cpu")
 
 
-def _to_xla_device(self, args, kwargs):
+def _to_xla_device(self: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     """``self.to(...)`` with an xla target: torch's conversion rules, then the transfer."""
     kwargs = dict(kwargs)
     copy = kwargs.pop("copy", False)
@@ -119,7 +121,7 @@ def _to_xla_device(self, args, kwargs):
     return to_xla(self)  # always a new tensor: `copy` is satisfied
 
 
-def _tensor_to(self, *args, **kwargs):
+def _tensor_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     # The common CPU calls exit after one or two class tests (this frame is
     # all that the import adds to them): `t.to(dtype)`, `t.to("cpu")`,
     # `t.to(torch.device("cpu"))`, and keyword-only calls without `device=`.
@@ -137,7 +139,7 @@ def _tensor_to(self, *args, **kwargs):
     return _TORCH_TO(self, *args, **kwargs)
 
 
-def _from_data(func, args, kwargs):
+def _from_data(func: Callable[..., torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     """torch.tensor / as_tensor / asarray / new_tensor with device="xla": build on CPU, then transfer."""
     kwargs = dict(kwargs, device="cpu")
     requires_grad = kwargs.pop("requires_grad", False)
@@ -159,10 +161,10 @@ def _default_device_is_xla() -> bool:
     return False
 
 
-def _from_data_wrapper(func):
+def _from_data_wrapper(func: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     # torch.tensor, as_tensor and asarray take `device` by keyword only.
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> torch.Tensor:
         if kwargs and kwargs.get("device") is not None and _is_xla(kwargs["device"]):
             return _from_data(func, args, kwargs)
         try:
@@ -179,7 +181,7 @@ def _from_data_wrapper(func):
     return wrapper
 
 
-def _new_tensor(self, *args, **kwargs):
+def _new_tensor(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if kwargs and kwargs.get("device") is not None and _is_xla(kwargs["device"]):
         return _from_data(_TORCH_NEW_TENSOR, (self, *args), kwargs)
     return _TORCH_NEW_TENSOR(self, *args, **kwargs)
@@ -198,12 +200,12 @@ _NO_RETRY = _BACKWARD
 _SPECIAL_FUNCS = frozenset(_INDEXING | _BACKWARD | FUNCTION_OVERRIDES.keys())
 
 
-def _host_list(seq):
+def _host_list(seq: Sequence[Any]) -> torch.Tensor:
     t = torch.tensor(seq)
     return t if t.dtype == torch.bool else t.to(torch.long)
 
 
-def _host_index(index):
+def _host_index(index: Any) -> Any:
     """``x[[0, 2]]``-style index lists → CPU index tensors (same meaning)."""
     if isinstance(index, list):
         # A list holding slices, None, ..., tensors or sequences is a tuple
@@ -217,7 +219,7 @@ def _host_index(index):
     return index
 
 
-def _any_xla(args, kwargs) -> bool:
+def _any_xla(args: Iterable[Any], kwargs: dict[str, Any]) -> bool:
     for a in itertools.chain(args, kwargs.values()):
         if isinstance(a, XlaTensor):
             return True
@@ -226,7 +228,7 @@ def _any_xla(args, kwargs) -> bool:
     return False
 
 
-def _grad_back_to_xla(node) -> None:
+def _grad_back_to_xla(node: torch.autograd.graph.Node) -> None:
     """Make the backward of a host copy of an xla tensor return an xla gradient.
 
     Autograd's ``ToCopyBackward0`` copies the gradient to the source's
@@ -239,7 +241,9 @@ def _grad_back_to_xla(node) -> None:
     if type(node).__name__ != "ToCopyBackward0":
         return
 
-    def to_xla(grad_inputs, grad_outputs):
+    def to_xla(
+        grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: tuple[torch.Tensor | None, ...]
+    ) -> tuple[torch.Tensor] | None:
         (meta,), (grad,) = grad_inputs, grad_outputs
         if meta is None or grad is None or not meta.is_meta:
             return None
@@ -249,7 +253,7 @@ def _grad_back_to_xla(node) -> None:
 
 
 @torch_function_handler
-def torch_function(func, args, kwargs):
+def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one torch call that has an xla tensor among its arguments.
 
     Called by ``XlaTensor.__torch_function__`` with subclass torch-function
@@ -318,10 +322,10 @@ def torch_function(func, args, kwargs):
 
 # -- installation -------------------------------------------------------------------
 
-_LIB = None
+_LIB: torch.library.Library | None = None
 
 
-def _register_torchscript_builtin(wrapper, original) -> None:
+def _register_torchscript_builtin(wrapper: Callable[..., Any], original: Callable[..., Any]) -> None:
     """TorchScript maps torch functions to ATen ops by object identity; its
     table, once built, must know the wrapper as the op it wraps."""
     import torch.jit._builtins as builtins
@@ -332,7 +336,7 @@ def _register_torchscript_builtin(wrapper, original) -> None:
             builtins._builtin_table[id(wrapper)] = op
 
 
-def _as_torch_function(fn, original):
+def _as_torch_function(fn: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     """A copy of ``fn`` that ``help()`` shows as torch's ``original`` (name,
     docstring, ``__wrapped__``); a copy so that this module's own doctests
     do not run torch's examples."""
@@ -340,7 +344,7 @@ def _as_torch_function(fn, original):
     return functools.update_wrapper(wrapper, original)
 
 
-def _identity_sets() -> list[set]:
+def _identity_sets() -> list[set[Callable[..., Any]]]:
     """torch's cached sets of its own functions that are compared by identity.
 
     torch builds them the first time they are needed, by attribute

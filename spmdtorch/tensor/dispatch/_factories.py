@@ -9,6 +9,8 @@ xla tensors.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -17,6 +19,9 @@ from spmdtorch.tensor._host import to_device_array
 from spmdtorch.tensor._router import dispatch, facts_of
 from spmdtorch.tensor.dispatch._paths import dispatch_lowering
 from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XlaTensor, new_base
+
+if TYPE_CHECKING:
+    from spmdtorch.tensor._facts import Op
 
 __all__ = ["CAPTURE_FUNCS", "capture_meta_factories", "factory_kernel"]
 
@@ -28,10 +33,10 @@ aten = torch.ops.aten
 # Top-level torch functions known to build helper tensors from an xla tensor's
 # options (so on meta); the device mode runs them under capture_meta_factories
 # straight away instead of failing first.
-CAPTURE_FUNCS: set = set()
+CAPTURE_FUNCS: set[Callable[..., Any]] = set()
 
 
-def _has_tensor(args, kwargs) -> bool:
+def _has_tensor(args: Iterable[Any], kwargs: dict[str, Any]) -> bool:
     for a in itertools.chain(args, kwargs.values()):
         if isinstance(a, torch.Tensor):
             return True
@@ -51,7 +56,9 @@ class _MetaFactoriesToXla(TorchDispatchMode):
         # through it (it traces xla tensors as meta stand-ins, outside it).
         return False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self, func: Op, types: Sequence[type], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         device = kwargs.get("device")
         if device is not None:
@@ -71,7 +78,7 @@ class _MetaFactoriesToXla(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def capture_meta_factories():
+def capture_meta_factories() -> TorchDispatchMode:
     """Context manager: factory ops on ``meta`` create xla tensors instead.
 
     Only for running one torch call on xla tensors whose C++ implementation
@@ -87,16 +94,16 @@ def capture_meta_factories():
         >>> c.device.type
         'xla'
     """
-    return _MetaFactoriesToXla()
+    return _MetaFactoriesToXla()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated in torch
 
 
 # -- factories on the XLA dispatch key -------------------------------------------------
 
 
-def factory_kernel(func):
+def factory_kernel(func: Op) -> Callable[..., Any]:
     """Kernel for ``torch.<factory>(..., device="xla")`` registered on the XLA key."""
 
-    def kernel(*args, **kwargs):
+    def kernel(*args: Any, **kwargs: Any) -> Any:
         facts = facts_of(func)
         if facts.lowering is None:
             raise NotImplementedError(f"spmdtorch has no lowering for factory {func}")

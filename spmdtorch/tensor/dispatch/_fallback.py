@@ -10,6 +10,8 @@ back as new xla tensors, whose upload waits for their first use (as
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from spmdtorch.lazy import contract, metrics
@@ -18,6 +20,9 @@ from spmdtorch.tensor._values import to_cpu
 from spmdtorch.tensor.dispatch._paths import dispatch_lowering, dispatch_mutation
 from spmdtorch.tensor.dispatch._special import copy_
 from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XlaTensor, from_host
+
+if TYPE_CHECKING:
+    from spmdtorch.tensor._facts import Op, OpFacts
 
 aten = torch.ops.aten
 
@@ -47,7 +52,7 @@ _INDEX_OPS = ("index.Tensor", "index_put.default", "index_put_.default", "_index
     "geqrf",
     "linalg_lstsq",
 )
-def cpu_fallback(func, args, kwargs, facts):
+def cpu_fallback(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """Run ``func`` on CPU copies and bring the results back (data-dependent shapes).
 
     Counted as ``aten::<op>`` in the metrics, like PyTorch/XLA's CPU fallback.
@@ -55,7 +60,7 @@ def cpu_fallback(func, args, kwargs, facts):
     contract.check_not_tracing(f"runs the data-dependent op {func}")
     metrics.inc(f"aten::{func._schema.name.split('::')[-1]}")
 
-    def cpu(a):
+    def cpu(a: Any) -> Any:
         if isinstance(a, XlaTensor):
             return to_cpu(a)
         if isinstance(a, (list, tuple)):
@@ -74,7 +79,7 @@ def cpu_fallback(func, args, kwargs, facts):
         if isinstance(orig, XlaTensor):
             copy_(None, (orig, new), {})
 
-    def back(o):
+    def back(o: Any) -> Any:
         if isinstance(o, torch.Tensor):
             for i in facts.mutable_pos:
                 if i < len(args) and o is cpu_args[i]:
@@ -90,7 +95,7 @@ def cpu_fallback(func, args, kwargs, facts):
 
 
 @special(*_INDEX_OPS)
-def _dispatch_index(func, args, kwargs, facts):
+def _dispatch_index(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """index/index_put: boolean masks make the shape data-dependent."""
     if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ())):
         return cpu_fallback(func, args, kwargs, facts)
@@ -100,7 +105,7 @@ def _dispatch_index(func, args, kwargs, facts):
 
 
 @special("bincount.default")
-def _bincount(func, args, kwargs, facts):
+def _bincount(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """``bincount`` on the device: only its length comes from the data.
 
     The output length is ``max(self.max() + 1, minlength)``, so the extrema

@@ -10,7 +10,7 @@ out-of-place one (``_paths.lowering_batch``).
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,9 @@ from spmdtorch.lazy import caches
 from spmdtorch.tensor._router import dispatch, special
 from spmdtorch.tensor.dispatch._errors import ForeachError
 from spmdtorch.tensor.dispatch._paths import decompose, inplace_batch, lowering_batch, write
+
+if TYPE_CHECKING:
+    from spmdtorch.tensor._facts import Op, OpFacts
 
 __all__ = ["foreach"]
 
@@ -28,11 +31,11 @@ aten = torch.ops.aten
 _FOREACH_ALIASES = {"maximum": ("maximum", "clamp_min"), "minimum": ("minimum", "clamp_max")}
 
 
-def _match_overload(packet, want):
+def _match_overload(packet: torch._ops.OpOverloadPacket[..., Any], want: list[tuple[str, int]]) -> Op | None:
     """The overload of ``packet`` whose leading argument types are ``want`` (fewest extra defaults)."""
-    best = None
+    best: Op | None = None
     for ov in packet.overloads():
-        cand = getattr(packet, ov)
+        cand: Op = getattr(packet, ov)
         cargs = cand._schema.arguments
         if any(c.kwarg_only and c.alias_info is not None and c.alias_info.is_write for c in cargs):
             continue  # an out= variant
@@ -46,7 +49,7 @@ def _match_overload(packet, want):
 
 
 @caches.memoize("tensor.dispatch.foreach_plans", maxsize=1024)
-def _foreach_plan(func):
+def _foreach_plan(func: Op) -> tuple[Op, tuple[tuple[int, str | None], ...], bool, bool] | None:
     """How ``_foreach_X`` maps onto the per-tensor op ``X``, or None if it cannot.
 
     The per-tensor overload is found by argument *types* (the names differ:
@@ -71,7 +74,7 @@ def _foreach_plan(func):
     name = schema.name.split("::")[-1][len("_foreach_") :]
     inplace = not schema.returns
     base = name[:-1] if inplace else name
-    want = []
+    want: list[tuple[str, int]] = []
     for a in schema.arguments:
         t = str(a.type)
         if t.startswith("List[") and t.endswith("]"):
@@ -92,7 +95,7 @@ def _foreach_plan(func):
 
 
 @special(prefix="aten::_foreach_")
-def foreach(func, args, kwargs, facts):
+def foreach(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """``_foreach_X(lists, ...)`` → ``X`` once per list element.
 
     Each element op goes straight to ``dispatch`` (this already runs below

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -26,6 +27,7 @@ from spmdtorch.tensor.xla_tensor import PYTHON_KEY, XlaTensor, dense_tensor, for
 
 if TYPE_CHECKING:
     from spmdtorch.ops.registry import Lowering
+    from spmdtorch.tensor._facts import Op, OpFacts
     from spmdtorch.tensor.dispatch._meta import MetaSpec
 
 __all__ = ["decompose", "dispatch_lowering", "dispatch_mutation", "dispatch_view", "write"]
@@ -38,7 +40,7 @@ _new_part = tuple.__new__  # Part(...) without the NamedTuple's Python-level __n
 
 
 @path("decompose")
-def decompose(func, args, kwargs, facts=None):
+def decompose(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts | None = None) -> Any:
     """torch's decomposition of ``func``, else ``NotImplementedError`` naming the overload."""
     decomp = torch._decomp.decomposition_table.get(func)
     if decomp is not None:
@@ -58,9 +60,11 @@ def decompose(func, args, kwargs, facts=None):
 
 
 @path("lowering")
-def dispatch_lowering(func, args, kwargs, facts):
+def dispatch_lowering(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """Record ``func``'s lowering as one node; return its outputs as new tensors."""
-    low = facts.lowering
+    # Not a stub gap: the router sends only ops with a lowering here (_router._resolve),
+    # a fact mypy cannot see, and a check would cost every recorded op.
+    low: Lowering = facts.lowering  # type: ignore[assignment]
     if low.random and kwargs.get("generator") is not None:
         rng.check_generator(func, kwargs["generator"])  # raises: xla draws use the default generator
     parsed = Args(func, facts, args, kwargs)
@@ -102,7 +106,7 @@ def dispatch_lowering(func, args, kwargs, facts):
 
 
 @path("view")
-def dispatch_view(func, args, kwargs, facts):
+def dispatch_view(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """A view of ``args[0]``: same storage, one more ``ViewStep`` (no node until read)."""
     self = args[0]
     if not isinstance(self, XlaTensor):
@@ -137,7 +141,7 @@ def dispatch_view(func, args, kwargs, facts):
     return [view_tensor(self._st, chain_base + (step,), mk) for step, mk in zip(steps, meta.view_mks)]
 
 
-def _view_statics(args) -> tuple:
+def _view_statics(args: Sequence[Any]) -> tuple[Any, ...]:
     """The arguments after ``self`` of a view op as a hashable tuple (``_static`` of each).
 
     Dims and sizes (ints, int lists) are the usual arguments of the ~300
@@ -153,7 +157,7 @@ def _view_statics(args) -> tuple:
     return tuple([tuple(a) if type(a) is list and all_ints(a) else _static(a) for a in rest])
 
 
-def _static(a):
+def _static(a: Any) -> Any:
     t = type(a)
     if t is int or t is bool or a is None:  # the common case (dims, sizes), checked first
         return a
@@ -164,7 +168,9 @@ def _static(a):
     return a
 
 
-def _inplace_twin_spec(func, twin, args, kwargs, parsed) -> tuple[Lowering, MetaSpec] | Literal[False]:
+def _inplace_twin_spec(
+    func: Op, twin: Op, args: tuple[Any, ...], kwargs: dict[str, Any], parsed: Args
+) -> tuple[Lowering, MetaSpec] | Literal[False]:
     """``(lowering, MetaSpec)`` of ``twin`` for an in-place call, or False.
 
     Valid for every call with the same meta key (the key fixes the shapes,
@@ -198,7 +204,7 @@ def _inplace_twin_spec(func, twin, args, kwargs, parsed) -> tuple[Lowering, Meta
 
 
 @path("mutation")
-def dispatch_mutation(func, args, kwargs, facts):
+def dispatch_mutation(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """``add_``/``out=``: run the functional twin and write its results back."""
     twin = facts.twin
     if twin is UNSET:
@@ -242,7 +248,7 @@ def dispatch_mutation(func, args, kwargs, facts):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _reads_other_self(values, own, selves) -> bool:
+def _reads_other_self(values: Iterable[Any], own: Storage, selves: set[int]) -> bool:
     """Whether an xla tensor among ``values`` (or in a list among them) lives in another call's ``self`` storage."""
     for v in values:
         if isinstance(v, XlaTensor):
@@ -253,7 +259,7 @@ def _reads_other_self(values, own, selves) -> bool:
     return False
 
 
-def _identity(inputs) -> tuple:
+def _identity(inputs: Sequence[Any]) -> tuple[object, ...]:
     """What the plan's merge of equal computations sees of a node's inputs.
 
     An input-less, non-random pending value (``torch.zeros`` made once per
@@ -274,7 +280,7 @@ def _identity(inputs) -> tuple:
     return tuple(out)
 
 
-def inplace_batch(func, calls) -> bool:
+def inplace_batch(func: Op, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> bool:
     """Record the in-place calls ``func(*args, **kwargs)`` (one per list element) as ONE node.
 
     An optimizer's ``_foreach_add_(params, ...)`` is one in-place op per
@@ -339,7 +345,7 @@ def inplace_batch(func, calls) -> bool:
     return True
 
 
-def lowering_batch(func, calls) -> list[XlaTensor] | None:
+def lowering_batch(func: Op, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[XlaTensor] | None:
     """The out-of-place calls ``func(*args, **kwargs)`` (one per list element) recorded as ONE node.
 
     ``_foreach_sqrt(exp_avg_sqs)`` and the like (see :func:`inplace_batch`):

@@ -8,6 +8,8 @@ points. Each registers with ``@special`` by ATen name.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from spmdtorch.lazy import contract, metrics
@@ -19,13 +21,16 @@ from spmdtorch.tensor.dispatch._errors import DeviceMismatchError, MetaFactoryLe
 from spmdtorch.tensor.dispatch._paths import decompose, dispatch_lowering, write
 from spmdtorch.tensor.xla_tensor import PYTHON_KEY, XLA_DEVICE, XlaTensor, forget_meta_key, new_base
 
+if TYPE_CHECKING:
+    from spmdtorch.tensor._facts import Op, OpFacts
+
 __all__ = ["copy_", "local_scalar_dense"]
 
 aten = torch.ops.aten
 
 
 @special("copy_.default")
-def copy_(func, args, kwargs, facts=None):
+def copy_(func: Op | None, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts | None = None) -> Any:
     """``dst.copy_(src)`` where either side is an xla tensor."""
     dst, src = args[0], args[1]
     if not isinstance(dst, XlaTensor):
@@ -43,7 +48,7 @@ def copy_(func, args, kwargs, facts=None):
 
 
 @special("_to_copy.default")
-def _to_copy(func, args, kwargs, facts):
+def _to_copy(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     x = args[0]
     device = kwargs.get("device")
     # C++ code sees an XlaTensor's storage device (meta): ``x.to(dtype)``
@@ -63,14 +68,16 @@ def _to_copy(func, args, kwargs, facts):
 
 
 @special("_local_scalar_dense.default")
-def local_scalar_dense(func, args, kwargs, facts=None):
+def local_scalar_dense(
+    func: Op | None, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts | None = None
+) -> Any:
     """``.item()``: the value, computed now."""
     metrics.inc("aten::_local_scalar_dense")
     return to_cpu(args[0]).item()
 
 
 @special("t_", "transpose_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "as_strided_")
-def _metadata_inplace_view(func, args, kwargs, facts):
+def _metadata_inplace_view(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """``t_``, ``transpose_``, ``squeeze_``...: self becomes a view of itself."""
     self = args[0]
     view = dispatch(view_twin(func), args, kwargs)
@@ -82,7 +89,7 @@ def _metadata_inplace_view(func, args, kwargs, facts):
 
 
 @special("set_.source_Tensor")
-def _set_(func, args, kwargs, facts):
+def _set_(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     self = args[0]
     if len(args) < 2 or not isinstance(args[1], XlaTensor):
         raise NotImplementedError(f"{func} is only supported with another xla tensor as source")
@@ -96,7 +103,7 @@ def _set_(func, args, kwargs, facts):
 
 
 @special("resize_.default")
-def _resize_(func, args, kwargs, facts):
+def _resize_(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     self, size = args[0], list(args[1])
     if list(self.shape) == size:
         return self
@@ -111,7 +118,7 @@ def _resize_(func, args, kwargs, facts):
 
 
 @special("equal.default")
-def _equal(func, args, kwargs, facts):
+def _equal(func: Op | None, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts | None) -> Any:
     """``torch.equal``: a Python bool, so the comparison is computed now."""
     a, b = args[0], args[1]
     if tuple(a.shape) != tuple(b.shape):
@@ -122,14 +129,14 @@ def _equal(func, args, kwargs, facts):
 
 
 @special("allclose.default")
-def _allclose(func, args, kwargs, facts):
+def _allclose(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """``torch.allclose``: a Python bool, computed now through ``isclose``."""
     close = dispatch(aten.isclose.default, args, kwargs)
     return bool(local_scalar_dense(None, (dispatch(aten.all.default, (close,), {}),), {}))
 
 
 @special("_linalg_check_errors.default")
-def _linalg_check_errors(func, args, kwargs, facts):
+def _linalg_check_errors(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """torch.linalg's ``check_errors``: skipped, as PyTorch/XLA does, because
     raising needs the ``info`` values on the host (a sync per call, and
     impossible inside ``spmdtorch.compile``); a failed factorization shows as
@@ -138,7 +145,7 @@ def _linalg_check_errors(func, args, kwargs, facts):
 
 
 @special("_linalg_det.default", "_linalg_slogdet.default")
-def _linalg_det_factors(func, args, kwargs, facts):
+def _linalg_det_factors(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """``_linalg_det``/``_linalg_slogdet``: return the LU factors torch's backward expects.
 
     torch factors ``A^T`` when A is contiguous and real (LAPACK is
@@ -159,7 +166,7 @@ def _linalg_det_factors(func, args, kwargs, facts):
 # torch's decompositions express the update as a functional op plus copy_,
 # which the engine writes back like any in-place op.
 @special("native_batch_norm.default", "_native_batch_norm_legit.default", "_batch_norm_with_update.default")
-def _decompose_batch_norm(func, args, kwargs, facts):
+def _decompose_batch_norm(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """torch's decomposition, with eager CPU's eval-mode outputs: empty
     ``save_mean``/``save_invstd`` (the decomposition returns per-channel ones
     off CPU, as CUDA does; backward in eval mode reads the running stats)."""
@@ -176,7 +183,9 @@ def _decompose_batch_norm(func, args, kwargs, facts):
 
 
 @special("_nested_tensor_from_mask_left_aligned.default")
-def _nested_tensor_from_mask_left_aligned(func, args, kwargs, facts):
+def _nested_tensor_from_mask_left_aligned(
+    func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts
+) -> Any:
     """Whether each row of ``mask`` (N, L) is all True then all False: a Python bool.
 
     ``nn.TransformerEncoder`` asks this in eval mode to choose its nested-tensor
@@ -214,7 +223,7 @@ def _nested_tensor_from_mask_left_aligned(func, args, kwargs, facts):
 
 
 @special("is_pinned.default")
-def _is_pinned(func, args, kwargs, facts):
+def _is_pinned(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """``t.is_pinned()``: False, an xla tensor lives in device memory, never in pinned host memory.
 
     ``torch.distributed.checkpoint`` asks it of every tensor it saves.
