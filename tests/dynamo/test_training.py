@@ -268,3 +268,23 @@ def test_recompiles_are_counted_but_not_logged_without_the_knob(log_recompiles_e
         fast(torch.ones(3).to("xla"))
     assert debug.counter_value("DynamoRecompiles") == 1
     assert not [r for r in caplog.records if "Dynamo guard failed" in r.getMessage()]
+
+
+def test_compiled_model_with_a_checkpoint_module_layer_matches_eager_values_and_gradients():
+    from spmdtorch.fsdp import checkpoint_module
+
+    cpu = _mlp()
+    xla = copy.deepcopy(cpu).to("xla")
+    xla[0] = checkpoint_module(xla[0])
+    fast = torch.compile(xla, backend="spmdtorch")
+    for _ in range(2):
+        x = torch.randn(4, 16)
+        for m in (cpu, xla):
+            m.zero_grad()
+        out = fast(x.to("xla"))
+        out.square().sum().backward()
+        want = cpu(x)
+        want.square().sum().backward()
+        torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+        for p, q in zip(xla.parameters(), cpu.parameters(), strict=True):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
