@@ -46,9 +46,14 @@ from spmdtorch.lazy import metrics
 if TYPE_CHECKING:
     import jax
 
-    from spmdtorch.lazy._storage import Storage
-    from spmdtorch.lazy.executor import ProgramKey
-    from spmdtorch.lazy.graph import LazyRef
+# The engine's tables hold storages (lazy._storage.Storage), program keys
+# (lazy.executor.ProgramKey) and lazy references (lazy.graph.LazyRef). Those
+# modules are built on this one, so importing their classes here, even for
+# typing only, would make an import cycle (tools/import_cycles.py counts
+# typing-only imports): the tables name them through these aliases instead.
+Storage = Any
+ProgramKey = Any
+LazyRef = Any
 
 __all__ = ["ENGINE", "CompileCache", "Engine", "RegisteredCache"]
 

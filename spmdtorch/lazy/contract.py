@@ -10,7 +10,10 @@ if TYPE_CHECKING:
     import jax
     import torch
 
-    from spmdtorch.lazy._storage import Storage
+# lazy._storage.Storage: _storage imports this module (it checks the trace
+# contract on writes), so the storages recorded here are typed through an
+# alias, not an import (which would be an import cycle, typing-only or not).
+Storage = Any
 
 __all__ = [
     "TRACE_OWNER",

@@ -16,7 +16,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import NamedTuple, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Self, SupportsIndex, cast, overload
 
 import jax
 import torch
@@ -26,6 +27,14 @@ from spmdtorch.lazy import Storage, caches
 from spmdtorch.tensor._host import HostCopy, to_device_array
 from spmdtorch.tensor._router import dispatch, torch_function
 from spmdtorch.tensor._values import to_cpu
+
+if TYPE_CHECKING:
+    import numpy as np
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from spmdtorch.lazy import ViewStep
+    from spmdtorch.lazy.graph import LazyRef
+    from spmdtorch.tensor._facts import Op
 
 __all__ = [
     "PYTHON_KEY",
@@ -72,8 +81,8 @@ _NO_SUBCLASS_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 class MetaKey(NamedTuple):
     """A tensor's metadata as the shape-cache key sees it (``XlaTensor._mk``)."""
 
-    shape: tuple
-    stride: tuple
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
     offset: int
     dtype: torch.dtype
 
@@ -89,7 +98,11 @@ class _MetaKeyField:
     ``XlaTensor.__new__``) wins and the common read is one dict hit.
     """
 
-    def __get__(self, obj, objtype=None):
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _MetaKeyField: ...
+    @overload
+    def __get__(self, obj: torch.Tensor, objtype: type | None = None) -> MetaKey: ...
+    def __get__(self, obj: torch.Tensor | None, objtype: type | None = None) -> MetaKey | _MetaKeyField:
         if obj is None:
             return self
         mk = _mk(MetaKey, (tuple(obj.shape), obj.stride(), obj.storage_offset(), obj.dtype))
@@ -106,7 +119,7 @@ def forget_meta_key(t: torch.Tensor) -> None:
 # tensor. Their ``meta`` fakes stand for xla tensors: spmdtorch.dynamo reports
 # such a fake's device as ``xla:0`` to the traced Python. Weak: a mode lives
 # as long as its trace.
-XLA_FAKE_MODES: weakref.WeakSet = weakref.WeakSet()
+XLA_FAKE_MODES: weakref.WeakSet[FakeTensorMode] = weakref.WeakSet()
 
 
 class _FlattenContext(NamedTuple):
@@ -130,7 +143,13 @@ class XlaTensor(torch.Tensor):
     """
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         # Only calls with an xla tensor argument come here (plain CPU torch
         # never does): autocast, index lists and meta-helper capture need the
         # torch-level function; nested calls go straight to __torch_dispatch__.
@@ -138,7 +157,7 @@ class XlaTensor(torch.Tensor):
             return torch_function(func, args, kwargs or {})
 
     _st: Storage
-    _chain: tuple
+    _chain: tuple[ViewStep, ...]
     # (shape, stride, storage offset, dtype) as a MetaKey: the tensor's
     # part of the shape-cache key (spmdtorch.tensor.dispatch._meta). Reading these
     # through torch is three or four C calls and fresh tuples per argument of
@@ -148,7 +167,17 @@ class XlaTensor(torch.Tensor):
     _mk = _MetaKeyField()
 
     @staticmethod
-    def __new__(cls, storage: Storage, chain: tuple, shape, stride, offset, dtype, requires_grad=False, mk=None):
+    def __new__(
+        cls,
+        storage: Storage,
+        chain: tuple[ViewStep, ...],
+        shape: Sequence[int],
+        stride: Sequence[int] | None,
+        offset: int | torch.SymInt,
+        dtype: torch.dtype,
+        requires_grad: bool = False,
+        mk: MetaKey | None = None,
+    ) -> Self:
         if mk is None:
             if stride is None:
                 mk = _mk(MetaKey, (tuple(shape), contiguous_strides(tuple(shape)), 0, dtype))
@@ -192,12 +221,12 @@ class XlaTensor(torch.Tensor):
         return False
 
     @property
-    def data(self):
+    def data(self) -> torch.Tensor:
         # Tensor.data is a C getset descriptor; torch's stub declares a plain Tensor attribute.
         return torch.Tensor.data.__get__(self)  # type: ignore[attr-defined]
 
     @data.setter
-    def data(self, new):
+    def data(self, new: torch.Tensor) -> None:
         if not isinstance(new, XlaTensor):
             raise RuntimeError(
                 f"data set to a tensor that is on {new.device} while the tensor is on xla:0; "
@@ -228,7 +257,7 @@ class XlaTensor(torch.Tensor):
         """The storage's fake address plus the view's byte offset (see ``untyped_storage``)."""
         return storage_stand_in(self._st).data_ptr() + int(self.storage_offset()) * self.element_size()
 
-    def numpy(self, *, force: bool = False):
+    def numpy(self, *, force: bool = False) -> np.ndarray:
         if not force:
             raise TypeError(
                 "can't convert xla:0 device type tensor to numpy. Use Tensor.cpu() to copy "
@@ -236,24 +265,25 @@ class XlaTensor(torch.Tensor):
             )
         return self.cpu().numpy(force=True)
 
-    def __array__(self, dtype=None):
+    def __array__(self, dtype: np.dtype[Any] | None = None) -> np.ndarray:
         return self.numpy()
 
-    def tolist(self):
+    def tolist(self) -> list[Any]:
         return self.cpu().tolist()
 
-    def __repr__(self, *, tensor_contents=None):
+    # mypy finds torch's unannotated keyword-only __repr__ incompatible with any annotation of it.
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         if tensor_contents is None:
             cpu = to_cpu(self)
             # torch formats the values of the CPU copy; its own suffix logic
             # (device, dtype, grad_fn, in torch's order) then runs on self.
             tensor_contents = torch._tensor_str._tensor_str(cpu, len("tensor("))
         with torch._C.DisableTorchFunctionSubclass():
-            text = torch._tensor_str._str_intern(self, tensor_contents=tensor_contents)
+            text: str = torch._tensor_str._str_intern(self, tensor_contents=tensor_contents)
         # torch prefixes subclasses with their class name; users expect "tensor(".
         return "tensor(" + text[text.index("(") + 1 :]
 
-    def __setitem__(self, index, value):
+    def __setitem__(self, index: Any, value: Any) -> None:
         # For a Python number torch builds the value tensor on the tensor's
         # storage device (meta here), where the number would be lost; a 0-dim
         # CPU tensor carries it into copy_/index_put_ instead.
@@ -263,12 +293,12 @@ class XlaTensor(torch.Tensor):
 
     __str__ = __repr__
 
-    def __format__(self, spec):
+    def __format__(self, spec: str) -> str:
         if self.dim() == 0:
             return self.item().__format__(spec)
         return object.__format__(self, spec)
 
-    def __reduce_ex__(self, proto):
+    def __reduce_ex__(self, proto: SupportsIndex) -> tuple[Any, ...]:
         # What stock torch does for devices without host storage (the "xla"
         # branch of Tensor._reduce_ex_internal), minus the subclass wrapper
         # torch adds around subclasses (it would pickle the Storage and the
@@ -285,9 +315,10 @@ class XlaTensor(torch.Tensor):
             (to_cpu(self), self.dtype, str(XLA_DEVICE), self.requires_grad),
         )
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         if id(self) in memo:
-            return memo[id(self)]
+            copied: torch.Tensor = memo[id(self)]  # this method's own entry
+            return copied
         out = self.detach().clone()
         if isinstance(self, torch.nn.Parameter) or getattr(self, "_is_param", False):
             out = torch.nn.Parameter(out, requires_grad=self.requires_grad)
@@ -304,7 +335,7 @@ class XlaTensor(torch.Tensor):
     # creating a new Parameter per module, which would untie shared weights
     # (an embedding tied to the output head) and leave optimizers built
     # before the move holding the old CPU parameters.
-    def __tensor_flatten__(self):
+    def __tensor_flatten__(self) -> tuple[list[str], _FlattenContext]:
         # One inner tensor, a plain meta stand-in (``_meta``): tracing stacks
         # fakify a subclass through its inner tensors, and AOTAutograd takes a
         # subclass with none for an already-fake input. The context is the same
@@ -319,7 +350,7 @@ class XlaTensor(torch.Tensor):
         # TorchDynamo's guards read it on every call of a compiled function:
         # kept per tensor while its metadata (``_mk``) is the same object.
         mk = self._mk
-        cached = self.__dict__.get("_meta_stand_in")
+        cached: tuple[MetaKey, torch.Tensor] | None = self.__dict__.get("_meta_stand_in")
         if cached is not None and cached[0] is mk:
             return cached[1]
         if torch._C._len_torch_dispatch_stack():
@@ -334,7 +365,9 @@ class XlaTensor(torch.Tensor):
         self.__dict__["_meta_stand_in"] = (mk, stand_in)
         return stand_in
 
-    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+    def __coerce_same_metadata_as_tangent__(
+        self, expected_metadata: Any, expected_type: type | None = None
+    ) -> XlaTensor:
         """An xla gradient fed to an AOTAutograd backward traced with plain fakes.
 
         AOTAutograd traced the graph with ``meta`` stand-ins (plain tensors)
@@ -350,7 +383,9 @@ class XlaTensor(torch.Tensor):
         )
 
     @staticmethod
-    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
+    def __tensor_unflatten__(
+        inner_tensors: dict[str, torch.Tensor], ctx: _FlattenContext, outer_size: Any, outer_stride: Any
+    ) -> torch.Tensor:
         """The fake stand-in TorchDynamo / AOTAutograd trace with: the fakified ``meta`` inner tensor.
 
         Only tracing stacks rebuild subclasses from parts, and only from fake
@@ -376,7 +411,9 @@ class XlaTensor(torch.Tensor):
     # A classmethod, as torch documents __torch_dispatch__; torch's stub types the
     # base attribute as the (instance-level) disabled implementation.
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Op, types: Sequence[type], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         # The router resolves the op once (spmdtorch.tensor._router); a global
         # lookup here, so tests can wrap it (monkeypatch this module's ``dispatch``).
         return dispatch(func, args, kwargs or {})
@@ -385,7 +422,7 @@ class XlaTensor(torch.Tensor):
 class _Absent:
     """A class attribute that reads as missing: ``hasattr`` answers False."""
 
-    def __get__(self, obj, objtype=None):
+    def __get__(self, obj: object, objtype: type | None = None) -> NoReturn:
         raise AttributeError("__tensor_flatten__")
 
 
@@ -398,7 +435,7 @@ class _UnflattenableXlaTensor(XlaTensor):
     __tensor_flatten__ = _Absent()
 
 
-def _restore_xla_location(storage, location):
+def _restore_xla_location(storage: torch.serialization.STORAGE, location: str) -> torch.serialization.STORAGE | None:
     """``torch.load``'s deserializer for the "xla" location (``map_location="xla"``).
 
     Storages stay on the host: an xla tensor is saved as a CPU copy that
@@ -423,7 +460,7 @@ torch.serialization.register_package(30, lambda storage: None, _restore_xla_loca
 # storages never overlap (safetensors compares such ranges). Not an engine
 # cache: clearing it would change the identity of live tensors. Keyed weakly,
 # so it holds no storage alive; nothing is stored for tensors never asked.
-_STAND_INS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STAND_INS: weakref.WeakKeyDictionary[Storage, tuple[torch.UntypedStorage, int]] = weakref.WeakKeyDictionary()
 _ADDR_LOCK = threading.Lock()
 _NEXT_ADDR = [1 << 44]  # far above 0 (torch's "no storage") and page aligned
 _ADDR_ALIGN = 1 << 12
@@ -464,7 +501,7 @@ def storage_stand_in(st: Storage) -> torch.UntypedStorage:
     return stand_in
 
 
-def is_xla_tensor(t) -> bool:
+def is_xla_tensor(t: object) -> bool:
     return isinstance(t, XlaTensor)
 
 
@@ -484,7 +521,7 @@ def dense_tensor(storage: Storage, mk: MetaKey) -> XlaTensor:
     return r
 
 
-def view_tensor(storage: Storage, chain: tuple, mk: MetaKey) -> XlaTensor:
+def view_tensor(storage: Storage, chain: tuple[ViewStep, ...], mk: MetaKey) -> XlaTensor:
     """``XlaTensor(storage, chain, *mk, False, mk)``: a view with metadata ``mk``."""
     r = _MAKE_WRAPPER(
         XlaTensor, mk.shape, strides=mk.stride, storage_offset=mk.offset, dtype=mk.dtype, device=_META_DEVICE
@@ -495,7 +532,12 @@ def view_tensor(storage: Storage, chain: tuple, mk: MetaKey) -> XlaTensor:
     return r
 
 
-def new_base(value, dtype: torch.dtype, requires_grad: bool = False, sharding=None) -> XlaTensor:
+def new_base(
+    value: jax.Array | LazyRef,
+    dtype: torch.dtype,
+    requires_grad: bool = False,
+    sharding: jax.sharding.Sharding | None = None,
+) -> XlaTensor:
     """A fresh contiguous XlaTensor owning a new storage that holds ``value``."""
     shape = tuple(value.shape)
     return XlaTensor(Storage(value, sharding), (), shape, None, 0, dtype, requires_grad)
@@ -516,7 +558,7 @@ def storage_of(t: XlaTensor) -> Storage:
     return t._st
 
 
-def view_chain(t: XlaTensor) -> tuple:
+def view_chain(t: XlaTensor) -> tuple[ViewStep, ...]:
     """The view steps (``ViewStep``, ``ConstraintStep``) from ``storage_of(t)``'s base to ``t``; ``()`` for a base.
 
     Example:
@@ -528,7 +570,7 @@ def view_chain(t: XlaTensor) -> tuple:
     return t._chain
 
 
-def set_view_chain(t: XlaTensor, chain: tuple) -> None:
+def set_view_chain(t: XlaTensor, chain: tuple[ViewStep, ...]) -> None:
     """Makes ``t`` read its base through ``chain`` (a sharding constraint added or removed at its end)."""
     t._chain = chain
 
@@ -549,15 +591,17 @@ def from_host(t: torch.Tensor) -> XlaTensor:
     return XlaTensor(Storage.on_host(HostCopy(t)), (), tuple(t.shape), None, 0, t.dtype)
 
 
-_STRIDES = caches.bounded("tensor.xla_tensor.contiguous_strides", maxsize=4096)
+_STRIDES: caches.BoundedCache[tuple[int, ...], tuple[int, ...]] = caches.bounded(
+    "tensor.xla_tensor.contiguous_strides", maxsize=4096
+)
 
 
-def contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major strides of ``shape`` (cached per shape)."""
     hit = _STRIDES.get(shape)
     if hit is not None:
         return hit
-    strides = []
+    strides: list[int] = []
     acc = 1
     for s in reversed(shape):
         strides.append(acc)

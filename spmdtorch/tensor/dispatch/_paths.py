@@ -133,7 +133,7 @@ def dispatch_view(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts
         )
     if func is _AS_STRIDED:
         # as_strided addresses the *storage*, not the input view.
-        chain_base = ()
+        chain_base: tuple[ViewStep, ...] = ()
     else:
         chain_base = self._chain
     if not multi:
