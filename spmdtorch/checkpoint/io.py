@@ -441,8 +441,17 @@ def save(path: CheckpointPath, state: object, *, overwrite: bool = False) -> Non
         items = handlers()
         # By keyword (the names are ARRAYS and META): a ``**`` dict would also
         # match the handler's other keyword parameters, as far as types go.
+        handler = ocp.CompositeCheckpointHandler(arrays=items[ARRAYS], meta=items[META])
+        # Directories created in the blocking phase, not by a background thread:
+        # with Orbax's default, every writer thread first waits (up to 300 s) for
+        # that thread's "directory created" signal. When a handler raised in the
+        # blocking phase, nothing waited for that thread any more; at a prompt
+        # exit the interpreter shut its executor down under it, no signal came,
+        # and the orphaned writers held the process for the full 300 s. Made
+        # here, there is no signal to wait for (this save blocks anyway).
+        sync_dirs = ocp.options.AsyncOptions(create_directories_asynchronously=False)
         try:
-            with ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler(arrays=items[ARRAYS], meta=items[META])) as ckptr:
+            with ocp.AsyncCheckpointer(handler, async_options=sync_dirs) as ckptr:
                 try:
                     with saving(pending):
                         ckptr.save(path, args=args, force=overwrite)

@@ -277,6 +277,12 @@ class CheckpointManager:
             # Orbax's blocking path would wait for the record (hence for the
             # fingerprints) inside its own save call, before they are dispatched.
             enable_async_checkpointing=True,
+            # Step directories made in save()'s blocking phase (one mkdir), not
+            # by a background thread that every writer waits for: when a handler
+            # raised in the blocking phase, nothing waited for that thread, and a
+            # process ending soon after was held ~300 s by writers waiting for
+            # its "directory created" signal (see io.save).
+            async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False),
             create=True,
             # A step is deleted (max_to_keep) by renaming it into _TRASH first, so
             # that a process killed while deleting never leaves a half-deleted step

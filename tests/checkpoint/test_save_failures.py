@@ -11,7 +11,10 @@ cause chained, and a background failure is reported by the manager's next
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
+import time
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -144,3 +147,53 @@ def test_checkpoint_save_failures_are_save_errors(tmp_path, devices8, failing_wr
         checkpoint.save(tmp_path / "c", {"w": torch.ones(2, device="xla")})
     assert str(tmp_path / "c") in str(info.value) and isinstance(info.value.__cause__, ValueError)
     assert not (tmp_path / "c").exists()
+
+
+# A process whose saves fail in Orbax's blocking phase (the array handler
+# raises): with checkpoint.save, then with a CheckpointManager's async save,
+# left unclosed. It prints when it starts to exit.
+_FAIL_THEN_EXIT = """
+import sys, time
+import orbax.checkpoint as ocp
+import torch
+from spmdtorch import checkpoint
+from spmdtorch.checkpoint import CheckpointManager, CheckpointSaveError
+
+async def fail(self, *args, **kwargs):
+    raise OSError("No space left on device")
+
+ocp.PyTreeCheckpointHandler.async_save = fail
+w = torch.ones(2, device="xla")
+try:
+    checkpoint.save(sys.argv[1] + "/one", {"w": w})
+except CheckpointSaveError:
+    print("save failed", flush=True)
+try:
+    CheckpointManager(sys.argv[1] + "/steps", save_on_preemption=False).save(0, {"w": w})
+except CheckpointSaveError:
+    print("manager save failed", flush=True)
+print("exiting", time.time(), flush=True)
+"""
+
+
+def test_a_process_ends_promptly_after_failed_saves(tmp_path):
+    # Orbax created step directories on a background thread that every writer
+    # waits for; when a handler raised in the blocking phase, nothing waited for
+    # that thread, and a process ending at once was held ~300 s by the writers
+    # waiting for its signal (checkpoint.save and CheckpointManager alike).
+    # Killed (SIGKILL: JAX traps SIGTERM) if it still hangs.
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FAIL_THEN_EXIT, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the process still ran 240 s after its failed saves: {e.stdout!r}")
+    ended = time.time()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "save failed" in done.stdout and "manager save failed" in done.stdout, done.stdout
+    started = float(done.stdout.split("exiting ")[1].split()[0])
+    assert ended - started < 30, f"the process took {ended - started:.0f} s to exit after its failed saves"
+    assert not (tmp_path / "one").exists() and not (tmp_path / "steps" / "0").exists()
