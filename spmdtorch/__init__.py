@@ -35,15 +35,26 @@ from spmdtorch import (  # noqa: E402
     plan,
     sharding,
 )
-from spmdtorch._call_jax import CallJaxError, call_jax  # noqa: E402
 from spmdtorch._checks import ArgumentError, ArgumentTypeError  # noqa: E402
-from spmdtorch._compile import CompiledFunction, compile  # noqa: E402
-from spmdtorch._pure import AssumePureError, assume_pure  # noqa: E402
-from spmdtorch._scan import ScanError, scan, scan_layers  # noqa: E402
-from spmdtorch._step import add_step_closure, mark_step, step, sync, wait_device_ops  # noqa: E402
 from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
 from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
 from spmdtorch.plan import materialize  # noqa: E402
+from spmdtorch.programs import (  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402
+    AssumePureError,
+    CallJaxError,
+    CompiledFunction,
+    ScanError,
+    add_step_closure,
+    assume_pure,
+    call_jax,
+    compile,
+    mark_step,
+    scan,
+    scan_layers,
+    step,
+    sync,
+    wait_device_ops,
+)
 from spmdtorch.runtime import device, device_count, devices  # noqa: E402
 from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
 

@@ -67,9 +67,8 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from spmdtorch import config
-from spmdtorch._pure import AssumePureError, assume_pure
-from spmdtorch._step import sync
 from spmdtorch.lazy import metrics
+from spmdtorch.programs import AssumePureError, assume_pure, sync
 from spmdtorch.tensor.xla_tensor import XLA_DEVICE, XLA_FAKE_MODES, XlaTensor
 
 __all__ = ["backend", "openxla_backend"]
@@ -179,7 +178,7 @@ def _install_tracing_hooks() -> bool:
 # otherwise try to compile each of those frames (spmdtorch's executor, JAX's
 # dispatch) as user code. User-facing spmdtorch functions (``mark_sharding``,
 # FSDPv2's forward, MixedPrecision) stay traceable.
-_ENGINE_MODULES = ("spmdtorch.lazy", "spmdtorch.tensor", "spmdtorch.ops", "spmdtorch._step", "jax", "jaxlib")
+_ENGINE_MODULES = ("spmdtorch.lazy", "spmdtorch.tensor", "spmdtorch.ops", "spmdtorch.programs._step", "jax", "jaxlib")
 
 
 def _skip_engine_frames() -> bool:

@@ -38,7 +38,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
             marks=pytest.mark.slow,
         ),
         # Deeper, the layer loop as one scan, bf16 compute and remat inside the scan body, compiled.
-        # Slow tier (14 s): tests/lazy/test_scan.py trains scanned Llamas against eager by default.
+        # Slow tier (14 s): tests/programs/test_scan.py trains scanned Llamas against eager by default.
         pytest.param(
             ("--mode", "compiled", "--layers", "4", "--scan", "--mixed-precision", "bf16", "--checkpoint-layers"),
             "fsdp=8",

@@ -16,7 +16,7 @@
 #            always reachable. Where it is, pass PIP_EXTRA_INDEX_URL.
 # --keep DIR build the venv in DIR and keep it (reused when it exists).
 # PYTEST ARGS default to the core subset: tests/lazy tests/tensor
-#            tests/sharding tests/test_compile.py tests/test_jax_private.py
+#            tests/sharding tests/programs tests/test_jax_private.py
 #            tests/test_jax_changes.py tests/ops/test_manual_private_jax.py.
 #
 # Prints the versions, the install time and the pytest summary; exits with
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ $# -eq 0 ]; then
-  set -- tests/lazy tests/tensor tests/sharding tests/test_compile.py tests/test_jax_private.py \
+  set -- tests/lazy tests/tensor tests/sharding tests/programs tests/test_jax_private.py \
     tests/test_jax_changes.py tests/ops/test_manual_private_jax.py
 fi
 

@@ -24,7 +24,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 
-from spmdtorch import _step, config, debug, runtime, sharding
+from spmdtorch import config, debug, programs, runtime, sharding
 from spmdtorch.compat.errors import GUIDE, UnsupportedEnvironmentError
 from spmdtorch.lazy import metrics
 
@@ -180,12 +180,12 @@ def apply() -> None:
         _HOOKS.append(_tensors_file_hook(settings.xla_save_tensors_file, settings.xla_save_tensors_fmt))
     if settings.xla_metrics_file:
         _HOOKS.append(_metrics_file_hook(settings.xla_metrics_file))
-    _step.BARRIER_HOOKS.extend(_HOOKS)
+    programs.BARRIER_HOOKS.extend(_HOOKS)
 
 
 def remove() -> None:
     """Removes the hooks :func:`apply` installed."""
     for hook in _HOOKS:
-        if hook in _step.BARRIER_HOOKS:
-            _step.BARRIER_HOOKS.remove(hook)
+        if hook in programs.BARRIER_HOOKS:
+            programs.BARRIER_HOOKS.remove(hook)
     _HOOKS.clear()

@@ -9,7 +9,6 @@ PyTorch/XLA's arguments included.
 
 from __future__ import annotations
 
-from spmdtorch._pure import AssumePureError, assume_pure
-from spmdtorch._scan import scan, scan_layers
+from spmdtorch.programs import AssumePureError, assume_pure, scan, scan_layers
 
 __all__ = ["AssumePureError", "assume_pure", "scan", "scan_layers"]

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from spmdtorch._step import mark_step
 from spmdtorch.data import _resume, transfer
 from spmdtorch.data.errors import InputShardingError, LoaderArgumentError, LoaderArgumentTypeError, LoaderWorkerError
+from spmdtorch.programs import mark_step
 from spmdtorch.sharding import ShardingSpec
 
 __all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]

@@ -45,9 +45,9 @@ from jax.profiler import ProfileData
 
 from spmdtorch import _checks
 from spmdtorch._checks import ArgumentError, ArgumentTypeError
-from spmdtorch._step import mark_step
 from spmdtorch.debug._activity import DeviceActivity, activity_of, newest_xspace
 from spmdtorch.lazy import executor, profiling
+from spmdtorch.programs import mark_step
 
 __all__ = [
     "DeviceActivity",

@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-from spmdtorch._compile import compile as _spmd_compile
-from spmdtorch._step import sync as _sync
+from spmdtorch.programs import compile as _spmd_compile
+from spmdtorch.programs import sync as _sync
 from spmdtorch.sharding import mark_sharding
 
 __all__ = [

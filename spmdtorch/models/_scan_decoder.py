@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from spmdtorch import _checks
-from spmdtorch._scan import (
+from spmdtorch.programs import (
     ScanError,
     ScanTypeError,
     check_same_structure,
@@ -39,9 +39,9 @@ from spmdtorch._scan import (
     run_layers,
     scan_layers,
     stack_layer_tensors,
+    sync,
     unstack_layer_tensor,
 )
-from spmdtorch._step import sync
 
 __all__ = ["find_decoder_layers", "scan_decoder_layers", "unscan_decoder_layers"]
 

@@ -49,8 +49,8 @@ import torch
 
 from spmdtorch import _checks, _dtypes
 from spmdtorch._checks import ArgumentTypeError
-from spmdtorch._vjp_nodes import aval_of, slot_template
 from spmdtorch.mesh import get_global_mesh
+from spmdtorch.programs._vjp_nodes import aval_of, slot_template
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 

@@ -517,7 +517,7 @@ def _adamw_lambda_lr_run(lr, steps=8):
 
 def test_float_learning_rate_schedule_replays_without_a_warning():
     # A float lr that a scheduler changes is a program input, as a tensor lr
-    # is (issue 42, item 17; tests/test_compile_hparams.py): no warning, replays.
+    # is (issue 42, item 17; tests/programs/test_compile_hparams.py): no warning, replays.
     debug.clear_metrics()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -594,7 +594,7 @@ def test_one_cycle_lr_with_a_tensor_lr_replays_when_momentum_is_not_cycled():
 
 def test_one_cycle_lr_cycling_momentum_replays_too():
     # OneCycleLR's default also cycles AdamW's betas as new Python floats each
-    # step: they are program inputs as well (tests/test_compile_hparams.py).
+    # step: they are program inputs as well (tests/programs/test_compile_hparams.py).
     debug.clear_metrics()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)

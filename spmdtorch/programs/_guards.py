@@ -13,7 +13,7 @@ with a global forward pre-hook) carry :data:`INTERNAL` and are left out.
 
 Example:
     >>> import torch
-    >>> from spmdtorch import _guards
+    >>> from spmdtorch.programs import _guards
     >>> lin = torch.nn.Linear(2, 2)
     >>> _guards.module_hooks(lin) is None
     True

@@ -16,7 +16,7 @@ import torch
 
 import spmdtorch.runtime as xr
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------

@@ -65,10 +65,13 @@ from torch import nn
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _checks, _dtypes, _guards, lazy
+from spmdtorch import _checks, _dtypes, lazy
 from spmdtorch._checks import ArgumentTypeError
-from spmdtorch._scan import is_checkpointed
-from spmdtorch._vjp_nodes import (
+from spmdtorch.lazy import caches
+from spmdtorch.lazy.graph import LazyRef
+from spmdtorch.programs import _guards
+from spmdtorch.programs._scan import is_checkpointed
+from spmdtorch.programs._vjp_nodes import (
     apply_vjp,
     aval_of,
     captured_grad_origin,
@@ -77,8 +80,6 @@ from spmdtorch._vjp_nodes import (
     strong,
     vjp_with_residuals,
 )
-from spmdtorch.lazy import caches
-from spmdtorch.lazy.graph import LazyRef
 from spmdtorch.tensor import storage_of, subgraph, view_chain
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base

@@ -18,12 +18,12 @@ from training_helpers import assert_adamw_params_close
 
 import spmdtorch
 from spmdtorch import debug
-from spmdtorch._scan import _param_spec
 from spmdtorch.fsdp import FSDPv2, checkpoint_module, transformer_auto_wrap_policy
 from spmdtorch.lazy import executor
 from spmdtorch.mesh import Mesh
 from spmdtorch.models import LlamaConfig, LlamaForCausalLM, scan_decoder_layers, unscan_decoder_layers
 from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
+from spmdtorch.programs._scan import _param_spec
 from spmdtorch.sharding import mark_sharding
 from spmdtorch.tensor.dispatch import read_value
 

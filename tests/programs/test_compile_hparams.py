@@ -190,7 +190,7 @@ def test_number_equal_to_a_hyperparameter_by_coincidence_keeps_its_own_value():
 def test_recorded_comparison_is_checked_against_new_values():
     # The guard machinery itself: a branch on a hyperparameter holds for values
     # on the same side only; arithmetic re-evaluates as Python computes it.
-    from spmdtorch import _hparam_inputs as hp
+    from spmdtorch.programs import _hparam_inputs as hp
 
     rec = hp.Recording()
     leaf = ("hp", 1, 0, "lr", None)

@@ -13,11 +13,11 @@ from torch import nn
 
 import spmdtorch
 from spmdtorch import debug
-from spmdtorch._pure import AssumePureTypeError
 from spmdtorch.fsdp import FSDPv2, checkpoint_module, transformer_auto_wrap_policy
 from spmdtorch.mesh import Mesh
 from spmdtorch.models import LlamaConfig, LlamaForCausalLM
 from spmdtorch.models.llama import DecoderLayer, causal_lm_loss, rope_tables
+from spmdtorch.programs._pure import AssumePureTypeError
 from spmdtorch.sharding import get_sharding_spec
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -61,9 +61,13 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _checks, _dtypes, _guards
+from spmdtorch import _checks, _dtypes
 from spmdtorch._checks import ArgumentTypeError
-from spmdtorch._vjp_nodes import (
+from spmdtorch.lazy import caches
+from spmdtorch.lazy.constraint import record_constraint
+from spmdtorch.lazy.graph import LazyRef, Scalar
+from spmdtorch.programs import _guards
+from spmdtorch.programs._vjp_nodes import (
     apply_vjp,
     aval_of,
     captured_grad_origin,
@@ -72,9 +76,6 @@ from spmdtorch._vjp_nodes import (
     strong,
     vjp_with_residuals,
 )
-from spmdtorch.lazy import caches
-from spmdtorch.lazy.constraint import record_constraint
-from spmdtorch.lazy.graph import LazyRef, Scalar
 from spmdtorch.tensor import storage_of, subgraph, view_chain
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base

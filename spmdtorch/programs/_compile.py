@@ -45,8 +45,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 
-from spmdtorch import _guards, config
-from spmdtorch import _hparam_inputs as _hp
+from spmdtorch import config
 from spmdtorch.lazy import (
     TRACE_HOOK,
     CompileCache,
@@ -80,6 +79,8 @@ from spmdtorch.lazy.trace_records import (
     TensorMeta,
     ValueResult,
 )
+from spmdtorch.programs import _guards
+from spmdtorch.programs import _hparam_inputs as _hp
 from spmdtorch.tensor import storage_of, view_chain
 from spmdtorch.tensor.device_mode import to_xla
 from spmdtorch.tensor.dispatch import read_value
