@@ -44,20 +44,20 @@ from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 simulate_cpu_devices(8, unless_accelerator=True)  # before anything queries devices
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from rich.console import Console
+from rich.table import Table
 
-from spmdtorch import debug  # noqa: E402
-from spmdtorch.mesh import Mesh  # noqa: E402
-from spmdtorch.models import bucket_length, generate  # noqa: E402
-from spmdtorch.partition import mark_sharding, plan_sharding  # noqa: E402
+from spmdtorch import debug
+from spmdtorch.mesh import Mesh
+from spmdtorch.models import bucket_length, generate
+from spmdtorch.partition import mark_sharding, plan_sharding
 
 BATCH, PROMPT, VOCAB, HIDDEN, HEAD_DIM, LAYERS = 2, 12, 256, 128, 16, 2
 HEADS = HIDDEN // HEAD_DIM

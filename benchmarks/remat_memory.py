@@ -32,20 +32,20 @@ _NUM_DEVICES = 8
 # XLA:CPU must keep the optimisation barriers that rematerialisation rests on.
 simulate_cpu_devices(_NUM_DEVICES, keep_remat_barriers=True)
 
-import argparse  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import jax  # noqa: E402
-import step_time  # noqa: E402,F401  (first: it checks that jax has not started)
-import torch  # noqa: E402
-import train_step  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import jax
+import step_time  # noqa: F401  (first: it checks that jax has not started)
+import torch
+import train_step
+from rich.console import Console
+from rich.table import Table
 
-import spmdtorch  # noqa: E402
-from spmdtorch import debug  # noqa: E402
-from spmdtorch.partition import FSDPv2, checkpoint_module  # noqa: E402
+import spmdtorch
+from spmdtorch import debug
+from spmdtorch.partition import FSDPv2, checkpoint_module
 
 MIB = 2**20
 

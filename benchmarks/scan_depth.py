@@ -47,14 +47,14 @@ _NUM_DEVICES = 8
 if __name__ == "__main__":  # before anything queries devices (also in each worker process)
     simulate_cpu_devices(_NUM_DEVICES, unless_accelerator=True)
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import functools  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import dataclasses
+import functools
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
 
 IMPLS = ("spmdtorch unrolled", "spmdtorch scan", "spmdtorch stacked", "jax unrolled", "jax scan")
 BATCH, SEQ = 8, 64

@@ -42,16 +42,16 @@ _NUM_DEVICES = 8
 if __name__ == "__main__":  # before anything queries devices (also in each worker process)
     simulate_cpu_devices(_NUM_DEVICES, unless_accelerator=True)
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -26,33 +26,33 @@ from __future__ import annotations
 
 import os
 
-from spmdtorch.runtime.cpu_devices import simulate_cpu_devices  # noqa: E402
+from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 
 _NUM_DEVICES = 8
 # Before anything queries devices (docs/design.md, hazard "CPU collective deadlock").
 simulate_cpu_devices(_NUM_DEVICES, unless_accelerator=True)
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import copy  # noqa: E402
-import datetime  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import argparse
+import contextlib
+import copy
+import datetime
+import math
+import platform
+import statistics
+import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from torch import nn  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+from torch import nn
 
-import spmdtorch  # noqa: E402
-from spmdtorch import debug  # noqa: E402
-from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss  # noqa: E402
+import spmdtorch
+from spmdtorch import debug
+from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss
 
 console = Console(width=170)
 

@@ -96,23 +96,23 @@ _NUM_DEVICES = 8  # simulated CPU devices; on an accelerator, every device (_num
 if __name__ == "__main__":  # before anything queries devices (also in each worker process)
     simulate_cpu_devices(_NUM_DEVICES, unless_accelerator=True)
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
-import datetime  # noqa: E402
-import functools  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import queue  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import NamedTuple  # noqa: E402
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import functools
+import json
+import platform
+import queue
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import NamedTuple
 
-from _train_setup import (  # noqa: E402  (shared with the PyTorch/XLA worker, which has no jax)
+from _train_setup import (
     BETAS,
     CONFIGS,
     EPS,
@@ -128,7 +128,7 @@ from _train_setup import (  # noqa: E402  (shared with the PyTorch/XLA worker, w
     serve,
     setup,
 )
-from _train_setup import dtype_name as _dtype_name  # noqa: E402
+from _train_setup import dtype_name as _dtype_name
 
 # Dense bf16 peak by device kind (vendor datasheets, SXM parts), for MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}

@@ -77,15 +77,15 @@ if ARGS is not None:
     simulate_cpu_devices(n_cpu, unless_accelerator=True)
 
 # Only now may JAX start.
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import numpy as np
+import torch
+import transformers
 
-import spmdtorch  # noqa: E402
-from spmdtorch import debug  # noqa: E402
-from spmdtorch.mesh import Mesh  # noqa: E402
-from spmdtorch.models import generate, last_generation_stats  # noqa: E402
-from spmdtorch.partition import get_sharding_spec, mark_sharding, plan_sharding  # noqa: E402
+import spmdtorch
+from spmdtorch import debug
+from spmdtorch.mesh import Mesh
+from spmdtorch.models import generate, last_generation_stats
+from spmdtorch.partition import get_sharding_spec, mark_sharding, plan_sharding
 
 
 def build_model(args) -> transformers.LlamaForCausalLM:

@@ -16,17 +16,17 @@ runtime._apply_pjrt_device_env()
 # Join the job now, before anything below or in the user's script queries a device.
 runtime.auto_initialize_distributed()
 
-from spmdtorch import ops as _ops  # noqa: E402,F401  (fills the lowering table)
-from spmdtorch.tensor import device_mode as _device_mode  # noqa: E402
-from spmdtorch.tensor import random_state as _random_state  # noqa: E402
+from spmdtorch import ops as _ops  # noqa: F401  (fills the lowering table)
+from spmdtorch.tensor import device_mode as _device_mode
+from spmdtorch.tensor import random_state as _random_state
 
 _device_mode.install()
 _random_state.register()  # torch.xla: RNG state for torch.utils.checkpoint / fork_rng
-from spmdtorch.tensor import optim_hooks as _optim_hooks  # noqa: E402
+from spmdtorch.tensor import optim_hooks as _optim_hooks
 
 _optim_hooks.install()  # torch.optim takes its foreach path on xla tensors
 
-from spmdtorch import (  # noqa: E402
+from spmdtorch import (
     data,
     debug,
     fsdp,
@@ -35,11 +35,11 @@ from spmdtorch import (  # noqa: E402
     plan,
     sharding,
 )
-from spmdtorch._checks import ArgumentError, ArgumentTypeError  # noqa: E402
-from spmdtorch.lazy.contract import CompileContractError  # noqa: E402
-from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed  # noqa: E402
-from spmdtorch.plan import materialize  # noqa: E402
-from spmdtorch.programs import (  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402
+from spmdtorch._checks import ArgumentError, ArgumentTypeError
+from spmdtorch.lazy.contract import CompileContractError
+from spmdtorch.lazy.rng import RandomGeneratorError, manual_seed
+from spmdtorch.plan import materialize
+from spmdtorch.programs import (
     AssumePureError,
     CallJaxError,
     CompiledFunction,
@@ -55,8 +55,8 @@ from spmdtorch.programs import (  # noqa: E402  # noqa: E402  # noqa: E402  # no
     sync,
     wait_device_ops,
 )
-from spmdtorch.runtime import device, device_count, devices  # noqa: E402
-from spmdtorch.tensor.xla_tensor import XlaTensor  # noqa: E402
+from spmdtorch.runtime import device, device_count, devices
+from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __version__ = "0.1.0"
 

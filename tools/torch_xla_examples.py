@@ -78,7 +78,7 @@ EXAMPLES = (
 _LOSS = re.compile(r"step: (\d+), loss: ([-0-9.eE+naif]+)")
 
 
-def _shrink(t):  # noqa: ANN001, ANN202  (torch is imported in the child only)
+def _shrink(t):
     t = t[:BATCH]
     if t.dim() == 4:
         t = t[:, :, :IMG, :IMG]
@@ -99,7 +99,7 @@ def child(examples_dir: str, script: str, args: list[str]) -> None:
     base = xu.SampleGenerator
 
     class SmallSampleGenerator(base):  # type: ignore[misc,valid-type]  # a class only known at run time
-        def __init__(self, data, sample_count):  # noqa: ANN001
+        def __init__(self, data, sample_count):
             super().__init__(tuple(_shrink(t) for t in data), min(sample_count, SAMPLES))
 
     setattr(xu, "SampleGenerator", SmallSampleGenerator)  # noqa: B010  # the alias module scripts import

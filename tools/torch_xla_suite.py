@@ -80,7 +80,7 @@ def _child(argv: list[str]) -> None:
     import unittest
 
     real, path, rest = argv[0] == "real", argv[1], argv[2:]
-    out = open(os.environ["SUITE_RESULTS"], "a", buffering=1)  # noqa: SIM115  (open for the process's life)
+    out = open(os.environ["SUITE_RESULTS"], "a", buffering=1)
 
     def note(test: unittest.TestCase, outcome: str) -> None:
         test_id = test.id()
@@ -91,15 +91,15 @@ def _child(argv: list[str]) -> None:
     base = unittest.TextTestResult
 
     class Recording(base):  # type: ignore[misc,valid-type]
-        def addSuccess(self, test):  # noqa: N802  (unittest's names)
+        def addSuccess(self, test):
             super().addSuccess(test)
             note(test, "passed")
 
-        def addFailure(self, test, err):  # noqa: N802
+        def addFailure(self, test, err):
             super().addFailure(test, err)
             note(test, "failed")
 
-        def addError(self, test, err):  # noqa: N802
+        def addError(self, test, err):
             super().addError(test, err)
             # setUpClass/tearDownClass errors arrive as a _ErrorHolder, not a TestCase.
             if isinstance(test, unittest.TestCase):
@@ -107,19 +107,19 @@ def _child(argv: list[str]) -> None:
             else:
                 out.write(json.dumps({"test": str(test), "outcome": "error"}) + "\n")
 
-        def addSkip(self, test, reason):  # noqa: N802
+        def addSkip(self, test, reason):
             super().addSkip(test, reason)
             note(test, "skipped")
 
-        def addExpectedFailure(self, test, err):  # noqa: N802
+        def addExpectedFailure(self, test, err):
             super().addExpectedFailure(test, err)
             note(test, "xfail")
 
-        def addUnexpectedSuccess(self, test):  # noqa: N802
+        def addUnexpectedSuccess(self, test):
             super().addUnexpectedSuccess(test)
             note(test, "xpass")
 
-        def addSubTest(self, test, subtest, err):  # noqa: N802
+        def addSubTest(self, test, subtest, err):
             super().addSubTest(test, subtest, err)
             if err is not None:
                 note(test, "failed")

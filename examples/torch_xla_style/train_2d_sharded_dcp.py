@@ -39,7 +39,7 @@ import torch.nn as nn
 import torch_xla
 import torch_xla.core.xla_model as xm
 import torch_xla.distributed.spmd as xs
-import torch_xla.distributed.xla_backend  # noqa: F401  (registers the xla:// init method)
+import torch_xla.distributed.xla_backend
 import torch_xla.experimental.distributed_checkpoint as xc
 import torch_xla.runtime as xr
 

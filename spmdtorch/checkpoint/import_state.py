@@ -186,7 +186,7 @@ def import_state_dict(
     targets = model.state_dict()
     src_keys = set(source.keys())
     missing = [k for k in targets if k not in src_keys]
-    unexpected = [k for k in source.keys() if k not in targets]  # noqa: SIM118 - not a dict
+    unexpected = [k for k in source.keys() if k not in targets]
     if strict and missing:
         raise MissingKeysError(
             f"{where} has no entry for {len(missing)} key(s) of {type(model).__name__}: {missing[:10]}; "

@@ -145,7 +145,7 @@ def _writer_lock(mgr: CheckpointManager, func: str) -> None:
         held = _held.get(key)
         if held is None:
             path = os.path.join(key, _WRITER_LOCK)
-            f = open(path, "a+b")  # noqa: SIM115 - held until close(), in _held
+            f = open(path, "a+b")
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -469,7 +469,7 @@ class CheckpointManager:
         executor.flush_before_next()  # fingerprints deferred to the next program: now
         try:
             self._mgr.wait_until_finished()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (any background failure is kept as the CheckpointSaveError the manager reports)
             failure = _save_error(self._writing, self._directory, e, background=True, not_started=not_started)
             failure.__cause__ = e
             if self._failure is None:  # the first one is the one to report

@@ -167,7 +167,7 @@ def as_list(t: Any) -> Any:
     return t if isinstance(t, list | tuple) else [t]
 
 
-def getenv_as(name: str, type: Callable[[str], T], defval: T | None = None) -> T | None:  # noqa: A002  # PyTorch/XLA's keyword
+def getenv_as(name: str, type: Callable[[str], T], defval: T | None = None) -> T | None:  # PyTorch/XLA's keyword
     """``os.environ[name]`` converted by ``type``, or ``defval`` when unset (``bool`` reads ``"0"``/``"1"``)."""
     env = os.environ.get(name)
     if env is None:

@@ -259,7 +259,7 @@ def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         pos = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
         call = _Call(forward, leaves, spec, pos)
-        params = [p for p in module.parameters()]
+        params = list(module.parameters())
         # torch leaves Function.apply unannotated.
         outs = _Checkpoint.apply(call, len(params), *params, *(leaves[i] for i in pos))  # type: ignore[no-untyped-call]
         result = list(call.out_leaves)

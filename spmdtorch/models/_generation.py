@@ -354,7 +354,7 @@ def static_decode(
     )
     do_sample = bool(generation_config.do_sample)
 
-    to = lambda t: t.to(device)  # noqa: E731
+    to = lambda t: t.to(device)
     tokens, mask2d, pos_prompt, next_pos = to(tokens), to(mask2d), to(pos_prompt), to(next_pos)
     eos_dev = to(eos_ids) if len(eos_ids) else None
     slot = to(torch.tensor(prompt_bucket, dtype=torch.long))  # cache slot of the next token

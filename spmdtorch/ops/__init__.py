@@ -22,14 +22,14 @@ from spmdtorch.ops import (  # noqa: F401
     norms,
     random,
     reductions,
-    registry,  # noqa: F401  (first: the others register into it)
+    registry,
     shape,
     special,
     views,
 )
 from spmdtorch.ops._linear import LinearFn  # noqa: F401  (the autograd function of F.linear on xla tensors)
-from spmdtorch.ops.registry import LOWERINGS, get_lowering, register, resolve_ops  # noqa: F401
-from spmdtorch.ops.views import VIEW_INVERSES, get_inverse, register_inverse  # noqa: F401
+from spmdtorch.ops.registry import LOWERINGS, get_lowering, register, resolve_ops
+from spmdtorch.ops.views import VIEW_INVERSES, get_inverse, register_inverse
 
 # The layer's memo tables: functools.lru_cache functions with an explicit
 # maxsize. ops sits below the engine, so spmdtorch.lazy.caches registers them

@@ -148,11 +148,11 @@ def _sdpa_flash_cpu_backward(
     if pallas.use_pallas(query, key, value, attn_mask):
         return pallas.attention_vjp(grad_out, query, key, value, is_causal, scale)
     if _jax_supports(query, key, value, attn_mask):
-        f = lambda q, k, v: _jax_attention(q, k, v, attn_mask, is_causal, scale)[0]  # noqa: E731
+        f = lambda q, k, v: _jax_attention(q, k, v, attn_mask, is_causal, scale)[0]
         _, vjp = jax.vjp(f, query, key, value)
         return vjp(grad_out.astype(query.dtype))
-    f = lambda q, k, v: _attention(q, k, v, attn_mask, is_causal, scale)[0]  # noqa: E731
-    f32 = lambda t: t.astype(jnp.float32)  # noqa: E731
+    f = lambda q, k, v: _attention(q, k, v, attn_mask, is_causal, scale)[0]
+    f32 = lambda t: t.astype(jnp.float32)
     _, vjp = jax.vjp(f, f32(query), f32(key), f32(value))
     return tuple(g.astype(t.dtype) for g, t in zip(vjp(f32(grad_out)), (query, key, value)))
 

@@ -103,7 +103,7 @@ def _convolution_backward(
         stride,
         padding,
         dilation,
-        transposed,  # noqa: E731
+        transposed,
         output_padding,
         groups,
     )
@@ -259,7 +259,7 @@ for _n in (1, 2, 3):
             kernel_size,
             stride,
             padding,
-            ceil_mode,  # noqa: E731
+            ceil_mode,
             count_include_pad,
             divisor_override,
             _n,
@@ -302,7 +302,7 @@ for _n in (1, 2, 3):
 
     def _aapb(grad_output, self, _n=_n):
         out_size = grad_output.shape[-_n:]
-        f = lambda x: _adaptive_avg(x, out_size, _n)  # noqa: E731
+        f = lambda x: _adaptive_avg(x, out_size, _n)
         return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
 
     register(f"_adaptive_avg_pool{_n}d.default", f"adaptive_avg_pool{_n}d.default")(_aap)
@@ -499,7 +499,7 @@ def _register_upsample(nsp, name, fwd):
         ac = list(rest[:1]) if "linear" in name or "bicubic" in name else []
         scales = list(rest[len(ac) :]) + [None] * nsp
         x0 = jnp.zeros(tuple(input_size), jnp.float32)
-        f = lambda x: fwd(x, tuple(output_size), scales[:nsp], *ac)  # noqa: E731
+        f = lambda x: fwd(x, tuple(output_size), scales[:nsp], *ac)
         return jax.vjp(f, x0)[1](upcast(grad_output))[0]
 
     # The scales build static (numpy) index tables, so they stay Python numbers.
@@ -584,7 +584,7 @@ def _separable(x, out_sz, scales, align_corners, matrix):
 def _upsample_backward_of(fwd):
     def backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
         x0 = jnp.zeros(tuple(input_size), jnp.float32)
-        f = lambda x: fwd(x, tuple(output_size), [scales_h, scales_w], align_corners)  # noqa: E731
+        f = lambda x: fwd(x, tuple(output_size), [scales_h, scales_w], align_corners)
         return jax.vjp(f, x0)[1](upcast(grad_output))[0]
 
     return backward
@@ -785,11 +785,11 @@ def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, pad
     locs, mults = [], []
     for cd, sz in zip(coords, sizes):
         if interpolation_mode == 2:  # bicubic pads each tap, not the location
-            fn = lambda c, sz=sz: _gs_unnormalize(c, sz, align_corners, 2)  # noqa: E731
+            fn = lambda c, sz=sz: _gs_unnormalize(c, sz, align_corners, 2)
         else:
             fn = lambda c, sz=sz: _gs_pad(
                 _gs_unnormalize(c, sz, align_corners, 2),
-                sz,  # noqa: E731
+                sz,
                 padding_mode,
                 align_corners,
                 2,
@@ -853,7 +853,7 @@ def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding
     """Input gradient: jax.vjp of the forward. Grid gradient: the 2-d kernel's own
     arrangement (see ``_grid_sampler_2d_grid_grad``); for 3-d the vjp too, which
     is as accurate as torch's kernel but not bit-close on large, cancelling sums."""
-    f = lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners)  # noqa: E731
+    f = lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners)
     gi, gg = jax.vjp(f, upcast(input), upcast(grid))[1](upcast(grad_output))
     if input.ndim == 4:
         gg = _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, padding_mode, align_corners)
@@ -889,6 +889,6 @@ def _col2im(self, output_size, kernel_size, dilation, padding, stride):
     k = _tuple(kernel_size, 2)
     c = cols.shape[1] // (k[0] * k[1])
     x0 = jnp.zeros((cols.shape[0], c) + tuple(output_size), upcast(cols).dtype)
-    f = lambda x: _im2col(x, kernel_size, dilation, padding, stride)  # noqa: E731
+    f = lambda x: _im2col(x, kernel_size, dilation, padding, stride)
     out = jax.vjp(f, x0)[1](upcast(cols))[0]
     return out[0] if unbatched else out

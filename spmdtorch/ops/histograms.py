@@ -31,7 +31,7 @@ def _range(x, lo, hi):
 
 
 @register("histc.default", lift_scalars=False)
-def histc(self, bins=100, min=0, max=0):  # noqa: A002  (ATen's argument names)
+def histc(self, bins=100, min=0, max=0):
     """Counts of ``self`` in ``bins`` equal bins over ``[min, max]`` (dtype of ``self``).
 
     The bin of ``x`` is ``trunc((x - min) * bins / (max - min))``, with

@@ -29,7 +29,7 @@ def _vjp_backward(fwd):
     """Build ``bw(grad_output, self, target, *rest)`` from ``fwd(self, target, *rest)``."""
 
     def bw(grad_output, self, target, *rest, **kw):
-        f = lambda x: fwd(x, upcast(target), *rest, **kw)  # noqa: E731
+        f = lambda x: fwd(x, upcast(target), *rest, **kw)
         return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
 
     return bw
@@ -265,7 +265,7 @@ def _multi_margin_loss_backward(grad_output, self, target, p, margin, weight=Non
     """Gradient of ``multi_margin_loss`` (p is 1 or 2, as torch requires)."""
     if p not in (1, 2):
         raise ValueError(f"multi_margin_loss: only p == 1 and p == 2 are supported, got {p}")
-    f = lambda x: _multi_margin_loss(x, target, p, margin, weight, reduction)  # noqa: E731
+    f = lambda x: _multi_margin_loss(x, target, p, margin, weight, reduction)
     return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
 
 
@@ -290,7 +290,7 @@ def _multilabel_margin_loss(self, target, is_target, reduction):
 @register("multilabel_margin_loss_backward.default")
 def _multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
     """Gradient of ``multilabel_margin_loss`` given the forward's ``is_target``."""
-    f = lambda x: _multilabel_margin_loss(x, target, is_target, reduction)  # noqa: E731
+    f = lambda x: _multilabel_margin_loss(x, target, is_target, reduction)
     return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
 
 
@@ -376,7 +376,7 @@ def _register_custom_op(namespace, name, fn):
 
 
 try:  # defines torch.ops.torch_nn.* (absent before torch 2.12)
-    import torch.nn.modules.linear_cross_entropy  # noqa: F401
+    import torch.nn.modules.linear_cross_entropy
 except ImportError:
     pass
 _register_custom_op("torch_nn", "_linear_cross_entropy_batch_chunked", _lce_chunked)

@@ -286,4 +286,4 @@ def _running_stats_update(input, weight, bias, running_mean, running_var, moment
     return _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)[3:]
 
 
-BATCH_NORM_RUNNING_STATS.update({op: _running_stats_update for op in resolve_ops("_batch_norm_with_update.default")})
+BATCH_NORM_RUNNING_STATS.update(dict.fromkeys(resolve_ops("_batch_norm_with_update.default"), _running_stats_update))

@@ -135,7 +135,7 @@ def _describe_activity() -> str:
     for what in list(_ACTIVITIES.values()):
         try:
             text = what() if callable(what) else what
-        except Exception:  # a dying process: describe what can be described
+        except Exception:  # noqa: BLE001 (a dying process: describe what can be described)
             continue
         if text:
             parts.append(text)
@@ -395,7 +395,7 @@ def _follow(watch: _Watch, client: Any, host: str, init_timeout_s: int) -> None:
         sock = socket.create_connection((host, port), timeout=30.0)
         sock.settimeout(None)
         sock.sendall(f"hello {watch.process_id}\n".encode())
-    except Exception as e:  # the job still runs; only the fast notice of a loss is off
+    except Exception as e:  # noqa: BLE001 (the job still runs; only the fast notice of a loss is off)
         _warn(f"peer watch off ({type(e).__name__}: {e}); a lost peer is noticed after the heartbeat timeout")
         return
     with watch.lock:

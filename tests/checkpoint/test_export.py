@@ -43,7 +43,7 @@ def test_safetensors_export_loads_into_a_plain_model(saved, monkeypatch):
     assert batches == [[0], [1, 2, 3]]
     plain = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3))
     with safe_open(tmp_path / "m.safetensors", "pt") as f:
-        plain.load_state_dict({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 - not a dict
+        plain.load_state_dict({k: f.get_tensor(k) for k in f.keys()})
     for k, v in src.state_dict().items():
         assert torch.equal(plain.state_dict()[k], v), k
     checkpoint.export(tmp_path / "c", tmp_path / "all.safetensors")

@@ -87,7 +87,7 @@ def test_unknown_module_and_name_fail_by_name():
 
     # A module PyTorch/XLA 2.9 does not have either (it has custom_kernel: see test_modules_names.py).
     with pytest.raises(TorchXlaModuleNotProvidedError, match="torch_xla.experimental.pjrt"):
-        import torch_xla.experimental.pjrt  # noqa: F401
+        import torch_xla.experimental.pjrt
     with pytest.raises(ImportError):  # a ModuleNotFoundError: `except ImportError` fallbacks keep working
         import torch_xla.distributed.xla_dist  # noqa: F401
     with pytest.raises(TorchXlaNameError, match=r"torch_xla.core.xla_model.not_a_name.*migrating-from-torch-xla"):

@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 
 import spmdtorch
-import spmdtorch.dynamo  # noqa: F401  (wraps Dynamo's tracing; see tests/dynamo/test_devices.py)
+import spmdtorch.dynamo
 from spmdtorch import debug
 
 

@@ -16,7 +16,7 @@ import torch._dynamo
 import torch._dynamo.testing
 
 import spmdtorch
-import spmdtorch.dynamo  # noqa: F401  (wraps Dynamo's tracing; see tests/dynamo/test_devices.py)
+import spmdtorch.dynamo
 from spmdtorch import debug
 
 

@@ -18,7 +18,7 @@ import torch._dynamo.testing
 from training_helpers import assert_adamw_params_close
 
 import spmdtorch
-import spmdtorch.dynamo  # noqa: F401  (wraps Dynamo's tracing; see tests/dynamo/test_devices.py)
+import spmdtorch.dynamo
 from spmdtorch import config, debug
 from spmdtorch.fsdp import FSDPv2, MixedPrecision
 from spmdtorch.mesh import Mesh

@@ -57,7 +57,7 @@ EXPECTED = {
 
 
 def test_every_cache_is_registered():
-    import spmdtorch.checkpoint.fingerprint  # noqa: F401  (registers at import, like every owner)
+    import spmdtorch.checkpoint.fingerprint
     import spmdtorch.checkpoint.placement  # noqa: F401
 
     assert EXPECTED <= set(debug.cache_sizes())

@@ -28,7 +28,7 @@ def _run_beside_trace(other_work):
         started.wait(30)
         try:
             box["value"] = other_work()
-        except BaseException as e:  # reported to the test, not lost in the thread
+        except BaseException as e:  # noqa: BLE001 (reported to the test, not lost in the thread)
             box["error"] = e
         box["done_at"] = time.monotonic()
 

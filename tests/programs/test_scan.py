@@ -67,7 +67,7 @@ def test_scan_forward_and_backward_match_eager_loop(devices8):
 def test_scan_without_grad_and_with_captured_constant(devices8):
     w = torch.randn(3, 3)
     init, xs = torch.randn(3), torch.randn(4, 3)
-    fn = lambda c, x: (c @ w.to(c.device) + x, c)  # noqa: E731
+    fn = lambda c, x: (c @ w.to(c.device) + x, c)
     want_c, want_ys = loop_scan(fn, init, xs)
     c, ys = spmdtorch.scan(fn, init.to("xla"), xs.to("xla"))
     torch.testing.assert_close(c.cpu(), want_c, **TOL)

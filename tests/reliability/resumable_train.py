@@ -33,9 +33,9 @@ from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
 if __name__ == "__main__" and runtime.ENV_NUM_PROCESSES not in os.environ:
     simulate_cpu_devices(8)  # one process; under the launcher, its devices (importing spmdtorch joined the job)
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import math  # noqa: E402
+import argparse
+import functools
+import math
 
 EXIT_UNRESTORABLE = 3  # a listed checkpoint step did not restore
 
