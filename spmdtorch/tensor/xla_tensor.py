@@ -222,8 +222,10 @@ class XlaTensor(torch.Tensor):
 
     @property
     def data(self) -> torch.Tensor:
-        # Tensor.data is a C getset descriptor; torch's stub declares a plain Tensor attribute.
-        return torch.Tensor.data.__get__(self)  # type: ignore[attr-defined]
+        # Tensor.data is a C getset descriptor; torch's stub declares a plain Tensor attribute
+        # (so it has no typed __get__; the annotation restores the type the descriptor returns).
+        value: torch.Tensor = torch.Tensor.data.__get__(self)  # type: ignore[attr-defined]
+        return value
 
     @data.setter
     def data(self, new: torch.Tensor) -> None:
