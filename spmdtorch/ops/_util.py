@@ -9,9 +9,12 @@ queries on JAX arrays that may be tracers or Python scalars.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias, TypeVar, overload
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from spmdtorch._dtypes import to_jax_dtype
 
@@ -25,7 +28,21 @@ __all__ = [
     "jdtype",
     "acc_dtype",
     "restore_keepdim",
+    "Array",
+    "Number",
+    "Scalar",
+    "Dims",
 ]
+
+# The argument types of the lowerings (registry's calling convention): a tensor
+# argument arrives as a JAX array (a tracer under jit), a ``Scalar`` one as a
+# Python number or, where the engine lifted it (Lowering.lift_scalars), a 0-d array.
+Array: TypeAlias = jax.Array
+Number: TypeAlias = bool | int | float
+Scalar: TypeAlias = Number | jax.Array
+_D = TypeVar("_D")
+# ATen's ``int[1]? dim``: one dim, several, or None (every dim).
+Dims: TypeAlias = int | Sequence[int] | None
 
 _LOW_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -42,9 +59,9 @@ def canon_dim(dim: int, ndim: int) -> int:
     return dim % n
 
 
-def canon_dims(dims, ndim: int) -> tuple[int, ...]:
+def canon_dims(dims: Sequence[int], ndim: int) -> tuple[int, ...]:
     """Canonicalise a list of dims (duplicates removed, order kept)."""
-    out = []
+    out: list[int] = []
     for d in dims:
         c = canon_dim(d, ndim)
         if c not in out:
@@ -52,7 +69,7 @@ def canon_dims(dims, ndim: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def reduce_dims(dim, ndim: int) -> tuple[int, ...]:
+def reduce_dims(dim: Dims, ndim: int) -> tuple[int, ...]:
     """The axes a reduction runs over.
 
     ``None`` and ``[]`` both mean every dim (ATen's ``int[1]? dim`` convention);
@@ -69,30 +86,44 @@ def reduce_dims(dim, ndim: int) -> tuple[int, ...]:
     return canon_dims(dim, ndim)
 
 
-def _dtype_of(x):
-    if hasattr(x, "dtype"):
-        return jnp.dtype(x.dtype)
+# jax's scalar types (jnp.bool_, jnp.int32...) are typed Any, so np.dtype of them
+# would be too: the annotations give these constants their type.
+_BOOL: np.dtype = jnp.dtype(jnp.bool_)
+_INT32: np.dtype = jnp.dtype(jnp.int32)
+_UINT32: np.dtype = jnp.dtype(jnp.uint32)
+_FLOAT32: np.dtype = jnp.dtype(jnp.float32)
+_COMPLEX64: np.dtype = jnp.dtype(jnp.complex64)
+
+
+def _dtype_of(x: Scalar | complex | np.ndarray) -> np.dtype:
+    dt: np.dtype | None = getattr(x, "dtype", None)  # arrays, tracers and NumPy scalars
+    if dt is not None:
+        return np.dtype(dt)
     if isinstance(x, bool):
-        return jnp.dtype(jnp.bool_)
+        return _BOOL
     if isinstance(x, int):
-        return jnp.dtype(jnp.int32)
+        return _INT32
     if isinstance(x, complex):
-        return jnp.dtype(jnp.complex64)
-    return jnp.dtype(jnp.float32)
+        return _COMPLEX64
+    return _FLOAT32
 
 
-def is_float(x) -> bool:
+def is_float(x: Scalar | complex | np.ndarray) -> bool:
     """True for floating (or complex) arrays and Python floats."""
     return jnp.issubdtype(_dtype_of(x), jnp.inexact)
 
 
-def is_int(x) -> bool:
+def is_int(x: Scalar | complex | np.ndarray) -> bool:
     """True for integer and bool arrays / Python ints."""
     dt = _dtype_of(x)
     return jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_
 
 
-def upcast(x):
+@overload
+def upcast(x: Array) -> Array: ...
+@overload
+def upcast(x: Scalar) -> Scalar: ...
+def upcast(x: Scalar) -> Scalar:
     """Return ``x`` in float32 if it is bf16/f16 (torch computes those in f32).
 
     Integer and bool inputs become float32 too, which is what torch's
@@ -104,7 +135,7 @@ def upcast(x):
     return x
 
 
-def acc_dtype(x, dtype=None):
+def acc_dtype(x: Scalar, dtype: torch.dtype | None = None) -> np.dtype:
     """Accumulation dtype of a sum-like reduction.
 
     ``dtype`` (a torch dtype or None) wins. Integer and bool inputs sum in the
@@ -113,31 +144,37 @@ def acc_dtype(x, dtype=None):
     if dtype is not None:
         jd = to_jax_dtype(dtype)
         if jd in _LOW_FLOATS:
-            return jnp.dtype(jnp.float32)
+            return _FLOAT32
         return jd
     dt = _dtype_of(x)
     if dt == jnp.bool_ or jnp.issubdtype(dt, jnp.integer):
-        if dt in (jnp.dtype(jnp.uint32),):
+        if dt in (_UINT32,):
             return dt
-        return jnp.dtype(jnp.int32)
+        return _INT32
     if dt in _LOW_FLOATS:
-        return jnp.dtype(jnp.float32)
+        return _FLOAT32
     return dt
 
 
-def jdtype(dtype, default=None):
+@overload
+def jdtype(dtype: torch.dtype) -> np.dtype: ...
+@overload
+def jdtype(dtype: torch.dtype | None) -> np.dtype | None: ...
+@overload
+def jdtype(dtype: torch.dtype | None, default: _D) -> np.dtype | _D: ...
+def jdtype(dtype: torch.dtype | None, default: object = None) -> object:
     """Torch dtype (or None) -> JAX storage dtype, ``default`` if None."""
     if dtype is None:
         return default
     return to_jax_dtype(dtype)
 
 
-def restore_keepdim(x, axes: Sequence[int]):
+def restore_keepdim(x: Array, axes: Sequence[int]) -> Array:
     """Re-insert size-1 dims at ``axes`` (sorted) after a reduction."""
     for a in sorted(axes):
         x = jnp.expand_dims(x, a)
     return x
 
 
-def static_shape_numel(shape) -> int:
+def static_shape_numel(shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1

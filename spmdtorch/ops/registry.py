@@ -9,11 +9,18 @@ one table. Ops without a lowering fall back to torch's decomposition tables in
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import torch
 
 __all__ = ["Lowering", "register", "register_meta", "get_lowering", "get_branch", "resolve_ops", "LOWERINGS"]
+
+# A lowering, meta kernel or branch function: ATen calling conventions vary per op
+# (tensors arrive as JAX arrays, scalars as numbers or 0-d arrays), so the table
+# types them as callables of any arguments; each lowering annotates its own.
+AnyFn = Callable[..., Any]
+_F = TypeVar("_F", bound=AnyFn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,19 +53,19 @@ class Lowering:
             value compiles its own program; the number itself does not.
     """
 
-    fn: Callable
+    fn: AnyFn
     random: bool = False
     lift_scalars: bool = True
-    static_scalars: frozenset = frozenset()
-    meta: Callable | None = None
-    branch: Callable | None = None
+    static_scalars: frozenset[int | float] = frozenset()
+    meta: AnyFn | None = None
+    branch: Callable[..., Hashable] | None = None
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
 
 # Lowering.branch of each op and of its in-place variant (``lerp_.Scalar``
 # has no lowering of its own: it runs ``lerp.Scalar``'s on the same arguments).
-_BRANCHES: dict[torch._ops.OpOverload, Callable] = {}
+_BRANCHES: dict[torch._ops.OpOverload, Callable[..., Hashable]] = {}
 
 
 def resolve_ops(name: str) -> list[torch._ops.OpOverload]:
@@ -74,7 +81,7 @@ def resolve_ops(name: str) -> list[torch._ops.OpOverload]:
     if overload:
         op = getattr(packet, overload, None)
         return [op] if op is not None else []
-    ops = []
+    ops: list[torch._ops.OpOverload] = []
     for ov in packet.overloads():
         op = getattr(packet, ov, None)
         if op is not None:
@@ -86,10 +93,10 @@ def register(
     *names: str,
     random: bool = False,
     lift_scalars: bool = True,
-    static_scalars=(),
-    meta: Callable | None = None,
-    branch: Callable | None = None,
-):
+    static_scalars: Iterable[int | float] = (),
+    meta: AnyFn | None = None,
+    branch: Callable[..., Hashable] | None = None,
+) -> Callable[[_F], _F]:
     """Register the decorated function as the lowering of ATen ops ``names``.
 
     Args:
@@ -112,7 +119,7 @@ def register(
         >>> LOWERINGS[torch.ops.aten.relu.default] = library_relu  # put the library's back
     """
 
-    def deco(fn):
+    def deco(fn: _F) -> _F:
         low = Lowering(
             fn,
             random=random,
@@ -137,10 +144,10 @@ def register(
     return deco
 
 
-_META_LIB = None
+_META_LIB: torch.library.Library | None = None
 
 
-def register_meta(name: str):
+def register_meta(name: str) -> Callable[[_F], _F]:
     """Register the decorated function as the ``Meta`` kernel of ATen op ``name``.
 
     spmdtorch takes output shapes from torch's meta kernels; a few backward
@@ -152,7 +159,7 @@ def register_meta(name: str):
         name: ``"packet"`` or ``"packet.overload"`` of an ``aten`` op.
     """
 
-    def deco(fn):
+    def deco(fn: _F) -> _F:
         global _META_LIB
         for op in resolve_ops(name):
             qual = op._schema.name
@@ -172,6 +179,6 @@ def get_lowering(op: torch._ops.OpOverload) -> Lowering | None:
     return LOWERINGS.get(op)
 
 
-def get_branch(op: torch._ops.OpOverload) -> Callable | None:
+def get_branch(op: torch._ops.OpOverload) -> Callable[..., Hashable] | None:
     """``Lowering.branch`` of ``op``'s lowering, or of the lowering its in-place variant runs; else None."""
     return _BRANCHES.get(op)
