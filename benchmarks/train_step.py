@@ -137,7 +137,9 @@ PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 # ptxla: the same step under PyTorch/XLA 2.9's lazy tensors (_ptxla_worker.py), run by the
 # interpreter --ptxla-python names (PyTorch/XLA needs its own torch).
 # dynamo: the lazy step with the model torch.compile'd (backend="spmdtorch"; issue 46).
-ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "dynamo", "ptxla")
+# dtensor: the lazy step with the model laid out through spmdtorch.dtensor (torch's
+# DTensor placements, FSDPv2's layout: dtensor_step; issue 43). ptxla stays last.
+ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "dynamo", "dtensor", "ptxla")
 MODES = ALL_MODES  # the driver narrows it with --modes ("jax" always runs)
 PTXLA_PYTHON: str | None = None  # --ptxla-python
 TARGETS = {"compiled": 1.00, "compiled_pure": 1.00, "lazy": 1.25, "lazy_pure": 1.25, "first": 1.1}  # issue 19
@@ -208,6 +210,11 @@ class JaxTwin:
     loss_fn: object
 
 
+def fsdp_dim(shape) -> int:
+    """The dim FSDPv2 shards a parameter of ``shape`` on: its largest (the first on a tie)."""
+    return max(range(len(shape)), key=lambda d: (shape[d], -d))
+
+
 def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
     """The decoder in jax.numpy with FSDPv2's shardings and constraints, ``tx`` (default AdamW), donated state.
 
@@ -224,8 +231,8 @@ def jax_twin(cfg, model, tokens, *, remat: bool = False, tx=None) -> JaxTwin:
 
     mesh = Mesh(np.array(jax.devices()), ("fsdp",))
 
-    def fsdp_spec(shape):  # FSDPv2's rule: the largest dim (first on a tie) over "fsdp"
-        dim = max(range(len(shape)), key=lambda d: (shape[d], -d))
+    def fsdp_spec(shape):  # FSDPv2's rule over "fsdp"
+        dim = fsdp_dim(shape)
         return NamedSharding(mesh, P(*[("fsdp" if d == dim else None) for d in range(len(shape))]))
 
     def to_jax(v):  # numpy has no bfloat16: through float32 (exact), then ml_dtypes' bfloat16 (exact)
@@ -270,6 +277,48 @@ def spmdtorch_step(model, tokens, *, auto_wrapper_callable=None, zero_grad_after
     model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy, auto_wrapper_callable=auto_wrapper_callable)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
+    return model, opt, tok, make_train_step(model, opt, zero_grad_after)
+
+
+def dtensor_step(model, tokens, *, zero_grad_after: bool = False):
+    """``spmdtorch_step``'s model laid out through ``spmdtorch.dtensor`` (torch's DTensor API) instead of FSDPv2.
+
+    The same layout in torch.distributed's terms (issue 43): on a 1-D
+    ``"fsdp"`` mesh every parameter is ``Shard(d)``, ``d`` the dim FSDPv2
+    shards (``distribute_module``), the tokens are ``Shard(0)``, and each
+    decoder layer's output and the logits are redistributed to ``Shard(0)``,
+    as FSDPv2 annotates every wrapped module's output. What differs is inside
+    a layer: each op's result carries the placement torch's sharding
+    propagation gives it (an annotation), where the FSDPv2 model leaves it to
+    GSPMD, and every op pays DTensor's dispatch on the host.
+
+    Returns:
+        The model, its AdamW, the tokens and the (uncompiled) step, as
+        ``spmdtorch_step``; the step's loss is an ``XlaDTensor`` (replicated).
+    """
+    import torch
+    from torch.distributed.tensor import DTensor, Shard
+
+    from spmdtorch.dtensor import distribute_module, distribute_tensor, init_device_mesh
+    from spmdtorch.models.llama import DecoderLayer
+
+    n = _num_devices()
+    mesh = init_device_mesh("xla", (n,), mesh_dim_names=("fsdp",))
+
+    def partition(_name, module, mesh):
+        for key, param in list(module.named_parameters(recurse=False)):
+            placed = distribute_tensor(param.data, mesh, [Shard(fsdp_dim(param.shape))])
+            module.register_parameter(key, torch.nn.Parameter(placed, requires_grad=param.requires_grad))
+
+    def batch_sharded(_module, _inputs, output):
+        return output.redistribute(mesh, [Shard(0)]) if isinstance(output, DTensor) else output
+
+    model = distribute_module(model.to("xla"), mesh, partition)
+    for module in model.modules():
+        if isinstance(module, DecoderLayer) or module is model:
+            module.register_forward_hook(batch_sharded)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    tok = distribute_tensor(tokens, mesh, [Shard(0)])
     return model, opt, tok, make_train_step(model, opt, zero_grad_after)
 
 
@@ -371,13 +420,16 @@ def session_jax(cfg_name: str, warmup: int, dtype: str | None = None) -> Session
 def session_spmdtorch(
     cfg_name: str, mode: str, warmup: int, zero_grad_after: bool = False, dtype: str | None = None
 ) -> Session:
+    from torch.distributed.tensor import DTensor
+
     import spmdtorch
     from spmdtorch import debug
     from spmdtorch.tensor.xla_tensor import XlaTensor
 
     cfg, model, tokens = _setup(cfg_name, dtype=dtype)
     info = _device_info(cfg, tokens)
-    model, opt, tok, train_step = spmdtorch_step(model, tokens, zero_grad_after=zero_grad_after)
+    make_step = dtensor_step if mode == "dtensor" else spmdtorch_step
+    model, opt, tok, train_step = make_step(model, tokens, zero_grad_after=zero_grad_after)
 
     if mode.endswith("_pure"):
         for layer in model.layers:  # the FSDPv2 wrappers of the decoder layers
@@ -419,9 +471,11 @@ def session_spmdtorch(
             host.append(now() - h)
             ops.append(debug.counter_value("DispatchedOps") - o)
         losses.append(loss.item())
-        state = list(model.parameters()) + [
-            v for s in opt.state.values() for v in s.values() if isinstance(v, XlaTensor)
+        state = [  # a DTensor's local tensor is the global xla tensor (spmdtorch.dtensor)
+            t.to_local() if isinstance(t, DTensor) else t
+            for t in [*model.parameters(), *(v for s in opt.state.values() for v in s.values())]
         ]
+        state = [t for t in state if isinstance(t, XlaTensor)]
         per_device = sum(_shard_bytes(t._st.value) for t in state)
         total = sum(int(t.numel()) * t.element_size() for t in state)
         exe = run.executable() if mode.startswith("compiled") else debug.last_executable()

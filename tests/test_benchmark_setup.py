@@ -104,3 +104,44 @@ def test_an_unreadable_trace_leaves_the_idle_column_empty_and_says_why(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("device idle of ptxla: ") and "does not parse as one" in err, err
     assert train_step.idle_text({"device_idle": None}) == "-"
+
+
+@pytest.mark.timeout(300)
+def test_dtensor_mode_lays_the_model_out_as_fsdpv2_and_trains_like_eager(devices8):
+    # train_step.py's dtensor mode: the FSDPv2 model's layout through torch's DTensor API (issue 43).
+    import copy
+
+    import train_step
+    from torch.distributed.tensor import DTensor, Shard
+
+    import spmdtorch
+    from spmdtorch.sharding import get_sharding_spec
+
+    _, model, tokens = _train_setup.setup("tiny", 8)
+    eager = copy.deepcopy(model)
+    fsdp, _, _, fsdp_step = train_step.spmdtorch_step(copy.deepcopy(model), tokens)
+    dt, _, tok, dt_step = train_step.dtensor_step(model, tokens)
+    assert isinstance(tok, DTensor) and tok.placements == (Shard(0),)
+    fsdp_specs = {n.replace("_orig_module.", ""): get_sharding_spec(p) for n, p in fsdp.named_parameters()}
+    dt_specs = {}
+    for name, p in dt.named_parameters():
+        assert isinstance(p, DTensor), name
+        dt_specs[name] = get_sharding_spec(p.to_local())
+    assert dt_specs == fsdp_specs
+    assert "{devices=[8,1]0,1,2,3,4,5,6,7}" in dt_specs.values()  # a layout, not replication everywhere
+    opt = torch.optim.AdamW(
+        eager.parameters(),
+        lr=_train_setup.LR,
+        betas=_train_setup.BETAS,
+        eps=_train_setup.EPS,
+        weight_decay=_train_setup.WD,
+    )
+    eager_step = _train_setup.make_train_step(eager, opt)
+    for i in range(3):
+        with spmdtorch.step():
+            loss = dt_step(tok)
+        want = eager_step(tokens)
+        assert isinstance(loss, DTensor), type(loss).__name__
+        torch.testing.assert_close(
+            loss.full_tensor().detach().cpu(), want.detach(), rtol=1e-4, atol=1e-5, msg=f"step {i}"
+        )
