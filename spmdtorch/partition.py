@@ -9,7 +9,7 @@ three packages, one concept each, and this module only re-exports them:
 * :mod:`spmdtorch.sharding`: annotations (``mark_sharding``, ``ShardingSpec``...),
   inspection (HLO sharding strings, sharding types, pictures), local shards and
   manual regions (``shard_map`` and its collectives);
-* :mod:`spmdtorch.fsdp`: ``FSDPv2``, wrap policies, ``MixedPrecision`` and
+* :mod:`spmdtorch.fsdp`: ``FSDPv2``, ``accumulate_gradients``, wrap policies, ``MixedPrecision`` and
   activation checkpointing (``checkpoint_module``, ``CPU_REMAT_XLA_FLAG``);
 * :mod:`spmdtorch.plan`: ``plan_sharding``, ``memory_plan``, ``materialize``.
 
@@ -25,6 +25,7 @@ Example:
 
 from spmdtorch.fsdp import (
     CPU_REMAT_XLA_FLAG,
+    AccumulateGradientsError,
     FSDPv2,
     FSDPv2Error,
     FSDPv2MeshError,
@@ -33,6 +34,7 @@ from spmdtorch.fsdp import (
     MixedPrecision,
     MixedPrecisionError,
     SpmdFullyShardedDataParallel,
+    accumulate_gradients,
     checkpoint_module,
     cpu_keeps_barriers,
     lambda_auto_wrap_policy,
@@ -93,6 +95,8 @@ __all__ = [
     "FSDPv2OutputError",
     "FSDPv2WrapError",
     "SpmdFullyShardedDataParallel",
+    "AccumulateGradientsError",
+    "accumulate_gradients",
     "lambda_auto_wrap_policy",
     "load_plain_state_dict",
     "plain_state_dict",

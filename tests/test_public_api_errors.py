@@ -266,6 +266,14 @@ VALID: dict[str, Case] = {
     "reduce_scatter": Case(lambda tmp: {"t": REGION_T, "axis": "model", "dim": 0}, region=True),
     # fsdp
     "FSDPv2": Case(lambda tmp: {"module": _linear().to("xla"), "mesh": Mesh(np.arange(8), (8,), ("fsdp",))}),
+    "accumulate_gradients": Case(
+        lambda tmp: {
+            "model": _linear().to("xla"),
+            "loss_fn": lambda model, x: model(x).mean(),
+            "micro_batches": [_xt(8, 4)],
+            "mesh": Mesh(np.arange(8), (8,), ("fsdp",)),
+        }
+    ),
     "plain_state_dict": Case(lambda tmp: {"module": _linear()}),
     "load_plain_state_dict": Case(lambda tmp: {"module": _linear(), "state_dict": _linear().state_dict()}),
     "recursive_wrap": Case(
@@ -438,6 +446,7 @@ EXTRA: dict[str, list[tuple[str, Any]]] = {
     "mark_manual_sharding": [("t", torch.zeros(8, 2))],
     "shard_to_full_shape": [("full_shape", (8, 4)), ("full_shape", (8, -2))],
     "FSDPv2": [("mesh", _mesh)],
+    "accumulate_gradients": [("micro_batches", []), ("micro_batches", [torch.zeros(8, 4)]), ("micro_batches", [3])],
     "MixedPrecision": [("param_dtype", torch.int64)],
     "memory_plan": [("budget_bytes", -1)],
     "plan_sharding": [("strategy", "nope"), ("ep_axis", "")],

@@ -5,6 +5,8 @@
   batch; XLA's partitioner inserts the all-gathers and reduce-scatters.
   :func:`plain_state_dict` / :func:`load_plain_state_dict` read and write the
   unwrapped model's keys.
+* :func:`accumulate_gradients`: gradient accumulation over micro-batches
+  with one gradient reduction per step (not one per micro-batch).
 * Wrap policies (:func:`transformer_auto_wrap_policy`,
   :func:`size_based_auto_wrap_policy`, :func:`lambda_auto_wrap_policy`,
   :func:`recursive_wrap`) pick the submodules to wrap, with torch's contract.
@@ -30,6 +32,7 @@ Example:
     ('fsdp', None)
 """
 
+from spmdtorch.fsdp._accumulate import AccumulateGradientsError, accumulate_gradients
 from spmdtorch.fsdp._fsdpv2 import FSDP_AXIS as FSDP_AXIS
 from spmdtorch.fsdp._fsdpv2 import (
     FSDPv2,
@@ -66,6 +69,9 @@ __all__ = [
     "SpmdFullyShardedDataParallel",
     "load_plain_state_dict",
     "plain_state_dict",
+    # gradient accumulation with one reduction per step
+    "AccumulateGradientsError",
+    "accumulate_gradients",
     # wrap policies
     "lambda_auto_wrap_policy",
     "recursive_wrap",

@@ -38,8 +38,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -73,6 +74,20 @@ __all__ = [
 # The mesh axis FSDPv2 shards over; spmdtorch.plan reads it (declared internal API).
 FSDP_AXIS = "fsdp"
 _PREFIX = "_orig_module."
+# Depth of accumulate_gradients' per-device micro-steps being recorded: there a
+# tensor is one device's block, and an output annotation over the mesh (whose
+# axes are manual in that region) has no meaning.
+_LOCAL_STEPS = [0]
+
+
+@contextlib.contextmanager
+def local_step() -> Iterator[None]:
+    """While open, FSDPv2 wrappers leave their outputs unannotated (the per-device body of accumulate_gradients)."""
+    _LOCAL_STEPS[0] += 1
+    try:
+        yield
+    finally:
+        _LOCAL_STEPS[0] -= 1
 
 
 class FSDPv2Error(ValueError):
@@ -379,6 +394,8 @@ class FSDPv2(nn.Module):
             output = self._mixed_precision.run(self._orig_module, args, kwargs)
         else:
             output = self._orig_module(*args, **kwargs)
+        if _LOCAL_STEPS[0]:
+            return output
         if self._user_shard_output is not None:
             self._user_shard_output(output, self._mesh)
             return output

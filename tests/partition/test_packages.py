@@ -15,7 +15,7 @@ import spmdtorch.partition
 import spmdtorch.plan
 import spmdtorch.sharding
 
-# spmdtorch.partition.__all__ before the split (issue 16): user code imports these.
+# spmdtorch.partition.__all__ before the split (issue 16), and names added since: user code imports these.
 _PARTITION_NAMES = {
     "CPU_REMAT_XLA_FLAG", "CompiledMemory", "FSDPv2", "FSDPv2Error", "FSDPv2MeshError", "FSDPv2OutputError",
     "FSDPv2WrapError", "ManualRegionError", "MaterializeError", "MemoryBudgetError", "MemoryPlan",
@@ -28,6 +28,8 @@ _PARTITION_NAMES = {
     "parse_hlo_sharding_string", "plain_state_dict", "plan_sharding", "ppermute", "recursive_wrap",
     "reduce_scatter", "shard_map", "sharding_type", "size_based_auto_wrap_policy", "tensor_sharding",
     "transformer_auto_wrap_policy", "visualize_array_sharding", "visualize_sharding", "visualize_tensor_sharding",
+    # added since: gradient accumulation with one reduction per step (issue 43, item 4)
+    "AccumulateGradientsError", "accumulate_gradients",
 }  # fmt: skip
 
 _PACKAGES = (spmdtorch.sharding, spmdtorch.fsdp, spmdtorch.plan)
