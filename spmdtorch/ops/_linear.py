@@ -38,6 +38,7 @@ import torch
 from jax import lax
 
 from spmdtorch.ops import linalg
+from spmdtorch.ops._util import Array
 from spmdtorch.ops.registry import LOWERINGS, Lowering
 
 __all__ = ["LinearFn", "LinearInputGradFn", "LinearWeightGradFn"]
@@ -135,18 +136,18 @@ def _contract(a, b, a_dims, b_dims, *, float32_result=False):
     )
 
 
-def _linear(x, w, b=None):
+def _linear(x: Array, w: Array, b: Array | None = None) -> Array:
     # With a bias the product stays float32 until the addition and rounds
     # once, as torch's addmm (which linear of a 2-d or contiguous 3-d input is).
     y = _contract(x, w, (x.ndim - 1,), (1,), float32_result=b is not None)
     return y if b is None else (y + b.astype(y.dtype)).astype(x.dtype)
 
 
-def _input_grad(g, w):
+def _input_grad(g: Array, w: Array) -> Array:
     return _contract(g, w, (g.ndim - 1,), (0,))
 
 
-def _weight_grad(g, x):
+def _weight_grad(g: Array, x: Array) -> Array:
     lead = tuple(range(g.ndim - 1))
     return _contract(g, x, lead, lead)
 

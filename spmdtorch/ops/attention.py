@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from spmdtorch import config
 from spmdtorch.ops import _pallas_attention as pallas
 from spmdtorch.ops import linalg
+from spmdtorch.ops._util import Array
 from spmdtorch.ops.registry import register
 
 
@@ -126,7 +127,16 @@ def _dot_product_attention(q, k, v, bias, mask, scale, is_causal):
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu.default", lift_scalars=False)
-def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+def _sdpa_flash_cpu(
+    query: Array,
+    key: Array,
+    value: Array,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: Array | None = None,
+    scale: float | None = None,
+) -> tuple[Array, Array]:
     _check_no_dropout(dropout_p)
     if pallas.use_pallas(query, key, value, attn_mask):
         # torch's op also returns the logsumexp: the math formulation's, beside
@@ -142,8 +152,18 @@ def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_m
 
 @register("_scaled_dot_product_flash_attention_for_cpu_backward.default", lift_scalars=False)
 def _sdpa_flash_cpu_backward(
-    grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
-):
+    grad_out: Array,
+    query: Array,
+    key: Array,
+    value: Array,
+    out: Array,
+    logsumexp: Array,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    attn_mask: Array | None = None,
+    scale: float | None = None,
+) -> tuple[Array, Array, Array]:
     _check_no_dropout(dropout_p)
     if pallas.use_pallas(query, key, value, attn_mask):
         return pallas.attention_vjp(grad_out, query, key, value, is_causal, scale)
@@ -159,17 +179,17 @@ def _sdpa_flash_cpu_backward(
 
 @register("_scaled_dot_product_attention_math.default", lift_scalars=False)
 def _sdpa_math(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    dropout_p=0.0,
-    is_causal=False,
-    dropout_mask=None,
+    query: Array,
+    key: Array,
+    value: Array,
+    attn_mask: Array | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    dropout_mask: Array | None = None,
     *,
-    scale=None,
-    enable_gqa=False,
-):
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[Array, Array]:
     _check_no_dropout(dropout_p)
     out, _, probs = _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     # The second output is the attention-probability matrix.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from spmdtorch.ops import linalg
-from spmdtorch.ops._util import is_float, upcast
+from spmdtorch.ops._util import Array, is_float, upcast
 from spmdtorch.ops.registry import register, register_meta
 
 
@@ -87,15 +88,36 @@ def _dn(nsp):
 
 
 @register("convolution.default", "_convolution.default", "_convolution.deprecated")
-def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *unused):
+def _convolution(
+    input: Array,
+    weight: Array,
+    bias: Array | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+    *unused,
+) -> Array:
     # ``_convolution`` adds benchmark/deterministic/cudnn/tf32 flags: ignored.
     return _conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
 @register("convolution_backward.default")
 def _convolution_backward(
-    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
-):
+    grad_output: Array,
+    input: Array,
+    weight: Array,
+    bias_sizes: Sequence[int] | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+    output_mask: Sequence[bool],
+) -> tuple[Array | None, Array | None, Array | None]:
     f = lambda x, w: _conv(
         x,
         w,
@@ -198,10 +220,28 @@ def _max_pool_backward(grad_output, self, indices, nsp):
 
 for _n in (1, 2, 3):
 
-    def _mp(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False, _n=_n):
+    def _mp(
+        self: Array,
+        kernel_size: Sequence[int],
+        stride: Sequence[int] = (),
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        ceil_mode: bool = False,
+        _n: int = _n,
+    ) -> tuple[Array, Array]:
         return _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode, _n)
 
-    def _mpb(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, _n=_n):
+    def _mpb(
+        grad_output: Array,
+        self: Array,
+        kernel_size: Sequence[int],
+        stride: Sequence[int],
+        padding: Sequence[int],
+        dilation: Sequence[int],
+        ceil_mode: bool,
+        indices: Array,
+        _n: int = _n,
+    ) -> Array:
         return _max_pool_backward(grad_output, self, indices, _n)
 
     register(f"max_pool{_n}d_with_indices.default")(_mp)
@@ -209,7 +249,14 @@ for _n in (1, 2, 3):
 
 
 @register("max_pool2d.default", "max_pool1d.default", "max_pool3d.default")
-def _max_pool(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+def _max_pool(
+    self: Array,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    ceil_mode: bool = False,
+) -> Array:
     nsp = len(_tuple(kernel_size, 1)) if not isinstance(kernel_size, int) else 1
     return _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode, nsp)[0]
 
@@ -247,13 +294,28 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
 for _n in (1, 2, 3):
 
     def _ap(
-        self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None, _n=_n
-    ):
+        self: Array,
+        kernel_size: Sequence[int],
+        stride: Sequence[int] = (),
+        padding: int | Sequence[int] = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+        _n: int = _n,
+    ) -> Array:
         return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, _n)
 
     def _apb(
-        grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None, _n=_n
-    ):
+        grad_output: Array,
+        self: Array,
+        kernel_size: Sequence[int],
+        stride: Sequence[int],
+        padding: Sequence[int],
+        ceil_mode: bool,
+        count_include_pad: bool,
+        divisor_override: int | None = None,
+        _n: int = _n,
+    ) -> Array:
         f = lambda x: _avg_pool(
             x,
             kernel_size,
@@ -297,10 +359,10 @@ def _adaptive_avg(self, output_size, nsp):
 
 for _n in (1, 2, 3):
 
-    def _aap(self, output_size, _n=_n):
+    def _aap(self: Array, output_size: Sequence[int], _n: int = _n) -> Array:
         return _adaptive_avg(self, output_size, _n)
 
-    def _aapb(grad_output, self, _n=_n):
+    def _aapb(grad_output: Array, self: Array, _n: int = _n) -> Array:
         out_size = grad_output.shape[-_n:]
         f = lambda x: _adaptive_avg(x, out_size, _n)
         return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
@@ -330,10 +392,10 @@ def _adaptive_max(self, output_size, nsp):
 
 for _n in (1, 2, 3):
 
-    def _amp(self, output_size, _n=_n):
+    def _amp(self: Array, output_size: Sequence[int], _n: int = _n) -> tuple[Array, Array]:
         return _adaptive_max(self, output_size, _n)
 
-    def _ampb(grad_output, self, indices, _n=_n):
+    def _ampb(grad_output: Array, self: Array, indices: Array, _n: int = _n) -> Array:
         return _max_pool_backward(grad_output, self, indices, _n)
 
     register(f"adaptive_max_pool{_n}d.default")(_amp)
@@ -358,7 +420,9 @@ def _fractional_starts(sample, n_in, n_out, k):
     return starts.at[..., n_out - 1].set(n_in - k) if n_out > 0 else starts
 
 
-def _fractional_max_pool(self, kernel_size, output_size, random_samples):
+def _fractional_max_pool(
+    self: Array, kernel_size: Sequence[int], output_size: Sequence[int], random_samples: Array
+) -> tuple[Array, Array]:
     nsp = len(kernel_size)
     unbatched = self.ndim == nsp + 1
     x = self[None] if unbatched else self
@@ -396,7 +460,9 @@ def _fractional_max_pool(self, kernel_size, output_size, random_samples):
     return (out[0], idx[0]) if unbatched else (out, idx)
 
 
-def _fractional_max_pool_backward(grad_output, self, kernel_size, output_size, indices):
+def _fractional_max_pool_backward(
+    grad_output: Array, self: Array, kernel_size: Sequence[int], output_size: Sequence[int], indices: Array
+) -> Array:
     """Each output's gradient added at the input position its ``indices`` entry names."""
     nsp = len(kernel_size)
     unbatched = self.ndim == nsp + 1
@@ -485,17 +551,17 @@ def _linear(x, out_sz, align_corners, scales, cubic=False):
 def _register_upsample(nsp, name, fwd):
     """Register ``name`` (.default and .vec) and its backward for ``fwd``."""
 
-    def vec(input, output_size, *rest):
+    def vec(input: Array, output_size: Sequence[int] | None, *rest) -> Array:
         *ac, scale_factors = rest
         out, scales = _out_and_scales(input.shape[-nsp:], output_size, scale_factors)
         return fwd(input, out, scales, *ac)
 
-    def default(self, output_size, *rest):
+    def default(self: Array, output_size: Sequence[int], *rest) -> Array:
         ac = list(rest[:1]) if "linear" in name or "bicubic" in name else []
         scales = list(rest[len(ac) :]) + [None] * nsp
         return fwd(self, tuple(output_size), scales[:nsp], *ac)
 
-    def backward(grad_output, output_size, input_size, *rest):
+    def backward(grad_output: Array, output_size: Sequence[int], input_size: Sequence[int], *rest) -> Array:
         ac = list(rest[:1]) if "linear" in name or "bicubic" in name else []
         scales = list(rest[len(ac) :]) + [None] * nsp
         x0 = jnp.zeros(tuple(input_size), jnp.float32)
@@ -582,7 +648,14 @@ def _separable(x, out_sz, scales, align_corners, matrix):
 
 
 def _upsample_backward_of(fwd):
-    def backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    def backward(
+        grad_output: Array,
+        output_size: Sequence[int],
+        input_size: Sequence[int],
+        align_corners: bool,
+        scales_h: float | None = None,
+        scales_w: float | None = None,
+    ) -> Array:
         x0 = jnp.zeros(tuple(input_size), jnp.float32)
         f = lambda x: fwd(x, tuple(output_size), [scales_h, scales_w], align_corners)
         return jax.vjp(f, x0)[1](upcast(grad_output))[0]
@@ -605,12 +678,20 @@ register("_upsample_bilinear2d_aa_backward.default", lift_scalars=False)(_upsamp
 
 
 @register("_upsample_bilinear2d_aa.default", lift_scalars=False)
-def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+def _upsample_bilinear2d_aa(
+    self: Array,
+    output_size: Sequence[int],
+    align_corners: bool,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> Array:
     return _bilinear_aa(self, tuple(output_size), [scales_h, scales_w], align_corners)
 
 
 @register("_upsample_bilinear2d_aa.vec", lift_scalars=False)
-def _upsample_bilinear2d_aa_vec(input, output_size, align_corners, scale_factors):
+def _upsample_bilinear2d_aa_vec(
+    input: Array, output_size: Sequence[int] | None, align_corners: bool, scale_factors: Sequence[float] | None
+) -> Array:
     out, scales = _out_and_scales(input.shape[-2:], output_size, scale_factors)
     return _bilinear_aa(input, out, scales, align_corners)
 
@@ -748,7 +829,9 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
 
 
 @register("grid_sampler_3d.default")
-def _grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+def _grid_sampler_3d(
+    input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool
+) -> Array:
     return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
 
 
@@ -849,7 +932,15 @@ def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, pad
 
 
 @register("grid_sampler_2d_backward.default", "grid_sampler_3d_backward.default")
-def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+def _grid_sampler_backward(
+    grad_output: Array,
+    input: Array,
+    grid: Array,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+    output_mask: Sequence[bool],
+) -> tuple[Array | None, Array]:
     """Input gradient: jax.vjp of the forward. Grid gradient: the 2-d kernel's own
     arrangement (see ``_grid_sampler_2d_grid_grad``); for 3-d the vjp too, which
     is as accurate as torch's kernel but not bit-close on large, cancelling sums."""
@@ -877,12 +968,21 @@ def _im2col(self, kernel_size, dilation, padding, stride):
 
 
 @register("im2col.default")
-def _im2col_op(self, kernel_size, dilation, padding, stride):
+def _im2col_op(
+    self: Array, kernel_size: Sequence[int], dilation: Sequence[int], padding: Sequence[int], stride: Sequence[int]
+) -> Array:
     return _im2col(self, kernel_size, dilation, padding, stride)
 
 
 @register("col2im.default")
-def _col2im(self, output_size, kernel_size, dilation, padding, stride):
+def _col2im(
+    self: Array,
+    output_size: Sequence[int],
+    kernel_size: Sequence[int],
+    dilation: Sequence[int],
+    padding: Sequence[int],
+    stride: Sequence[int],
+) -> Array:
     # col2im is the adjoint (transpose) of im2col: sum overlapping patches.
     unbatched = self.ndim == 2
     cols = self[None] if unbatched else self

@@ -12,20 +12,21 @@ engine), so nothing here branches on a scalar's value in Python.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from spmdtorch.ops._util import is_float, is_int, upcast
+from spmdtorch.ops._util import Array, Scalar, is_float, is_int, upcast
 from spmdtorch.ops.registry import register
 
 
 def _unary_float(*names, fn):
     """Register a float-valued unary op computed in >= float32."""
 
-    def lower(self):
+    def lower(self: Array) -> Array:
         return fn(upcast(self))
 
     register(*names)(lower)
@@ -76,38 +77,38 @@ for _name, _fn in {
 
 
 @register("reciprocal.default")
-def _reciprocal(self):
+def _reciprocal(self: Array) -> Array:
     return 1.0 / upcast(self)
 
 
 @register("abs.default")
-def _abs(self):
+def _abs(self: Array) -> Array:
     if self.dtype == jnp.bool_:
         return self
     return jnp.abs(self)
 
 
 @register("neg.default")
-def _neg(self):
+def _neg(self: Array) -> Array:
     return jnp.negative(self)
 
 
 @register("sign.default", "sgn.default")
-def _sign(self):
+def _sign(self: Array) -> Array:
     if self.dtype == jnp.bool_:
         return self
     return jnp.sign(self)
 
 
 @register("signbit.default")
-def _signbit(self):
+def _signbit(self: Array) -> Array:
     return jnp.signbit(self)
 
 
 def _int_passthrough(fn):
     # floor/ceil/trunc/round are the identity on integers (and jnp.floor would
     # turn them into floats).
-    def lower(self):
+    def lower(self: Array) -> Array:
         if is_int(self):
             return self
         return fn(self)
@@ -122,7 +123,7 @@ register("round.default")(_int_passthrough(jnp.round))  # half to even, as torch
 
 
 @register("round.decimals")
-def _round_decimals(self, *, decimals=0):
+def _round_decimals(self: Array, *, decimals: int = 0) -> Array:
     if is_int(self):
         return self
     # torch scales by 10**decimals, rounds half-to-even, and scales back.
@@ -134,50 +135,55 @@ def _round_decimals(self, *, decimals=0):
 
 
 @register("frac.default")
-def _frac(self):
+def _frac(self: Array) -> Array:
     return self - jnp.trunc(self)
 
 
 @register("isnan.default")
-def _isnan(self):
+def _isnan(self: Array) -> Array:
     if is_int(self):
         return jnp.zeros(jnp.shape(self), jnp.bool_)
     return jnp.isnan(self)
 
 
 @register("isinf.default")
-def _isinf(self):
+def _isinf(self: Array) -> Array:
     if is_int(self):
         return jnp.zeros(jnp.shape(self), jnp.bool_)
     return jnp.isinf(self)
 
 
 @register("isfinite.default")
-def _isfinite(self):
+def _isfinite(self: Array) -> Array:
     if is_int(self):
         return jnp.ones(jnp.shape(self), jnp.bool_)
     return jnp.isfinite(self)
 
 
 @register("isposinf.default")
-def _isposinf(self):
+def _isposinf(self: Array) -> Array:
     return jnp.isposinf(self) if is_float(self) else jnp.zeros(self.shape, jnp.bool_)
 
 
 @register("isneginf.default")
-def _isneginf(self):
+def _isneginf(self: Array) -> Array:
     return jnp.isneginf(self) if is_float(self) else jnp.zeros(self.shape, jnp.bool_)
 
 
 @register("nan_to_num.default")
-def _nan_to_num(self, nan=None, posinf=None, neginf=None):
+def _nan_to_num(
+    self: Array,
+    nan: Array | float | None = None,
+    posinf: Array | float | None = None,
+    neginf: Array | float | None = None,
+) -> Array:
     if is_int(self):
         return self
     return jnp.nan_to_num(self, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
 @register("logit.default")
-def _logit(self, eps=None):
+def _logit(self: Array, eps: Array | float | None = None) -> Array:
     x = upcast(self)
     if eps is not None:
         x = jnp.clip(x, eps, 1.0 - eps)
@@ -210,7 +216,7 @@ def _f32_if_low(x):
 
 
 @register("add.Tensor", "add.Scalar")
-def _add(self, other, alpha=1):
+def _add(self: Array, other: Scalar, alpha: Scalar = 1) -> Array:
     if hasattr(self, "dtype") and self.dtype == jnp.bool_ and getattr(other, "dtype", None) == jnp.bool_:
         return jnp.logical_or(self, other)  # bool + bool is "or" in torch
     a, b = _bin_operands(self, other)
@@ -218,19 +224,19 @@ def _add(self, other, alpha=1):
 
 
 @register("sub.Tensor", "sub.Scalar")
-def _sub(self, other, alpha=1):
+def _sub(self: Array, other: Scalar, alpha: Scalar = 1) -> Array:
     a, b = _bin_operands(self, other)
     return a - _alpha_mul(b, alpha)
 
 
 @register("rsub.Tensor", "rsub.Scalar")
-def _rsub(self, other, alpha=1):
+def _rsub(self: Array, other: Scalar, alpha: Scalar = 1) -> Array:
     a, b = _bin_operands(self, other)
     return b - _alpha_mul(a, alpha)
 
 
 @register("mul.Tensor", "mul.Scalar")
-def _mul(self, other):
+def _mul(self: Array, other: Scalar) -> Array:
     if getattr(self, "dtype", None) == jnp.bool_ and getattr(other, "dtype", None) == jnp.bool_:
         return jnp.logical_and(self, other)
     a, b = _bin_operands(self, other)
@@ -262,12 +268,12 @@ def _trunc_div(a, b):
 
 
 @register("div.Tensor", "div.Scalar")
-def _div(self, other):
+def _div(self: Array, other: Scalar) -> Array:
     return _true_div(self, other)
 
 
 @register("div.Tensor_mode", "div.Scalar_mode")
-def _div_mode(self, other, *, rounding_mode=None):
+def _div_mode(self: Array, other: Scalar, *, rounding_mode: str | None = None) -> Array:
     if rounding_mode is None:
         return _true_div(self, other)
     if rounding_mode == "floor":
@@ -278,24 +284,24 @@ def _div_mode(self, other, *, rounding_mode=None):
 
 
 @register("floor_divide.default", "floor_divide.Scalar")
-def _floor_divide(self, other):
+def _floor_divide(self: Array, other: Scalar) -> Array:
     return _floor_div(self, other)
 
 
 @register("true_divide.Tensor", "true_divide.Scalar")
-def _true_divide(self, other):
+def _true_divide(self: Array, other: Scalar) -> Array:
     return _true_div(self, other)
 
 
 @register("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")
-def _remainder(self, other):
+def _remainder(self: Scalar, other: Scalar) -> Array:
     # Python sign rule (result has the divisor's sign), same as jnp.remainder.
     a, b = _bin_operands(self, other)
     return jnp.remainder(a, b)
 
 
 @register("fmod.Tensor", "fmod.Scalar")
-def _fmod(self, other):
+def _fmod(self: Array, other: Scalar) -> Array:
     # C sign rule (result has the dividend's sign).
     a, b = _bin_operands(self, other)
     return jnp.fmod(a, b)
@@ -326,7 +332,7 @@ def _pow_special(x, e):
 
 
 @register("pow.Tensor_Scalar", static_scalars=_POW_SPECIAL_EXPONENTS)
-def _pow_tensor_scalar(self, exponent):
+def _pow_tensor_scalar(self: Array, exponent: Scalar) -> Array:
     if type(exponent) in (int, float) and exponent in _POW_SPECIAL_EXPONENTS and not is_int(self):
         if exponent == 0.5 and self.dtype == jnp.float16:
             # torch's half kernel has no sqrt shortcut: std::pow (pow(-inf, .5) = inf, not nan).
@@ -336,7 +342,7 @@ def _pow_tensor_scalar(self, exponent):
 
 
 @register("pow.Tensor_Tensor", "pow.Scalar")
-def _pow(self, exponent):
+def _pow(self: Scalar, exponent: Scalar) -> Array:
     # A Python int exponent keeps jnp's exact integer_pow path (x**2 as x*x).
     if isinstance(exponent, int) and not isinstance(exponent, bool):
         if is_int(self):
@@ -347,72 +353,72 @@ def _pow(self, exponent):
 
 
 @register("float_power.Tensor_Tensor", "float_power.Tensor_Scalar", "float_power.Scalar")
-def _float_power(self, exponent):
+def _float_power(self: Scalar, exponent: Scalar) -> Array:
     return jnp.power(upcast(self), upcast(exponent))
 
 
 @register("atan2.default")
-def _atan2(self, other):
+def _atan2(self: Array, other: Array) -> Array:
     return jnp.arctan2(upcast(self), upcast(other))
 
 
 @register("hypot.default")
-def _hypot(self, other):
+def _hypot(self: Array, other: Array) -> Array:
     return jnp.hypot(upcast(self), upcast(other))
 
 
 @register("copysign.Tensor", "copysign.Scalar")
-def _copysign(self, other):
+def _copysign(self: Array, other: Scalar) -> Array:
     return jnp.copysign(upcast(self), upcast(other))
 
 
 @register("nextafter.default")
-def _nextafter(self, other):
+def _nextafter(self: Array, other: Array) -> Array:
     return jnp.nextafter(self, other)
 
 
 @register("xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other")
-def _xlogy(self, other):
+def _xlogy(self: Scalar, other: Scalar) -> Array:
     return jax.scipy.special.xlogy(upcast(self), upcast(other))
 
 
 @register("special_xlog1py.default")
-def _xlog1py(self, other):
+def _xlog1py(self: Array, other: Array) -> Array:
     return jax.scipy.special.xlog1py(upcast(self), upcast(other))
 
 
 @register("logaddexp.default")
-def _logaddexp(self, other):
+def _logaddexp(self: Array, other: Array) -> Array:
     return jnp.logaddexp(upcast(self), upcast(other))
 
 
 @register("logaddexp2.default")
-def _logaddexp2(self, other):
+def _logaddexp2(self: Array, other: Array) -> Array:
     return jnp.logaddexp2(upcast(self), upcast(other))
 
 
 @register("maximum.default")
-def _maximum(self, other):
+def _maximum(self: Array, other: Array) -> Array:
     return jnp.maximum(self, other)  # propagates NaN, as torch
 
 
 @register("minimum.default")
-def _minimum(self, other):
+def _minimum(self: Array, other: Array) -> Array:
     return jnp.minimum(self, other)
 
 
 @register("fmax.default")
-def _fmax(self, other):
+def _fmax(self: Array, other: Array) -> Array:
     return jnp.fmax(self, other)  # ignores NaN
 
 
 @register("fmin.default")
-def _fmin(self, other):
+def _fmin(self: Array, other: Array) -> Array:
     return jnp.fmin(self, other)
 
 
 @register("clamp.default", "clamp.Tensor")
-def _clamp(self, min=None, max=None):
+def _clamp(self: Array, min: Scalar | None = None, max: Scalar | None = None) -> Array:
     x = self
     if min is not None:
         x = jnp.maximum(x, min)
@@ -423,12 +429,12 @@ def _clamp(self, min=None, max=None):
 
 
 @register("clamp_min.default", "clamp_min.Tensor")
-def _clamp_min(self, min):
+def _clamp_min(self: Array, min: Scalar) -> Array:
     return jnp.maximum(self, min)
 
 
 @register("clamp_max.default", "clamp_max.Tensor")
-def _clamp_max(self, max):
+def _clamp_max(self: Array, max: Scalar) -> Array:
     return jnp.minimum(self, max)
 
 
@@ -440,7 +446,7 @@ def _lerp_branch(self, end, weight):
 
 
 @register("lerp.Scalar", "lerp.Tensor", branch=_lerp_branch)
-def _lerp(self, end, weight, branch=None):
+def _lerp(self: Array, end: Array, weight: Scalar, branch: bool | None = None) -> Array:
     a, b = _bin_operands(self, end)
     w = _f32_if_low(weight)
     # torch switches formula at |w| < 0.5 for accuracy at both ends:
@@ -464,14 +470,14 @@ def _lerp(self, end, weight, branch=None):
 
 
 @register("addcmul.default")
-def _addcmul(self, tensor1, tensor2, *, value=1):
+def _addcmul(self: Array, tensor1: Array, tensor2: Array, *, value: Scalar = 1) -> Array:
     a, t1 = _bin_operands(self, tensor1)
     _, t2 = _bin_operands(self, tensor2)
     return a + value * t1 * t2
 
 
 @register("addcdiv.default")
-def _addcdiv(self, tensor1, tensor2, *, value=1):
+def _addcdiv(self: Array, tensor1: Array, tensor2: Array, *, value: Scalar = 1) -> Array:
     a, t1 = _bin_operands(self, tensor1)
     _, t2 = _bin_operands(self, tensor2)
     return a + value * (t1 / t2)
@@ -490,34 +496,34 @@ for _name, _cmp_fn in {
     "ge": jnp.greater_equal,
 }.items():
 
-    def _cmp(self, other, _fn=_cmp_fn):
+    def _cmp(self: Array, other: Scalar, _fn: Callable[[Scalar, Scalar], Array] = _cmp_fn) -> Array:
         return _fn(self, other)
 
     register(f"{_name}.Tensor", f"{_name}.Scalar")(_cmp)
 
 
 @register("logical_not.default")
-def _logical_not(self):
+def _logical_not(self: Array) -> Array:
     return jnp.logical_not(self)
 
 
 @register("logical_and.default")
-def _logical_and(self, other):
+def _logical_and(self: Array, other: Array) -> Array:
     return jnp.logical_and(self, other)
 
 
 @register("logical_or.default")
-def _logical_or(self, other):
+def _logical_or(self: Array, other: Array) -> Array:
     return jnp.logical_or(self, other)
 
 
 @register("logical_xor.default")
-def _logical_xor(self, other):
+def _logical_xor(self: Array, other: Array) -> Array:
     return jnp.logical_xor(self, other)
 
 
 @register("bitwise_not.default")
-def _bitwise_not(self):
+def _bitwise_not(self: Array) -> Array:
     if self.dtype == jnp.bool_:
         return jnp.logical_not(self)
     return jnp.bitwise_not(self)
@@ -529,7 +535,7 @@ for _name, _bit_fn in {
     "bitwise_xor": jnp.bitwise_xor,
 }.items():
 
-    def _bitwise(self, other, _fn=_bit_fn):
+    def _bitwise(self: Scalar, other: Scalar, _fn: Callable[[Scalar, Scalar], Array] = _bit_fn) -> Array:
         return _fn(self, other)
 
     register(f"{_name}.Tensor", f"{_name}.Scalar", f"{_name}.Scalar_Tensor")(_bitwise)
@@ -542,7 +548,7 @@ for _name, _bit_fn in {
     "__lshift__.Tensor",
     "__lshift__.Scalar",
 )
-def _lshift(self, other):
+def _lshift(self: Scalar, other: Scalar) -> Array:
     return jnp.left_shift(self, other)
 
 
@@ -553,43 +559,43 @@ def _lshift(self, other):
     "__rshift__.Tensor",
     "__rshift__.Scalar",
 )
-def _rshift(self, other):
+def _rshift(self: Scalar, other: Scalar) -> Array:
     # Arithmetic shift for signed types, as torch.
     return jnp.right_shift(self, other)
 
 
 @register("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
-def _where(condition, self, other):
+def _where(condition: Array, self: Scalar, other: Scalar) -> Array:
     return jnp.where(condition, self, other)
 
 
 @register("gcd.default")
-def _gcd(self, other):
+def _gcd(self: Array, other: Array) -> Array:
     return jnp.gcd(self, other)
 
 
 @register("lcm.default")
-def _lcm(self, other):
+def _lcm(self: Array, other: Array) -> Array:
     return jnp.lcm(self, other)
 
 
 @register("heaviside.default")
-def _heaviside(self, values):
+def _heaviside(self: Array, values: Array) -> Array:
     return jnp.where(self == 0, values, (self > 0).astype(jnp.result_type(self, values)))
 
 
 @register("real.default")
-def _real(self):
+def _real(self: Array) -> Array:
     return jnp.real(self)
 
 
 @register("imag.default")
-def _imag(self):
+def _imag(self: Array) -> Array:
     return jnp.imag(self)
 
 
 @register("conj_physical.default", "_conj_physical.default")
-def _conj(self):
+def _conj(self: Array) -> Array:
     if jnp.iscomplexobj(self):
         return jnp.conj(self)
     return self
@@ -598,12 +604,12 @@ def _conj(self):
 # XlaTensors never carry torch's conj/neg bits (the views compute their
 # values, spmdtorch/ops/views.py), so resolving them is a copy.
 @register("resolve_conj.default", "resolve_neg.default")
-def _resolve(self):
+def _resolve(self: Array) -> Array:
     return self
 
 
 @register("angle.default")
-def _angle(self):
+def _angle(self: Array) -> Array:
     if jnp.iscomplexobj(self):
         return jnp.angle(self)
     x = upcast(self)
@@ -611,12 +617,12 @@ def _angle(self):
 
 
 @register("polar.default")
-def _polar(abs, angle):
+def _polar(abs: Array, angle: Array) -> Array:
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
 
 
 @register("complex.default")
-def _complex(real, imag):
+def _complex(real: Array, imag: Array) -> Array:
     real, imag = jnp.broadcast_arrays(real, imag)
     return lax.complex(real, imag)
 
@@ -652,7 +658,7 @@ def _hurwitz_zeta_int(s, q):
 
 
 @register("polygamma.default")
-def _polygamma(n, self):
+def _polygamma(n: int, self: Array) -> Array:
     x = upcast(self)
     if n == 0:
         return jax.scipy.special.digamma(x)
@@ -664,19 +670,27 @@ def _polygamma(n, self):
 
 
 @register("special_zeta.default", "special_zeta.self_scalar", "special_zeta.other_scalar")
-def _zeta(self, other):
+def _zeta(self: Scalar, other: Scalar) -> Array:
     return jax.scipy.special.zeta(upcast(self), upcast(other))
 
 
 @register("frexp.Tensor")
-def _frexp(self):
+def _frexp(self: Array) -> tuple[Array, Array]:
     # Exact in float32 for bf16/f16 inputs; the engine rounds the mantissa back.
     mantissa, exponent = jnp.frexp(upcast(self))
     return mantissa, exponent.astype(jnp.int32)
 
 
 @register("searchsorted.Tensor", "searchsorted.Scalar")
-def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+def _searchsorted(
+    sorted_sequence: Array,
+    self: Scalar,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: Array | None = None,
+) -> Array:
     side = side or ("right" if right else "left")
     seq = sorted_sequence
     if sorter is not None:

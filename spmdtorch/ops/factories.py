@@ -9,13 +9,15 @@ arguments are accepted and ignored: the engine owns placement.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
+import torch
 
-from spmdtorch.ops._util import jdtype
+from spmdtorch.ops._util import Array, Scalar, jdtype
 from spmdtorch.ops.registry import register
 
 
@@ -33,68 +35,175 @@ def _scalar_dtype(value):
 
 
 @register("full.default", "full.names")
-def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, names=None):
+def _full(
+    size: Sequence[int],
+    fill_value: Scalar,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    names: Sequence[str] | None = None,
+) -> Array:
     dt = jdtype(dtype, _scalar_dtype(fill_value))
     return jnp.full(tuple(size), fill_value, dtype=dt)
 
 
 @register("zeros.default", "zeros.names", "_efficientzerotensor.default")
-def _zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, names=None):
+def _zeros(
+    size: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    names: Sequence[str] | None = None,
+) -> Array:
     return jnp.zeros(tuple(size), jdtype(dtype, jnp.float32))
 
 
 @register("ones.default", "ones.names")
-def _ones(size, *, dtype=None, layout=None, device=None, pin_memory=None, names=None):
+def _ones(
+    size: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    names: Sequence[str] | None = None,
+) -> Array:
     return jnp.ones(tuple(size), jdtype(dtype, jnp.float32))
 
 
 @register("empty.memory_format", "empty_permuted.default")
-def _empty(size, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+def _empty(
+    size: Sequence[int],
+    *args,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> Array:
     return jnp.zeros(tuple(size), jdtype(dtype, jnp.float32))
 
 
 @register("empty_strided.default")
-def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _empty_strided(
+    size: Sequence[int],
+    stride: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return jnp.zeros(tuple(size), jdtype(dtype, jnp.float32))
 
 
 @register("new_empty.default", "new_zeros.default")
-def _new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _new_zeros(
+    self: Array,
+    size: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return jnp.zeros(tuple(size), jdtype(dtype, self.dtype))
 
 
 @register("new_empty_strided.default")
-def _new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _new_empty_strided(
+    self: Array,
+    size: Sequence[int],
+    stride: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return jnp.zeros(tuple(size), jdtype(dtype, self.dtype))
 
 
 @register("new_ones.default")
-def _new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _new_ones(
+    self: Array,
+    size: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return jnp.ones(tuple(size), jdtype(dtype, self.dtype))
 
 
 @register("new_full.default")
-def _new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _new_full(
+    self: Array,
+    size: Sequence[int],
+    fill_value: Scalar,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return jnp.full(tuple(size), fill_value, jdtype(dtype, self.dtype))
 
 
 @register("full_like.default")
-def _full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+def _full_like(
+    self: Array,
+    fill_value: Scalar,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> Array:
     return jnp.full(self.shape, fill_value, jdtype(dtype, self.dtype))
 
 
 @register("zeros_like.default", "empty_like.default")
-def _zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+def _zeros_like(
+    self: Array,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> Array:
     return jnp.zeros(self.shape, jdtype(dtype, self.dtype))
 
 
 @register("ones_like.default")
-def _ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+def _ones_like(
+    self: Array,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> Array:
     return jnp.ones(self.shape, jdtype(dtype, self.dtype))
 
 
 @register("scalar_tensor.default")
-def _scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _scalar_tensor(
+    s: Scalar,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return jnp.asarray(s, jdtype(dtype, jnp.float32))
 
 
@@ -121,22 +230,55 @@ def _arange_values(start, end, step, dtype):
 
 
 @register("arange.default", lift_scalars=False)
-def _arange(end, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _arange(
+    end: Scalar,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return _arange_values(0, end, 1, dtype)
 
 
 @register("arange.start", lift_scalars=False)
-def _arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _arange_start(
+    start: Scalar,
+    end: Scalar,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return _arange_values(start, end, 1, dtype)
 
 
 @register("arange.start_step", lift_scalars=False)
-def _arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _arange_start_step(
+    start: Scalar,
+    end: Scalar,
+    step: Scalar = 1,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     return _arange_values(start, end, step, dtype)
 
 
 @register("linspace.default")
-def _linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _linspace(
+    start: Scalar,
+    end: Scalar,
+    steps: int,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     dt = jdtype(dtype, jnp.float32)
     if steps == 1:
         return jnp.full((1,), start, dt)
@@ -152,26 +294,62 @@ def _linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_me
 
 
 @register("logspace.default")
-def _logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _logspace(
+    start: Scalar,
+    end: Scalar,
+    steps: int,
+    base: Array | float = 10.0,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     dt = jdtype(dtype, jnp.float32)
     return jnp.power(base, _linspace(start, end, steps)).astype(dt)
 
 
 @register("eye.default", "eye.m")
-def _eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _eye(
+    n: int,
+    m: int | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     if not isinstance(m, (int, type(None))):
         m = None
     return jnp.eye(n, n if m is None else m, dtype=jdtype(dtype, jnp.float32))
 
 
 @register("tril_indices.default")
-def _tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _tril_indices(
+    row: int,
+    col: int,
+    offset: int = 0,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     r, c = np.tril_indices(row, offset, col)
     return jnp.asarray(np.stack([r, c]), jdtype(dtype, jnp.int32))
 
 
 @register("triu_indices.default")
-def _triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+def _triu_indices(
+    row: int,
+    col: int,
+    offset: int = 0,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> Array:
     r, c = np.triu_indices(row, offset, col)
     return jnp.asarray(np.stack([r, c]), jdtype(dtype, jnp.int32))
 
@@ -181,7 +359,16 @@ def _triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, p
 
 
 @register("_to_copy.default")
-def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+def _to_copy(
+    self: Array,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    non_blocking: bool = False,
+    memory_format: torch.memory_format | None = None,
+) -> Array:
     if dtype is None:
         return self  # device moves are the engine's business
     return _convert(self, jdtype(dtype))
@@ -200,39 +387,39 @@ def _convert(x, dt):
 
 
 @register("clone.default", "contiguous.default", "_copy_from_and_resize.default")
-def _clone(self, *, memory_format=None):
+def _clone(self: Array, *, memory_format: torch.memory_format | None = None) -> Array:
     # JAX arrays are immutable; "copying" is the identity on values.
     return self
 
 
 @register("copy.default", "copy_.default")
-def _copy(self, src, non_blocking=False):
+def _copy(self: Array, src: Array, non_blocking: bool = False) -> Array:
     return jnp.broadcast_to(_convert(jnp.asarray(src), self.dtype), self.shape)
 
 
 @register("_copy_from.default")
-def _copy_from(self, dst, non_blocking=False):
+def _copy_from(self: Array, dst: Array, non_blocking: bool = False) -> Array:
     return jnp.broadcast_to(_convert(self, dst.dtype), dst.shape)
 
 
 @register("fill.Scalar", "fill.Tensor", "fill_.Scalar", "fill_.Tensor")
-def _fill(self, value):
+def _fill(self: Array, value: Scalar) -> Array:
     return jnp.full(self.shape, value, self.dtype)
 
 
 @register("zero.default", "zero_.default")
-def _zero(self):
+def _zero(self: Array) -> Array:
     return jnp.zeros(self.shape, self.dtype)
 
 
 @register("_local_scalar_dense.default")
-def _local_scalar_dense(self):
+def _local_scalar_dense(self: Array) -> Scalar:
     # The engine turns the 0-d result into a Python number after execution.
     return self
 
 
 @register("resize_.default", "resize.default")
-def _resize(self, size, *, memory_format=None):
+def _resize(self: Array, size: Sequence[int], *, memory_format: torch.memory_format | None = None) -> Array:
     """Functional resize: keep the first ``numel`` elements, zero-fill growth."""
     n = int(np.prod(size)) if len(size) else 1
     flat = self.reshape(-1)

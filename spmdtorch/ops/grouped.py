@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from spmdtorch.ops._util import jdtype
+from spmdtorch.ops._util import Array, jdtype
 from spmdtorch.ops.registry import register
 
 __all__ = ["grouped_mm"]
@@ -71,7 +71,9 @@ def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
 
 @register("_grouped_mm.default", meta=_grouped_mm_meta)
-def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+def grouped_mm(
+    self: Array, mat2: Array, offs: Array | None = None, bias: Array | None = None, out_dtype: torch.dtype | None = None
+) -> Array:
     """``torch._grouped_mm``: see the module docstring for the layouts.
 
     Example:

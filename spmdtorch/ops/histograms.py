@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from spmdtorch.ops._util import is_int
+from spmdtorch.ops._util import Array, Scalar, is_int
 from spmdtorch.ops.registry import register
 
 __all__ = ["histc"]
@@ -31,7 +31,7 @@ def _range(x, lo, hi):
 
 
 @register("histc.default", lift_scalars=False)
-def histc(self, bins=100, min=0, max=0):
+def histc(self: Array, bins: int = 100, min: Scalar = 0, max: Scalar = 0) -> Array:
     """Counts of ``self`` in ``bins`` equal bins over ``[min, max]`` (dtype of ``self``).
 
     The bin of ``x`` is ``trunc((x - min) * bins / (max - min))``, with

@@ -10,12 +10,13 @@ which is the engine's cue to materialise).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
 
-from spmdtorch.ops._util import canon_dim
+from spmdtorch.ops._util import Array, Scalar, canon_dim
 from spmdtorch.ops.registry import register
 
 
@@ -40,12 +41,14 @@ def _index_tuple(indices):
 
 
 @register("index.Tensor", "_unsafe_index.Tensor", "index.Tensor_hacked_twin", "_unsafe_index.Tensor_hacked_twin")
-def _index(self, indices):
+def _index(self: Array, indices: Sequence[Array | None] | Sequence[Array]) -> Array:
     return self[_index_tuple(indices)]
 
 
 @register("index_put.default", "_unsafe_index_put.default", "index_put.hacked_twin", "_unsafe_index_put.hacked_twin")
-def _index_put(self, indices, values, accumulate=False):
+def _index_put(
+    self: Array, indices: Sequence[Array | None] | Sequence[Array], values: Array, accumulate: bool = False
+) -> Array:
     idx = _index_tuple(indices)
     values = jnp.asarray(values).astype(self.dtype)
     if accumulate:
@@ -54,12 +57,14 @@ def _index_put(self, indices, values, accumulate=False):
 
 
 @register("_index_put_impl.default")
-def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
+def _index_put_impl(
+    self: Array, indices: Sequence[Array | None], values: Array, accumulate: bool = False, unsafe: bool = False
+) -> Array:
     return _index_put(self, indices, values, accumulate)
 
 
 @register("index_select.default")
-def _index_select(self, dim, index):
+def _index_select(self: Array, dim: int, index: Array) -> Array:
     if self.ndim == 0:
         return jnp.reshape(self, ())
     return jnp.take(self, jnp.reshape(index, (-1,)), axis=canon_dim(dim, self.ndim))
@@ -84,7 +89,7 @@ def _norm_index(index, size):
 
 
 @register("gather.default")
-def _gather(self, dim, index, *, sparse_grad=False):
+def _gather(self: Array, dim: int, index: Array, *, sparse_grad: bool = False) -> Array:
     if index.size == 0:  # torch accepts any rank for an empty index
         return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0 or index.ndim == 0:
@@ -126,22 +131,24 @@ def _scatter_apply(self, dim, index, src, how):
 
 
 @register("scatter.src", "scatter.value")
-def _scatter(self, dim, index, src):
+def _scatter(self: Array, dim: int, index: Array, src: Scalar) -> Array:
     return _scatter_apply(self, dim, index, src, "set")
 
 
 @register("scatter.reduce", "scatter.value_reduce")
-def _scatter_reduce_legacy(self, dim, index, src, *, reduce):
+def _scatter_reduce_legacy(self: Array, dim: int, index: Array, src: Scalar, *, reduce: str) -> Array:
     return _scatter_apply(self, dim, index, src, reduce)
 
 
 @register("scatter_add.default")
-def _scatter_add(self, dim, index, src):
+def _scatter_add(self: Array, dim: int, index: Array, src: Array) -> Array:
     return _scatter_apply(self, dim, index, src, "add")
 
 
 @register("scatter_reduce.two")
-def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+def _scatter_reduce(
+    self: Array, dim: int, index: Array, src: Array, reduce: str, *, include_self: bool = True
+) -> Array:
     if reduce == "mean":
         dt = self.dtype
         ones = jnp.ones(index.shape, jnp.float32)
@@ -181,7 +188,7 @@ def _dim_index(ndim, dim, index):
 
 
 @register("index_add.default")
-def _index_add(self, dim, index, source, *, alpha=1):
+def _index_add(self: Array, dim: int, index: Array, source: Array, *, alpha: Scalar = 1) -> Array:
     if self.ndim == 0:
         return self + jnp.reshape(source, ()) * alpha
     d = canon_dim(dim, self.ndim)
@@ -190,7 +197,7 @@ def _index_add(self, dim, index, source, *, alpha=1):
 
 
 @register("index_copy.default")
-def _index_copy(self, dim, index, source):
+def _index_copy(self: Array, dim: int, index: Array, source: Array) -> Array:
     if self.ndim == 0:
         return jnp.reshape(source, ()).astype(self.dtype)
     d = canon_dim(dim, self.ndim)
@@ -198,7 +205,7 @@ def _index_copy(self, dim, index, source):
 
 
 @register("index_fill.int_Scalar", "index_fill.int_Tensor")
-def _index_fill(self, dim, index, value):
+def _index_fill(self: Array, dim: int, index: Array, value: Scalar) -> Array:
     if self.ndim == 0:
         return jnp.full((), value, self.dtype)
     d = canon_dim(dim, self.ndim)
@@ -207,7 +214,9 @@ def _index_fill(self, dim, index, value):
 
 
 @register("index_reduce.default")
-def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
+def _index_reduce(
+    self: Array, dim: int, index: Array, source: Array, reduce: str, *, include_self: bool = True
+) -> Array:
     if self.ndim == 0:  # torch treats a 0-d self as 1-d of one element
         out = _index_reduce(
             self.reshape(1), 0, jnp.reshape(index, (-1,)), jnp.reshape(source, (-1,)), reduce, include_self=include_self
@@ -222,12 +231,12 @@ def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
 
 
 @register("masked_fill.Scalar", "masked_fill.Tensor")
-def _masked_fill(self, mask, value):
+def _masked_fill(self: Array, mask: Array, value: Scalar) -> Array:
     return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
 
 
 @register("masked_scatter.default")
-def _masked_scatter(self, mask, source):
+def _masked_scatter(self: Array, mask: Array, source: Array) -> Array:
     """Fill masked positions, in row-major order, from ``source``'s elements.
 
     Static shapes: the k-th True position takes ``source.flat[k]``; its index
@@ -243,7 +252,7 @@ def _masked_scatter(self, mask, source):
 
 
 @register("masked_scatter_backward.default")
-def _masked_scatter_backward(grad_output, mask, sizes):
+def _masked_scatter_backward(grad_output: Array, mask: Array, sizes: Sequence[int]) -> Array:
     """Gradient of ``masked_scatter`` w.r.t. ``source``: the k-th masked element of
     ``grad_output`` (row-major) goes to ``source.flat[k]``; source elements that
     were not consumed get 0."""
@@ -259,32 +268,32 @@ def _masked_scatter_backward(grad_output, mask, sizes):
 
 
 @register("masked_select.default")
-def _masked_select(self, mask):
+def _masked_select(self: Array, mask: Array) -> Array:
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     return jnp.broadcast_to(self, shape)[jnp.broadcast_to(mask, shape)]
 
 
 @register("nonzero.default")
-def _nonzero(self):
+def _nonzero(self: Array) -> Array:
     if self.ndim == 0:
         return jnp.zeros((1 if bool(self) else 0, 0), jnp.int32)
     return jnp.stack(jnp.nonzero(self), axis=1).astype(jnp.int32)
 
 
 @register("nonzero_static.default")
-def _nonzero_static(self, *, size, fill_value=-1):
+def _nonzero_static(self: Array, *, size: int, fill_value: int = -1) -> Array:
     idx = jnp.nonzero(self.reshape(self.shape or (1,)), size=size, fill_value=fill_value)
     return jnp.stack(idx, axis=1).astype(jnp.int32)
 
 
 @register("take.default")
-def _take(self, index):
+def _take(self: Array, index: Array) -> Array:
     flat = self.reshape(-1)
     return flat[_norm_index(index, flat.shape[0])]
 
 
 @register("put.default")
-def _put(self, index, source, accumulate=False):
+def _put(self: Array, index: Array, source: Array, accumulate: bool = False) -> Array:
     flat = self.reshape(-1)
     idx = _norm_index(index.reshape(-1), flat.shape[0])
     ref = flat.at[idx]
@@ -293,12 +302,16 @@ def _put(self, index, source, accumulate=False):
 
 
 @register("embedding.default")
-def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+def _embedding(
+    weight: Array, indices: Array, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False
+) -> Array:
     return jnp.take(weight, indices, axis=0)
 
 
 @register("embedding_dense_backward.default")
-def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+def _embedding_dense_backward(
+    grad_output: Array, indices: Array, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
+) -> Array:
     idx = jnp.reshape(indices, (-1,))
     g = jnp.reshape(grad_output, (idx.shape[0], -1)).astype(jnp.float32)
     if padding_idx is not None and padding_idx >= 0:
@@ -312,16 +325,16 @@ def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sc
 
 @register("_embedding_bag.default", "_embedding_bag_forward_only.default")
 def _embedding_bag(
-    weight,
-    indices,
-    offsets,
-    scale_grad_by_freq=False,
-    mode=0,
-    sparse=False,
-    per_sample_weights=None,
-    include_last_offset=False,
-    padding_idx=-1,
-):
+    weight: Array,
+    indices: Array,
+    offsets: Array,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: Array | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> tuple[Array, Array, Array, Array]:
     """Returns (output, offset2bag, bag_size, max_indices) like the CPU kernel.
 
     mode: 0 sum, 1 mean, 2 max. 2-d ``indices`` (fixed-size bags) are
@@ -364,17 +377,17 @@ def _embedding_bag(
 
 
 def _embedding_bag_dense_backward(
-    grad,
-    indices,
-    offset2bag,
-    bag_size,
-    maximum_indices,
-    num_weights,
-    scale_grad_by_freq,
-    mode,
-    per_sample_weights,
-    padding_idx=-1,
-):
+    grad: Array,
+    indices: Array,
+    offset2bag: Array,
+    bag_size: Array,
+    maximum_indices: Array,
+    num_weights: int,
+    scale_grad_by_freq: bool,
+    mode: int,
+    per_sample_weights: Array | None,
+    padding_idx: int = -1,
+) -> Array:
     """Weight gradient of ``embedding_bag`` (the CPU kernel's dense path).
 
     sum/mean: each sample's bag gradient, times its per-sample weight, over
@@ -416,19 +429,19 @@ register("_embedding_bag_dense_backward.default")(_embedding_bag_dense_backward)
 
 @register("_embedding_bag_backward.default")
 def _embedding_bag_backward(
-    grad,
-    indices,
-    offsets,
-    offset2bag,
-    bag_size,
-    maximum_indices,
-    num_weights,
-    scale_grad_by_freq,
-    mode,
-    sparse,
-    per_sample_weights,
-    padding_idx=-1,
-):
+    grad: Array,
+    indices: Array,
+    offsets: Array,
+    offset2bag: Array,
+    bag_size: Array,
+    maximum_indices: Array,
+    num_weights: int,
+    scale_grad_by_freq: bool,
+    mode: int,
+    sparse: bool,
+    per_sample_weights: Array | None,
+    padding_idx: int = -1,
+) -> Array:
     """``_embedding_bag_backward``: the dense gradient (xla holds no sparse tensors;
     ``sparse=True`` gets the same values, densely)."""
     return _embedding_bag_dense_backward(
@@ -446,7 +459,9 @@ def _embedding_bag_backward(
 
 
 @register("_embedding_bag_per_sample_weights_backward.default")
-def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+def _embedding_bag_per_sample_weights_backward(
+    grad: Array, weight: Array, indices: Array, offsets: Array, offset2bag: Array, mode: int, padding_idx: int = -1
+) -> Array:
     """Gradient of a sum-mode ``embedding_bag`` w.r.t. ``per_sample_weights``:
     each sample's weight row dotted with its bag's output gradient (0 for
     ``padding_idx`` samples), as torch's CPU kernel."""
@@ -462,7 +477,7 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
 
 
 @register("embedding_renorm.default")
-def _embedding_renorm(self, indices, max_norm, norm_type):
+def _embedding_renorm(self: Array, indices: Array, max_norm: Array | float, norm_type: Array | float) -> Array:
     """``embedding(max_norm=)``: rows that ``indices`` uses are scaled to norm ``max_norm``."""
     idx = jnp.reshape(indices, (-1,)).astype(jnp.int32)
     rows = jnp.take(self, idx, axis=0).astype(jnp.float32)

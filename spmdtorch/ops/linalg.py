@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spmdtorch.ops._util import is_float
+from spmdtorch.ops._util import Array, Scalar, is_float
 from spmdtorch.ops.registry import register
 
 MATMUL_PRECISION = None
@@ -37,7 +38,7 @@ def _result_type(a, b, float32_result: bool):
     return None
 
 
-def matmul(a, b, *, float32_result: bool = False):
+def matmul(a: Array, b: Array, *, float32_result: bool = False) -> Array:
     """``jnp.matmul``; ``float32_result``: a float32 product of float operands, to add to before rounding.
 
     Example:
@@ -106,42 +107,44 @@ def _scaled_sum(self, prod, beta, alpha):
 
 
 @register("mm.default")
-def _mm(self, mat2):
+def _mm(self: Array, mat2: Array) -> Array:
     return matmul(self, mat2)
 
 
 @register("bmm.default")
-def _bmm(self, mat2):
+def _bmm(self: Array, mat2: Array) -> Array:
     return matmul(self, mat2)
 
 
 @register("matmul.default")
-def _matmul(self, other):
+def _matmul(self: Array, other: Array) -> Array:
     return matmul(self, other)
 
 
 @register("dot.default", "vdot.default", "inner.default")
-def _dot(self, tensor):
+def _dot(self: Array, tensor: Array) -> Array:
     return matmul(self, tensor)
 
 
 @register("mv.default")
-def _mv(self, vec):
+def _mv(self: Array, vec: Array) -> Array:
     return matmul(self, vec)
 
 
 @register("outer.default", "ger.default")
-def _outer(self, vec2):
+def _outer(self: Array, vec2: Array) -> Array:
     return self[:, None] * vec2[None, :]
 
 
 @register("addmm.default")
-def _addmm(self, mat1, mat2, *, beta=1, alpha=1):
+def _addmm(self: Array, mat1: Array, mat2: Array, *, beta: Scalar = 1, alpha: Scalar = 1) -> Array:
     return _scaled_sum(self, matmul(mat1, mat2, float32_result=True), beta, alpha)
 
 
 @register("_addmm_activation.default")
-def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
+def _addmm_activation(
+    self: Array, mat1: Array, mat2: Array, *, beta: Scalar = 1, alpha: Scalar = 1, use_gelu: bool = False
+) -> Array:
     import jax
 
     out = _addmm(self, mat1, mat2, beta=beta, alpha=alpha)
@@ -149,29 +152,29 @@ def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
 
 
 @register("addmv.default")
-def _addmv(self, mat, vec, *, beta=1, alpha=1):
+def _addmv(self: Array, mat: Array, vec: Array, *, beta: Scalar = 1, alpha: Scalar = 1) -> Array:
     return _scaled_sum(self, matmul(mat, vec, float32_result=True), beta, alpha)
 
 
 @register("baddbmm.default")
-def _baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+def _baddbmm(self: Array, batch1: Array, batch2: Array, *, beta: Scalar = 1, alpha: Scalar = 1) -> Array:
     return _scaled_sum(self, matmul(batch1, batch2, float32_result=True), beta, alpha)
 
 
 @register("addbmm.default")
-def _addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+def _addbmm(self: Array, batch1: Array, batch2: Array, *, beta: Scalar = 1, alpha: Scalar = 1) -> Array:
     return _scaled_sum(self, jnp.sum(matmul(batch1, batch2, float32_result=True), axis=0), beta, alpha)
 
 
 @register("addr.default")
-def _addr(self, vec1, vec2, *, beta=1, alpha=1):
+def _addr(self: Array, vec1: Array, vec2: Array, *, beta: Scalar = 1, alpha: Scalar = 1) -> Array:
     return _scaled_sum(self, vec1[:, None] * vec2[None, :], beta, alpha)
 
 
 # ``p`` picks the formula (0, 1, 2, inf are special), so it stays a Python
 # number: a lifted 0-d array would always take the generic ``**p`` path.
 @register("_cdist_forward.default", lift_scalars=False)
-def _cdist_forward(x1, x2, p, compute_mode=None):
+def _cdist_forward(x1: Array, x2: Array, p: float, compute_mode: int | None = None) -> Array:
     x1f, x2f = x1.astype(jnp.float32), x2.astype(jnp.float32)
     if isinstance(p, (int, float)) and p == 2:
         # The matmul form (compute_mode 0/1 with many rows) is what torch uses
@@ -190,7 +193,7 @@ def _cdist_forward(x1, x2, p, compute_mode=None):
 
 
 @register("_pdist_forward.default", lift_scalars=False)
-def _pdist_forward(self, p=2.0):
+def _pdist_forward(self: Array, p: float = 2.0) -> Array:
     import numpy as np
 
     n = self.shape[0]
@@ -232,7 +235,7 @@ def _dist_grad_terms(diff, dist, grad, p):
 
 
 @register("_cdist_backward.default", lift_scalars=False)
-def _cdist_backward(grad, x1, x2, p, cdist):
+def _cdist_backward(grad: Array, x1: Array, x2: Array, p: float, cdist: Array) -> Array:
     """Gradient of ``cdist`` w.r.t. ``x1`` (autograd calls it with the operands swapped for ``x2``).
 
     The result has the batch-broadcast shape of ``x1``; autograd reduces it
@@ -250,7 +253,7 @@ def _cdist_backward(grad, x1, x2, p, cdist):
 
 
 @register("_pdist_backward.default", lift_scalars=False)
-def _pdist_backward(grad, self, p, pdist):
+def _pdist_backward(grad: Array, self: Array, p: float, pdist: Array) -> Array:
     """Gradient of ``pdist``: the cdist gradient of ``self`` against itself with the
     pair gradients placed symmetrically (each pair's term is odd in ``x_i - x_j``,
     so row j receives minus row i's)."""
@@ -264,22 +267,22 @@ def _pdist_backward(grad, self, p, pdist):
 
 
 @register("tril.default")
-def _tril(self, diagonal=0):
+def _tril(self: Array, diagonal: int = 0) -> Array:
     return jnp.tril(self, diagonal)
 
 
 @register("triu.default")
-def _triu(self, diagonal=0):
+def _triu(self: Array, diagonal: int = 0) -> Array:
     return jnp.triu(self, diagonal)
 
 
 @register("trace.default")
-def _trace(self):
+def _trace(self: Array) -> Array:
     return jnp.trace(self, dtype=jnp.int32 if not is_float(self) else None)
 
 
 @register("linalg_cross.default")
-def _cross(self, other, *, dim=-1):
+def _cross(self: Array, other: Array, *, dim: int = -1) -> Array:
     return jnp.cross(self, other, axis=dim)
 
 
@@ -300,20 +303,20 @@ def _det_lu(A):
 
 
 @register("_linalg_det.default")
-def _linalg_det(A):
+def _linalg_det(A: Array) -> tuple[Array, Array, Array]:
     lu, piv = _det_lu(A)
     return jnp.linalg.det(A), lu, piv
 
 
 @register("linalg_solve_triangular.default")
-def _solve_triangular(self, B, *, upper, left=True, unitriangular=False):
+def _solve_triangular(self: Array, B: Array, *, upper: bool, left: bool = True, unitriangular: bool = False) -> Array:
     return lax.linalg.triangular_solve(
         self, B, left_side=left, lower=not upper, unit_diagonal=unitriangular, transpose_a=False
     )
 
 
 @register("cholesky.default")
-def _cholesky(self, upper=False):
+def _cholesky(self: Array, upper: bool = False) -> Array:
     L = jnp.linalg.cholesky(self)
     return jnp.swapaxes(L, -1, -2).conj() if upper else L
 
@@ -337,32 +340,32 @@ def _mT(x):
 
 
 @register("linalg_cholesky_ex.default")
-def _cholesky_ex(self, *, upper=False, check_errors=False):
+def _cholesky_ex(self: Array, *, upper: bool = False, check_errors: bool = False) -> tuple[Array, Array]:
     L = jnp.linalg.cholesky(self)
     return (_mT(L).conj() if upper else L), _info(L)
 
 
 @register("linalg_inv_ex.default")
-def _inv_ex(A, *, check_errors=False):
+def _inv_ex(A: Array, *, check_errors: bool = False) -> tuple[Array, Array]:
     inv = jnp.linalg.inv(A)
     return inv, _info(inv)
 
 
 @register("_linalg_slogdet.default")
-def _slogdet(A):
+def _slogdet(A: Array) -> tuple[Array, Array, Array, Array]:
     lu, piv = _det_lu(A)
     sign, logabsdet = jnp.linalg.slogdet(A)
     return sign, logabsdet, lu, piv
 
 
 @register("_linalg_eigh.default")
-def _eigh(A, UPLO="L", compute_v=True):
+def _eigh(A: Array, UPLO: str = "L", compute_v: bool = True) -> tuple[Array, Array]:
     w, v = jnp.linalg.eigh(A, UPLO=UPLO, symmetrize_input=False)
     return w, (v if compute_v else jnp.zeros((0,), A.dtype))
 
 
 @register("linalg_qr.default")
-def _qr(A, mode="reduced"):
+def _qr(A: Array, mode: str = "reduced") -> tuple[Array, Array]:
     if mode == "r":
         return jnp.zeros((0,), A.dtype), jnp.linalg.qr(A, mode="r")
     q, r = jnp.linalg.qr(A, mode="complete" if mode == "complete" else "reduced")
@@ -370,7 +373,9 @@ def _qr(A, mode="reduced"):
 
 
 @register("_linalg_svd.default")
-def _svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+def _svd(
+    A: Array, full_matrices: bool = False, compute_uv: bool = True, *, driver: str | None = None
+) -> tuple[Array, Array, Array]:
     if not compute_uv:
         s = jnp.linalg.svd(A, compute_uv=False)
         return jnp.zeros((0,), A.dtype), s, jnp.zeros((0,), A.dtype)
@@ -384,7 +389,7 @@ def _lu_factor(A, pivot=True):
 
 
 @register("linalg_lu_factor_ex.default")
-def _lu_factor_ex(A, *, pivot=True, check_errors=False):
+def _lu_factor_ex(A: Array, *, pivot: bool = True, check_errors: bool = False) -> tuple[Array, Array, Array]:
     lu, piv, _ = _lu_factor(A)
     k = min(A.shape[-2], A.shape[-1])
     return lu, piv[..., :k], _info(lu)
@@ -401,7 +406,7 @@ def _unpack(lu, perm, m, n):
 
 
 @register("linalg_lu.default")
-def _lu(A, *, pivot=True):
+def _lu(A: Array, *, pivot: bool = True) -> tuple[Array, Array, Array]:
     lu, _, perm = _lu_factor(A)
     m, n = A.shape[-2], A.shape[-1]
     return _unpack(lu, perm, m, n)
@@ -427,7 +432,9 @@ def _perm_from_pivots(piv, m):
 
 
 @register("lu_unpack.default")
-def _lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+def _lu_unpack(
+    LU_data: Array, LU_pivots: Array, unpack_data: bool = True, unpack_pivots: bool = True
+) -> tuple[Array, Array, Array]:
     m, n = LU_data.shape[-2], LU_data.shape[-1]
     perm = _perm_from_pivots(LU_pivots, m)
     P, L, U = _unpack(LU_data, perm, m, n)
@@ -440,7 +447,7 @@ def _lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
 
 
 @register("linalg_lu_solve.default")
-def _lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+def _lu_solve(LU: Array, pivots: Array, B: Array, *, left: bool = True, adjoint: bool = False) -> Array:
     m = LU.shape[-1]
     if LU.size == 0 or B.size == 0:
         return jnp.zeros(jnp.broadcast_shapes(LU.shape[:-2], B.shape[:-2]) + B.shape[-2:], B.dtype)
@@ -469,7 +476,9 @@ def _lu_solve_left(fac, B, adjoint):
 
 
 @register("_linalg_solve_ex.default")
-def _solve_ex(A, B, *, left=True, check_errors=False):
+def _solve_ex(
+    A: Array, B: Array, *, left: bool = True, check_errors: bool = False
+) -> tuple[Array, Array, Array, Array]:
     lu, piv, perm = _lu_factor(A)
     m = A.shape[-1]
     P, L, U = _unpack(lu, perm, m, m)
@@ -485,26 +494,28 @@ def _solve_ex(A, B, *, left=True, check_errors=False):
 
 
 @register("linalg_matrix_exp.default")
-def _matrix_exp(self):
+def _matrix_exp(self: Array) -> Array:
     return jax.scipy.linalg.expm(self)
 
 
 @register("cholesky_solve.default")
-def _cholesky_solve(self, input2, upper=False):
+def _cholesky_solve(self: Array, input2: Array, upper: bool = False) -> Array:
     L = _mT(input2).conj() if upper else input2
     y = lax.linalg.triangular_solve(L, self, left_side=True, lower=True)
     return lax.linalg.triangular_solve(L, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
 
 
 @register("cholesky_inverse.default")
-def _cholesky_inverse(self, upper=False):
+def _cholesky_inverse(self: Array, upper: bool = False) -> Array:
     n = self.shape[-1]
     eye = jnp.broadcast_to(jnp.eye(n, dtype=self.dtype), self.shape)
     return _cholesky_solve(eye, self, upper)
 
 
 @register("triangular_solve.default")
-def _triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
+def _triangular_solve(
+    self: Array, A: Array, upper: bool = True, transpose: bool = False, unitriangular: bool = False
+) -> tuple[Array, Array]:
     X = lax.linalg.triangular_solve(
         A, self, left_side=True, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
     )
@@ -512,12 +523,14 @@ def _triangular_solve(self, A, upper=True, transpose=False, unitriangular=False)
 
 
 @register("linalg_householder_product.default")
-def _householder_product(input, tau):
+def _householder_product(input: Array, tau: Array) -> Array:
     return lax.linalg.householder_product(input, tau)
 
 
 @register("linalg_pinv.atol_rtol_tensor", "linalg_pinv.atol_rtol_float")
-def _pinv(self, *, atol=None, rtol=None, hermitian=False):
+def _pinv(
+    self: Array, *, atol: Array | float | None = None, rtol: Array | float | None = None, hermitian: bool = False
+) -> Array:
     m, n = self.shape[-2], self.shape[-1]
     if self.size == 0:
         return jnp.zeros(self.shape[:-2] + (n, m), self.dtype)
@@ -536,14 +549,23 @@ def _pinv(self, *, atol=None, rtol=None, hermitian=False):
     else:
         r = jnp.asarray(rtol, s.dtype)
     a = a[..., None] if jnp.ndim(a) else a
-    r = r[..., None] if jnp.ndim(r) else r
+    r = r[..., None] if isinstance(r, jax.Array) and r.ndim else r  # eps alone is a 0-d NumPy scalar
     tol = jnp.maximum(a, r * smax)
     s_inv = jnp.where(s > tol, 1 / jnp.where(s > tol, s, 1), 0).astype(self.dtype)
     return jnp.matmul(_mT(vh).conj() * s_inv[..., None, :], _mT(u).conj())
 
 
 @register("_trilinear.default")
-def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+def _trilinear(
+    i1: Array,
+    i2: Array,
+    i3: Array,
+    expand1: Sequence[int],
+    expand2: Sequence[int],
+    expand3: Sequence[int],
+    sumdim: Sequence[int],
+    unroll_dim: int = 1,
+) -> Array:
     """``bilinear``'s kernel: each input unsqueezed at its ``expand`` dims, the
     product summed over ``sumdim`` (removed), accumulated in float32."""
 
@@ -557,7 +579,7 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
 
 @register("ormqr.default")
-def _ormqr(input, input2, input3, left=True, transpose=False):
+def _ormqr(input: Array, input2: Array, input3: Array, left: bool = True, transpose: bool = False) -> Array:
     """``op(Q) @ C`` (or ``C @ op(Q)``) with Q the full m×m product of the
     Householder reflectors in ``input``/``input2`` (geqrf's output)."""
     m, k = input.shape[-2], input2.shape[-1]
@@ -574,6 +596,6 @@ def _ormqr(input, input2, input3, left=True, transpose=False):
 
 
 @register("linalg_eig.default")
-def _eig(self):
+def _eig(self: Array) -> tuple[Array, Array]:
     w, v = jnp.linalg.eig(self)
     return w, v

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from spmdtorch.ops._util import upcast
+from spmdtorch.ops._util import Array, Scalar, upcast
 from spmdtorch.ops.registry import LOWERINGS, Lowering, register, register_meta, resolve_ops
 
 
@@ -28,7 +28,7 @@ def _reduce(loss, reduction):
 def _vjp_backward(fwd):
     """Build ``bw(grad_output, self, target, *rest)`` from ``fwd(self, target, *rest)``."""
 
-    def bw(grad_output, self, target, *rest, **kw):
+    def bw(grad_output: Array, self: Array, target: Array, *rest, **kw) -> Array:
         f = lambda x: fwd(x, upcast(target), *rest, **kw)
         return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
 
@@ -92,7 +92,9 @@ def _int_stand_in(target):
     return target
 
 
-def _nll_loss_forward(self, target, weight, reduction, ignore_index):
+def _nll_loss_forward(
+    self: Array, target: Array, weight: Array | None, reduction: int, ignore_index: int
+) -> tuple[Array, Array]:
     loss, w, _, _ = _nll_parts(self, target, weight, ignore_index)
     if reduction == 0:
         if self.ndim > 1:
@@ -103,7 +105,15 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
     return (s / total if reduction == 1 else s), total
 
 
-def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+def _nll_loss_backward(
+    grad_output: Array,
+    self: Array,
+    target: Array,
+    weight: Array | None,
+    reduction: int,
+    ignore_index: int,
+    total_weight: Array,
+) -> Array:
     _, w, t, unnamed = _nll_parts(self, target, weight, ignore_index)
     g = upcast(grad_output)
     if reduction == 0:
@@ -119,7 +129,9 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     return grad if self.ndim > 1 else grad[0]
 
 
-def _nll_loss(self, target, weight=None, reduction=1, ignore_index=-100):
+def _nll_loss(
+    self: Array, target: Array, weight: Array | None = None, reduction: int = 1, ignore_index: int = -100
+) -> Array:
     return _nll_loss_forward(self, target, weight, reduction, ignore_index)[0]
 
 
@@ -138,7 +150,7 @@ for _names, _fn, _target_pos in (
 
 
 @register("mse_loss.default")
-def _mse_loss(self, target, reduction=1):
+def _mse_loss(self: Array, target: Array, reduction: int = 1) -> Array:
     return _reduce(jnp.square(upcast(self) - upcast(target)), reduction)
 
 
@@ -146,12 +158,12 @@ register("mse_loss_backward.default")(_vjp_backward(_mse_loss))
 
 
 @register("l1_loss.default")
-def _l1_loss(self, target, reduction=1):
+def _l1_loss(self: Array, target: Array, reduction: int = 1) -> Array:
     return _reduce(jnp.abs(upcast(self) - upcast(target)), reduction)
 
 
 @register("smooth_l1_loss.default")
-def _smooth_l1_loss(self, target, reduction=1, beta=1.0):
+def _smooth_l1_loss(self: Array, target: Array, reduction: int = 1, beta: Array | float = 1.0) -> Array:
     d = jnp.abs(upcast(self) - upcast(target))
     # beta == 0 is plain L1 in torch; the where keeps a traced beta valid.
     safe = jnp.where(beta == 0, 1.0, beta)
@@ -163,7 +175,7 @@ register("smooth_l1_loss_backward.default")(_vjp_backward(_smooth_l1_loss))
 
 
 @register("huber_loss.default")
-def _huber_loss(self, target, reduction=1, delta=1.0):
+def _huber_loss(self: Array, target: Array, reduction: int = 1, delta: Array | float = 1.0) -> Array:
     d = jnp.abs(upcast(self) - upcast(target))
     loss = jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
     return _reduce(loss, reduction)
@@ -173,7 +185,7 @@ register("huber_loss_backward.default")(_vjp_backward(_huber_loss))
 
 
 @register("binary_cross_entropy.default")
-def _bce(self, target, weight=None, reduction=1):
+def _bce(self: Array, target: Array, weight: Array | None = None, reduction: int = 1) -> Array:
     x, y = upcast(self), upcast(target)
     # torch clamps the logs at -100 so 0/1 probabilities stay finite.
     loss = -(y * jnp.maximum(jnp.log(x), -100.0) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100.0))
@@ -183,7 +195,9 @@ def _bce(self, target, weight=None, reduction=1):
 
 
 @register("binary_cross_entropy_backward.default")
-def _bce_backward(grad_output, self, target, weight=None, reduction=1):
+def _bce_backward(
+    grad_output: Array, self: Array, target: Array, weight: Array | None = None, reduction: int = 1
+) -> Array:
     x, y, g = upcast(self), upcast(target), upcast(grad_output)
     eps = 1e-12  # the clamp torch applies to the denominator
     grad = (x - y) / jnp.maximum((1 - x) * x, eps)
@@ -195,7 +209,9 @@ def _bce_backward(grad_output, self, target, weight=None, reduction=1):
 
 
 @register("binary_cross_entropy_with_logits.default")
-def _bce_logits(self, target, weight=None, pos_weight=None, reduction=1):
+def _bce_logits(
+    self: Array, target: Array, weight: Array | None = None, pos_weight: Array | None = None, reduction: int = 1
+) -> Array:
     x, y = upcast(self), upcast(target)
     log_sig = jax.nn.log_sigmoid(x)
     log_one_minus = jax.nn.log_sigmoid(-x)
@@ -209,7 +225,7 @@ def _bce_logits(self, target, weight=None, pos_weight=None, reduction=1):
 
 
 @register("soft_margin_loss.default")
-def _soft_margin_loss(self, target, reduction=1):
+def _soft_margin_loss(self: Array, target: Array, reduction: int = 1) -> Array:
     return _reduce(jnp.log1p(jnp.exp(-upcast(target) * upcast(self))), reduction)
 
 
@@ -217,7 +233,7 @@ register("soft_margin_loss_backward.default")(_vjp_backward(_soft_margin_loss))
 
 
 @register("kl_div.default")
-def _kl_div(self, target, reduction=1, *, log_target=False):
+def _kl_div(self: Array, target: Array, reduction: int = 1, *, log_target: bool = False) -> Array:
     x, y = upcast(self), upcast(target)
     if log_target:
         loss = jnp.exp(y) * (y - x)
@@ -261,7 +277,15 @@ def _margin_loss_backward_meta(grad_output, self, *rest):
 
 
 @register("multi_margin_loss_backward.default", lift_scalars=False)
-def _multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=1):
+def _multi_margin_loss_backward(
+    grad_output: Array,
+    self: Array,
+    target: Array,
+    p: Scalar,
+    margin: Scalar,
+    weight: Array | None = None,
+    reduction: int = 1,
+) -> Array:
     """Gradient of ``multi_margin_loss`` (p is 1 or 2, as torch requires)."""
     if p not in (1, 2):
         raise ValueError(f"multi_margin_loss: only p == 1 and p == 2 are supported, got {p}")
@@ -288,7 +312,9 @@ def _multilabel_margin_loss(self, target, is_target, reduction):
 
 
 @register("multilabel_margin_loss_backward.default")
-def _multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+def _multilabel_margin_loss_backward(
+    grad_output: Array, self: Array, target: Array, reduction: int, is_target: Array
+) -> Array:
     """Gradient of ``multilabel_margin_loss`` given the forward's ``is_target``."""
     f = lambda x: _multilabel_margin_loss(x, target, is_target, reduction)
     return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
@@ -317,22 +343,22 @@ def _lce_terms(input, linear_weight, target, linear_bias, weight, ignore_index):
 
 
 def _lce_chunked(
-    input,
-    linear_weight,
-    target,
-    linear_bias,
-    weight,
-    reduction,
-    ignore_index,
-    label_smoothing,
-    batch_chunk_size,
-    acc_policy,
-    acc_dtype,
-    allow_retain_graph,
-    compute_input_grad,
-    compute_linear_weight_grad,
-    compute_linear_bias_grad,
-):
+    input: Array,
+    linear_weight: Array,
+    target: Array,
+    linear_bias: Array | None,
+    weight: Array | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype,
+    allow_retain_graph: bool,
+    compute_input_grad: bool,
+    compute_linear_weight_grad: bool,
+    compute_linear_bias_grad: bool,
+) -> tuple[Array, Array, Array, Array]:
     """``(loss, grad_input, grad_linear_weight, grad_linear_bias)``; a gradient that is not
     requested is an empty ``(0, 0)`` / ``(0,)`` array, as torch's op returns."""
     if label_smoothing != 0:
@@ -346,7 +372,7 @@ def _lce_chunked(
         return s / jnp.sum(w) if reduction == "mean" else s
 
     has_bias = linear_bias is not None
-    args = (upcast(input), upcast(linear_weight), upcast(linear_bias) if has_bias else None)
+    args = (upcast(input), upcast(linear_weight), upcast(linear_bias) if linear_bias is not None else None)
     loss, vjp = jax.vjp(loss_fn, *args)
     gi, gw, gb = vjp(jnp.ones((), loss.dtype))
     dt = input.dtype
@@ -361,8 +387,16 @@ def _lce_chunked(
 
 
 def _lce_chunked_no_reduction(
-    input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size, acc_policy, acc_dtype
-):
+    input: Array,
+    linear_weight: Array,
+    target: Array,
+    linear_bias: Array | None,
+    weight: Array | None,
+    ignore_index: int,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype,
+) -> Array:
     nll, _ = _lce_terms(input, linear_weight, target, linear_bias, weight, ignore_index)
     return nll.astype(input.dtype)
 

@@ -17,13 +17,13 @@ engine can write the mutated arguments (args 3 and 4) back.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import jax.numpy as jnp
 from jax import lax
 
-from spmdtorch.ops._util import upcast
+from spmdtorch.ops._util import Array, upcast
 from spmdtorch.ops.registry import register, resolve_ops
 
 __all__ = ["BATCH_NORM_RUNNING_STATS"]
@@ -45,7 +45,13 @@ def _masked(mask, *vals):
 
 
 @register("native_layer_norm.default")
-def _native_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+def _native_layer_norm(
+    input: Array,
+    normalized_shape: Sequence[int],
+    weight: Array | None = None,
+    bias: Array | None = None,
+    eps: Array | float = 1e-5,
+) -> tuple[Array, Array, Array]:
     x = upcast(input)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     mean = jnp.mean(x, axis=axes, keepdims=True)
@@ -60,7 +66,16 @@ def _native_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5
 
 
 @register("native_layer_norm_backward.default")
-def _native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+def _native_layer_norm_backward(
+    grad_out: Array,
+    input: Array,
+    normalized_shape: Sequence[int],
+    mean: Array,
+    rstd: Array,
+    weight: Array | None,
+    bias: Array | None,
+    output_mask: Sequence[bool],
+) -> tuple[Array | None, Array | None, Array | None]:
     x, dy = upcast(input), upcast(grad_out)
     k = len(normalized_shape)
     axes = tuple(range(x.ndim - k, x.ndim))
@@ -78,7 +93,9 @@ def _native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, w
 
 
 @register("_fused_rms_norm.default")
-def _fused_rms_norm(input, normalized_shape, weight=None, eps=None):
+def _fused_rms_norm(
+    input: Array, normalized_shape: Sequence[int], weight: Array | None = None, eps: Array | float | None = None
+) -> tuple[Array, Array]:
     x = upcast(input)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     if eps is None:
@@ -91,7 +108,14 @@ def _fused_rms_norm(input, normalized_shape, weight=None, eps=None):
 
 
 @register("_fused_rms_norm_backward.default")
-def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
+def _fused_rms_norm_backward(
+    grad_out: Array,
+    input: Array,
+    normalized_shape: Sequence[int],
+    rstd: Array,
+    weight: Array | None,
+    output_mask: Sequence[bool],
+) -> tuple[Array | None, Array | None]:
     x, dy = upcast(input), upcast(grad_out)
     k = len(normalized_shape)
     axes = tuple(range(x.ndim - k, x.ndim))
@@ -111,7 +135,9 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
 
 
 @register("_weight_norm_interface_backward.default")
-def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+def _weight_norm_interface_backward(
+    grad_w: Array, saved_v: Array, saved_g: Array, saved_norms: Array, dim: int
+) -> tuple[Array, Array]:
     dy, v = upcast(grad_w), upcast(saved_v)
     d = dim % v.ndim
     keep = (1,) * d + (v.shape[d],) + (1,) * (v.ndim - d - 1)
@@ -128,7 +154,9 @@ def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
 
 
 @register("native_group_norm.default")
-def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+def _native_group_norm(
+    input: Array, weight: Array | None, bias: Array | None, N: int, C: int, HxW: int, group: int, eps: Array | float
+) -> tuple[Array, Array, Array]:
     # Explicit sizes (not -1): an empty batch (N == 0) has no size to infer.
     x = upcast(input).reshape(N, group, (C // group) * HxW)
     mean = jnp.mean(x, axis=-1, keepdims=True)
@@ -143,7 +171,18 @@ def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 
 
 @register("native_group_norm_backward.default")
-def _native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+def _native_group_norm_backward(
+    grad_out: Array,
+    input: Array,
+    mean: Array,
+    rstd: Array,
+    weight: Array | None,
+    N: int,
+    C: int,
+    HxW: int,
+    group: int,
+    output_mask: Sequence[bool],
+) -> tuple[Array | None, Array | None, Array | None]:
     x = upcast(input).reshape(N, C, HxW)
     dy = upcast(grad_out).reshape(N, C, HxW)
     m = upcast(mean).reshape(N, group, 1, 1)
@@ -200,22 +239,50 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
 
 
 @register("native_batch_norm.default", "_native_batch_norm_legit.default")
-def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+def _native_batch_norm(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array | None,
+    running_var: Array | None,
+    training: bool,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array]:
     return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
 
 
 @register("_native_batch_norm_legit.no_stats")
-def _native_batch_norm_no_stats(input, weight, bias, training, momentum, eps):
+def _native_batch_norm_no_stats(
+    input: Array, weight: Array | None, bias: Array | None, training: bool, momentum: Array | float, eps: Array | float
+) -> tuple[Array, Array, Array]:
     return _batch_norm(input, weight, bias, None, None, True, momentum, eps)[:3]
 
 
 @register("_native_batch_norm_legit_no_training.default")
-def _native_batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+def _native_batch_norm_no_training(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array,
+    running_var: Array,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array]:
     return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
 
 @register("_native_batch_norm_legit_functional.default")
-def _native_batch_norm_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+def _native_batch_norm_functional(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array,
+    running_var: Array,
+    training: bool,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array, Array, Array]:
     out, mean, invstd, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return out, mean, invstd, rm, rv
 
@@ -233,14 +300,25 @@ BATCH_NORM_RUNNING_STATS: dict[Any, Callable[..., tuple[Any, ...]]] = {
 
 @register("native_batch_norm_backward.default")
 def _native_batch_norm_backward(
-    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
-):
+    grad_out: Array,
+    input: Array,
+    weight: Array | None,
+    running_mean: Array | None,
+    running_var: Array | None,
+    save_mean: Array | None,
+    save_invstd: Array | None,
+    train: bool,
+    eps: Array | float,
+    output_mask: Sequence[bool],
+) -> tuple[Array | None, Array | None, Array | None]:
     x, dy = upcast(input), upcast(grad_out)
     axes, shp = _bn_axes(x), _bn_shape(x)
+    # The schema makes all four statistics optional; torch passes the saved ones
+    # when train is set and the running ones otherwise (the casts state that).
     if train:
-        mean, invstd = upcast(save_mean), upcast(save_invstd)
+        mean, invstd = upcast(cast(Array, save_mean)), upcast(cast(Array, save_invstd))
     else:
-        mean, invstd = upcast(running_mean), lax.rsqrt(upcast(running_var) + eps)
+        mean, invstd = upcast(cast(Array, running_mean)), lax.rsqrt(upcast(cast(Array, running_var)) + eps)
     mean, invstd = mean.reshape(shp), invstd.reshape(shp)
     xhat = (x - mean) * invstd
     w = upcast(weight).reshape(shp) if weight is not None else 1.0
@@ -255,8 +333,18 @@ def _native_batch_norm_backward(
 
 @register("batch_norm_backward.default")
 def _batch_norm_backward(
-    grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
-):
+    grad_out: Array,
+    input: Array,
+    weight: Array,
+    running_mean: Array | None,
+    running_var: Array | None,
+    save_mean: Array | None,
+    save_var: Array | None,
+    update: bool,
+    eps: Array | float,
+    output_mask: Sequence[bool],
+    reserve: Array,
+) -> tuple[Array | None, Array | None, Array | None]:
     # ``save_var`` holds the saved inverse std (the name is historical).
     return _native_batch_norm_backward(
         grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask
@@ -264,19 +352,43 @@ def _batch_norm_backward(
 
 
 @register("_batch_norm_with_update.default")
-def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+def _batch_norm_with_update(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array,
+    running_var: Array,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array, Array]:
     out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8)  # reserve: unused off cuDNN
 
 
 @register("_batch_norm_with_update_functional.default")
-def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
+def _batch_norm_with_update_functional(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array,
+    running_var: Array,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array, Array, Array, Array]:
     out, mean, invstd, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8), rm, rv
 
 
 @register("_batch_norm_no_update.default")
-def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+def _batch_norm_no_update(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array | None,
+    running_var: Array | None,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array, Array]:
     training = running_mean is None or running_var is None
     out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8)

@@ -7,10 +7,13 @@ new value of ``self``. ``Scalar``/``float`` parameters may be traced.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
+import torch
 
-from spmdtorch.ops._util import jdtype
+from spmdtorch.ops._util import Array, Scalar, jdtype
 from spmdtorch.ops.registry import register
 
 
@@ -29,60 +32,124 @@ def _uniform(key, shape, dtype, low=0.0, high=1.0):
 
 
 @register("uniform.default", "uniform_.default", random=True)
-def _uniform_op(self, from_=0.0, to=1.0, *, generator=None, key, **kw):
+def _uniform_op(
+    self: Array,
+    from_: Array | float = 0.0,
+    to: Array | float = 1.0,
+    *,
+    generator: torch.Generator | None = None,
+    key: Array,
+    **kw,
+) -> Array:
     if "from" in kw:  # the schema name is ``from`` (a Python keyword)
         from_ = kw.pop("from")
     return _uniform(key, self.shape, self.dtype, from_, to)
 
 
 @register("normal_.default", "normal_functional.default", random=True)
-def _normal_(self, mean=0.0, std=1.0, *, generator=None, key):
+def _normal_(
+    self: Array,
+    mean: Array | float = 0.0,
+    std: Array | float = 1.0,
+    *,
+    generator: torch.Generator | None = None,
+    key: Array,
+) -> Array:
     z = jax.random.normal(key, self.shape, jnp.float32)
     return (mean + z * std).astype(self.dtype)
 
 
 @register("normal.Tensor_float", random=True)
-def _normal_tf(mean, std=1.0, *, generator=None, key):
+def _normal_tf(mean: Array, std: Array | float = 1.0, *, generator: torch.Generator | None = None, key: Array) -> Array:
     z = jax.random.normal(key, mean.shape, jnp.float32)
     return mean + z * std
 
 
 @register("normal.float_Tensor", random=True)
-def _normal_ft(mean, std, *, generator=None, key):
+def _normal_ft(mean: Array | float, std: Array, *, generator: torch.Generator | None = None, key: Array) -> Array:
     z = jax.random.normal(key, std.shape, jnp.float32)
     return mean + z * std
 
 
 @register("normal.Tensor_Tensor", random=True)
-def _normal_tt(mean, std, *, generator=None, key):
+def _normal_tt(mean: Array, std: Array, *, generator: torch.Generator | None = None, key: Array) -> Array:
     shape = jnp.broadcast_shapes(mean.shape, std.shape)
     return mean + jax.random.normal(key, shape, jnp.float32) * std
 
 
 @register("normal.float_float", random=True)
-def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+def _normal_ff(
+    mean: Array | float,
+    std: Array | float,
+    size: Sequence[int],
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    key: Array,
+) -> Array:
     z = jax.random.normal(key, tuple(size), jnp.float32)
     return (mean + z * std).astype(jdtype(dtype, jnp.float32))
 
 
 @register("rand.default", "rand.generator", "rand.names", "rand.generator_with_names", random=True)
-def _rand(size, *, generator=None, names=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+def _rand(
+    size: Sequence[int],
+    *,
+    generator: torch.Generator | None = None,
+    names: Sequence[str] | None = None,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    key: Array,
+) -> Array:
     return _uniform(key, tuple(size), jdtype(dtype, jnp.float32))
 
 
 @register("randn.default", "randn.generator", "randn.names", "randn.generator_with_names", random=True)
-def _randn(size, *, generator=None, names=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+def _randn(
+    size: Sequence[int],
+    *,
+    generator: torch.Generator | None = None,
+    names: Sequence[str] | None = None,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    key: Array,
+) -> Array:
     dt = jdtype(dtype, jnp.float32)
     return jax.random.normal(key, tuple(size), jnp.float32).astype(dt)
 
 
 @register("rand_like.default", random=True)
-def _rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+def _rand_like(
+    self: Array,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+    key: Array,
+) -> Array:
     return _uniform(key, self.shape, jdtype(dtype, self.dtype))
 
 
 @register("randn_like.default", random=True)
-def _randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+def _randn_like(
+    self: Array,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+    key: Array,
+) -> Array:
     dt = jdtype(dtype, self.dtype)
     return jax.random.normal(key, self.shape, jnp.float32).astype(dt)
 
@@ -96,29 +163,69 @@ def _randint(key, low, high, shape, dt):
 
 
 @register("randint.default", "randint.generator", random=True, lift_scalars=False)
-def _randint_high(high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+def _randint_high(
+    high: int,
+    size: Sequence[int],
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    key: Array,
+) -> Array:
     return _randint(key, 0, high, tuple(size), jdtype(dtype, jnp.int32))
 
 
 @register("randint.low", "randint.low_generator", random=True, lift_scalars=False)
-def _randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+def _randint_low(
+    low: int,
+    high: int,
+    size: Sequence[int],
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    key: Array,
+) -> Array:
     return _randint(key, low, high, tuple(size), jdtype(dtype, jnp.int32))
 
 
 @register("randint_like.default", random=True, lift_scalars=False)
-def _randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+def _randint_like(
+    self: Array,
+    high: int,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+    key: Array,
+) -> Array:
     return _randint(key, 0, high, self.shape, jdtype(dtype, self.dtype))
 
 
 @register("randint_like.low_dtype", random=True, lift_scalars=False)
 def _randint_like_low(
-    self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
-):
+    self: Array,
+    low: int,
+    high: int,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+    key: Array,
+) -> Array:
     return _randint(key, low, high, self.shape, jdtype(dtype, self.dtype))
 
 
 @register("random_.default", random=True)
-def _random_(self, *, generator=None, key):
+def _random_(self: Array, *, generator: torch.Generator | None = None, key: Array) -> Array:
     # torch draws from [0, 2**mantissa] for floats and the dtype's range for
     # ints; the int32 storage range is the usable one here.
     dt = jnp.dtype(self.dtype)
@@ -136,60 +243,89 @@ def _random_(self, *, generator=None, key):
 
 
 @register("random_.from", random=True, lift_scalars=False)
-def _random_from(self, from_, to=None, *, generator=None, key, **kw):
+def _random_from(
+    self: Array, from_: int, to: int | None = None, *, generator: torch.Generator | None = None, key: Array, **kw
+) -> Array:
     hi = to if to is not None else 2**31 - 1
     return _randint(key, from_, hi, self.shape, self.dtype)
 
 
 @register("random_.to", random=True, lift_scalars=False)
-def _random_to(self, to, *, generator=None, key):
+def _random_to(self: Array, to: int, *, generator: torch.Generator | None = None, key: Array) -> Array:
     return _randint(key, 0, to, self.shape, self.dtype)
 
 
 @register("bernoulli.default", random=True)
-def _bernoulli(self, *, generator=None, key):
+def _bernoulli(self: Array, *, generator: torch.Generator | None = None, key: Array) -> Array:
     return jax.random.bernoulli(key, self.astype(jnp.float32)).astype(self.dtype)
 
 
 @register("bernoulli.p", "bernoulli_.float", random=True)
-def _bernoulli_p(self, p=0.5, *, generator=None, key):
+def _bernoulli_p(self: Array, p: Array | float = 0.5, *, generator: torch.Generator | None = None, key: Array) -> Array:
     return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
 
 
 @register("bernoulli_.Tensor", random=True)
-def _bernoulli_t(self, p, *, generator=None, key):
+def _bernoulli_t(self: Array, p: Array, *, generator: torch.Generator | None = None, key: Array) -> Array:
     probs = jnp.broadcast_to(p.astype(jnp.float32), self.shape)
     return jax.random.bernoulli(key, probs).astype(self.dtype)
 
 
 @register("exponential_.default", "exponential.default", random=True)
-def _exponential(self, lambd=1.0, *, generator=None, key):
+def _exponential(
+    self: Array, lambd: Array | float = 1.0, *, generator: torch.Generator | None = None, key: Array
+) -> Array:
     return (jax.random.exponential(key, self.shape, jnp.float32) / lambd).astype(self.dtype)
 
 
 @register("geometric_.default", "geometric.default", random=True)
-def _geometric(self, p, *, generator=None, key):
+def _geometric(self: Array, p: Array | float, *, generator: torch.Generator | None = None, key: Array) -> Array:
     u = jax.random.uniform(key, self.shape, jnp.float32, minval=jnp.finfo(jnp.float32).tiny)
     return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(self.dtype)
 
 
 @register("log_normal_.default", "log_normal.default", random=True)
-def _log_normal(self, mean=1.0, std=2.0, *, generator=None, key):
+def _log_normal(
+    self: Array,
+    mean: Array | float = 1.0,
+    std: Array | float = 2.0,
+    *,
+    generator: torch.Generator | None = None,
+    key: Array,
+) -> Array:
     return jnp.exp(mean + std * jax.random.normal(key, self.shape, jnp.float32)).astype(self.dtype)
 
 
 @register("cauchy_.default", "cauchy.default", random=True)
-def _cauchy(self, median=0.0, sigma=1.0, *, generator=None, key):
+def _cauchy(
+    self: Array,
+    median: Array | float = 0.0,
+    sigma: Array | float = 1.0,
+    *,
+    generator: torch.Generator | None = None,
+    key: Array,
+) -> Array:
     return (median + sigma * jax.random.cauchy(key, self.shape, jnp.float32)).astype(self.dtype)
 
 
 @register("randperm.default", "randperm.generator", random=True)
-def _randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+def _randperm(
+    n: int,
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+    key: Array,
+) -> Array:
     return jax.random.permutation(key, n).astype(jdtype(dtype, jnp.int32))
 
 
 @register("multinomial.default", random=True)
-def _multinomial(self, num_samples, replacement=False, *, generator=None, key):
+def _multinomial(
+    self: Array, num_samples: int, replacement: bool = False, *, generator: torch.Generator | None = None, key: Array
+) -> Array:
     logits = jnp.log(self.astype(jnp.float32))
     if replacement:
         shape = self.shape[:-1] + (num_samples,)
@@ -201,7 +337,7 @@ def _multinomial(self, num_samples, replacement=False, *, generator=None, key):
 
 
 @register("native_dropout.default", random=True)
-def _native_dropout(input, p, train, *, key):
+def _native_dropout(input: Array, p: Array | float, train: bool | None, *, key: Array) -> tuple[Array, Array]:
     if train is not None and not train:
         return input, jnp.ones(input.shape, jnp.bool_)
     keep = jax.random.bernoulli(key, 1.0 - p, input.shape)
@@ -212,13 +348,22 @@ def _native_dropout(input, p, train, *, key):
 
 
 @register("native_dropout_backward.default")
-def _native_dropout_backward(grad_output, mask, scale):
+def _native_dropout_backward(grad_output: Array, mask: Array, scale: Array | float) -> Array:
     g = grad_output.astype(jnp.float32) if grad_output.dtype != jnp.float32 else grad_output
     return g * mask.astype(g.dtype) * scale
 
 
 @register("rrelu_with_noise.default", random=True)
-def _rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key):
+def _rrelu_with_noise(
+    self: Array,
+    noise: Array,
+    lower: Scalar = 0.125,
+    upper: Scalar = 1.0 / 3.0,
+    training: bool = False,
+    generator: torch.Generator | None = None,
+    *,
+    key: Array,
+) -> Array:
     if not training:
         neg = (lower + upper) / 2
         return jnp.where(self >= 0, self, self * neg)

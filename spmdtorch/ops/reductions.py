@@ -8,78 +8,88 @@ integer/bool sums in the int64 storage type, as torch does.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
-from spmdtorch.ops._util import acc_dtype, canon_dim, is_int, jdtype, reduce_dims, upcast
+from spmdtorch.ops._util import Array, Scalar, acc_dtype, canon_dim, is_int, jdtype, reduce_dims, upcast
 from spmdtorch.ops.registry import register
 
 
 @register("sum.dim_IntList", "sum.default")
-def _sum(self, dim=None, keepdim=False, *, dtype=None):
+def _sum(
+    self: Array, dim: Sequence[int] | None = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Array:
     axes = reduce_dims(dim, self.ndim)
     return jnp.sum(self, axis=axes, keepdims=keepdim, dtype=acc_dtype(self, dtype))
 
 
 @register("nansum.default")
-def _nansum(self, dim=None, keepdim=False, *, dtype=None):
+def _nansum(
+    self: Array, dim: Sequence[int] | None = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Array:
     axes = reduce_dims(dim, self.ndim)
     return jnp.nansum(self, axis=axes, keepdims=keepdim, dtype=acc_dtype(self, dtype))
 
 
 @register("mean.dim", "mean.default")
-def _mean(self, dim=None, keepdim=False, *, dtype=None):
+def _mean(
+    self: Array, dim: Sequence[int] | None = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Array:
     axes = reduce_dims(dim, self.ndim)
     x = self if dtype is None else self.astype(jdtype(dtype))
     return jnp.mean(upcast(x), axis=axes, keepdims=keepdim)
 
 
 @register("nanmean.default")
-def _nanmean(self, dim=None, keepdim=False, *, dtype=None):
+def _nanmean(
+    self: Array, dim: Sequence[int] | None = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Array:
     axes = reduce_dims(dim, self.ndim)
     return jnp.nanmean(upcast(self), axis=axes, keepdims=keepdim)
 
 
 @register("prod.default")
-def _prod(self, *, dtype=None):
+def _prod(self: Array, *, dtype: torch.dtype | None = None) -> Array:
     return jnp.prod(self, dtype=acc_dtype(self, dtype))
 
 
 @register("prod.dim_int")
-def _prod_dim(self, dim, keepdim=False, *, dtype=None):
+def _prod_dim(self: Array, dim: int, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Array:
     axes = reduce_dims([dim], self.ndim)
     return jnp.prod(self, axis=axes, keepdims=keepdim, dtype=acc_dtype(self, dtype))
 
 
 @register("amax.default")
-def _amax(self, dim=(), keepdim=False):
+def _amax(self: Array, dim: Sequence[int] = (), keepdim: bool = False) -> Array:
     return jnp.max(self, axis=reduce_dims(dim, self.ndim), keepdims=keepdim)
 
 
 @register("amin.default")
-def _amin(self, dim=(), keepdim=False):
+def _amin(self: Array, dim: Sequence[int] = (), keepdim: bool = False) -> Array:
     return jnp.min(self, axis=reduce_dims(dim, self.ndim), keepdims=keepdim)
 
 
 @register("max.default")
-def _max_all(self):
+def _max_all(self: Array) -> Array:
     return jnp.max(self)
 
 
 @register("min.default")
-def _min_all(self):
+def _min_all(self: Array) -> Array:
     return jnp.min(self)
 
 
 @register("max.other", "max.binary")
-def _max_other(self, other):
+def _max_other(self: Array, other: Array) -> Array:
     return jnp.maximum(self, other)
 
 
 @register("min.other", "min.binary")
-def _min_other(self, other):
+def _min_other(self: Array, other: Array) -> Array:
     return jnp.minimum(self, other)
 
 
@@ -95,17 +105,17 @@ def _arg_reduce(fn, self, dim, keepdim):
 
 
 @register("argmax.default")
-def _argmax(self, dim=None, keepdim=False):
+def _argmax(self: Array, dim: int | None = None, keepdim: bool = False) -> Array:
     return _arg_reduce(jnp.argmax, self, dim, keepdim)
 
 
 @register("argmin.default")
-def _argmin(self, dim=None, keepdim=False):
+def _argmin(self: Array, dim: int | None = None, keepdim: bool = False) -> Array:
     return _arg_reduce(jnp.argmin, self, dim, keepdim)
 
 
 @register("max.dim")
-def _max_dim(self, dim, keepdim=False):
+def _max_dim(self: Array, dim: int, keepdim: bool = False) -> tuple[Array, Array]:
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int32)
     d = canon_dim(dim, self.ndim)
@@ -113,7 +123,7 @@ def _max_dim(self, dim, keepdim=False):
 
 
 @register("min.dim")
-def _min_dim(self, dim, keepdim=False):
+def _min_dim(self: Array, dim: int, keepdim: bool = False) -> tuple[Array, Array]:
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int32)
     d = canon_dim(dim, self.ndim)
@@ -121,7 +131,7 @@ def _min_dim(self, dim, keepdim=False):
 
 
 @register("aminmax.default")
-def _aminmax(self, *, dim=None, keepdim=False):
+def _aminmax(self: Array, *, dim: int | None = None, keepdim: bool = False) -> tuple[Array, Array]:
     axes = reduce_dims(None if dim is None else [dim], self.ndim)
     return jnp.min(self, axis=axes, keepdims=keepdim), jnp.max(self, axis=axes, keepdims=keepdim)
 
@@ -134,12 +144,12 @@ def _bool_reduce(fn, self, dim, keepdim):
 
 
 @register("any.default", "any.dim", "any.dims")
-def _any(self, dim=None, keepdim=False):
+def _any(self: Array, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Array:
     return _bool_reduce(jnp.any, self, dim, keepdim)
 
 
 @register("all.default", "all.dim", "all.dims")
-def _all(self, dim=None, keepdim=False):
+def _all(self: Array, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Array:
     return _bool_reduce(jnp.all, self, dim, keepdim)
 
 
@@ -157,42 +167,56 @@ def _var(self, dim, correction, keepdim):
 
 
 @register("var.correction")
-def _var_correction(self, dim=None, *, correction=None, keepdim=False):
+def _var_correction(
+    self: Array, dim: Sequence[int] | None = None, *, correction: Scalar | None = None, keepdim: bool = False
+) -> Array:
     return _var(self, dim, correction, keepdim)[0]
 
 
 @register("var.dim", "var.default")
-def _var_dim(self, dim=None, unbiased=True, keepdim=False):
+def _var_dim(
+    self: Array, dim: bool | Sequence[int] | None = None, unbiased: bool = True, keepdim: bool = False
+) -> Array:
     if isinstance(dim, bool):  # var.default(self, bool unbiased)
-        dim, unbiased = None, dim
+        unbiased = dim
+        dim = None
     return _var(self, dim, 1 if unbiased else 0, keepdim)[0]
 
 
 @register("std.correction")
-def _std_correction(self, dim=None, *, correction=None, keepdim=False):
+def _std_correction(
+    self: Array, dim: Sequence[int] | None = None, *, correction: Scalar | None = None, keepdim: bool = False
+) -> Array:
     return jnp.sqrt(_var(self, dim, correction, keepdim)[0])
 
 
 @register("std.dim", "std.default")
-def _std_dim(self, dim=None, unbiased=True, keepdim=False):
+def _std_dim(
+    self: Array, dim: bool | Sequence[int] | None = None, unbiased: bool = True, keepdim: bool = False
+) -> Array:
     if isinstance(dim, bool):
-        dim, unbiased = None, dim
+        unbiased = dim
+        dim = None
     return jnp.sqrt(_var(self, dim, 1 if unbiased else 0, keepdim)[0])
 
 
 @register("var_mean.correction")
-def _var_mean(self, dim=None, *, correction=None, keepdim=False):
+def _var_mean(
+    self: Array, dim: Sequence[int] | None = None, *, correction: Scalar | None = None, keepdim: bool = False
+) -> tuple[Array, Array]:
     return _var(self, dim, correction, keepdim)
 
 
 @register("std_mean.correction")
-def _std_mean(self, dim=None, *, correction=None, keepdim=False):
+def _std_mean(
+    self: Array, dim: Sequence[int] | None = None, *, correction: Scalar | None = None, keepdim: bool = False
+) -> tuple[Array, Array]:
     v, m = _var(self, dim, correction, keepdim)
     return jnp.sqrt(v), m
 
 
 @register("logsumexp.default")
-def _logsumexp(self, dim=(), keepdim=False):
+def _logsumexp(self: Array, dim: Sequence[int] = (), keepdim: bool = False) -> Array:
     x = upcast(self)
     if x.ndim == 0:
         return x
@@ -202,14 +226,28 @@ def _logsumexp(self, dim=(), keepdim=False):
 # ``p``/``ord`` pick the formula (0 counts non-zeros, inf is a max), so they
 # stay Python numbers (not lifted to runtime inputs).
 @register("norm.ScalarOpt_dim", "norm.Scalar", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype", lift_scalars=False)
-def _norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
+def _norm(
+    self: Array,
+    p: Scalar | None = 2,
+    dim: Sequence[int] | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
+) -> Array:
     if not isinstance(dim, (list, tuple, int, type(None))):  # norm.ScalarOpt_dtype: dtype positional
         dim, dtype = None, dim
     return _vector_norm(self, 2 if p is None else p, dim, keepdim, dtype=dtype)
 
 
 @register("linalg_vector_norm.default", lift_scalars=False)
-def _vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
+def _vector_norm(
+    self: Array,
+    ord: Scalar = 2,
+    dim: Sequence[int] | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
+) -> Array:
     x = upcast(self if dtype is None else self.astype(jdtype(dtype)))
     axes = reduce_dims(dim, x.ndim)
     a = jnp.abs(x)
@@ -240,7 +278,7 @@ def _scan_input(self, dtype):
 
 
 @register("cumsum.default")
-def _cumsum(self, dim, *, dtype=None):
+def _cumsum(self: Array, dim: int, *, dtype: torch.dtype | None = None) -> Array:
     x = _scan_input(self, dtype)
     if x.ndim == 0:
         return x
@@ -248,7 +286,7 @@ def _cumsum(self, dim, *, dtype=None):
 
 
 @register("cumprod.default")
-def _cumprod(self, dim, *, dtype=None):
+def _cumprod(self: Array, dim: int, *, dtype: torch.dtype | None = None) -> Array:
     x = _scan_input(self, dtype)
     if x.ndim == 0:
         return x
@@ -256,7 +294,7 @@ def _cumprod(self, dim, *, dtype=None):
 
 
 @register("logcumsumexp.default")
-def _logcumsumexp(self, dim):
+def _logcumsumexp(self: Array, dim: int) -> Array:
     """``log(cumsum(exp(x)))`` as a scan of (running max m, sum s of exp(x - m)).
 
     torch's CPU kernel accumulates in float64 and rounds each output once;
@@ -307,12 +345,12 @@ def _cum_extreme(self, dim, better):
 
 
 @register("cummax.default")
-def _cummax(self, dim):
+def _cummax(self: Array, dim: int) -> tuple[Array, Array]:
     return _cum_extreme(self, dim, jnp.greater)
 
 
 @register("cummin.default")
-def _cummin(self, dim):
+def _cummin(self: Array, dim: int) -> tuple[Array, Array]:
     return _cum_extreme(self, dim, jnp.less)
 
 
@@ -333,24 +371,26 @@ def _sort(self, dim, descending, stable=True):
 
 
 @register("sort.default")
-def _sort_default(self, dim=-1, descending=False):
+def _sort_default(self: Array, dim: int = -1, descending: bool = False) -> tuple[Array, Array]:
     return _sort(self, dim, descending)
 
 
 @register("sort.stable")
-def _sort_stable(self, *, stable=None, dim=-1, descending=False):
+def _sort_stable(
+    self: Array, *, stable: bool | None = None, dim: int = -1, descending: bool = False
+) -> tuple[Array, Array]:
     return _sort(self, dim, descending)
 
 
 @register("argsort.default", "argsort.stable")
-def _argsort(self, dim=-1, descending=False, *, stable=False):
+def _argsort(self: Array, dim: int = -1, descending: bool = False, *, stable: bool = False) -> Array:
     if isinstance(dim, bool):  # argsort.stable(self, *, stable, dim, descending) passed positionally
         dim = -1
     return _sort(self, dim, descending)[1]
 
 
 @register("topk.default")
-def _topk(self, k, dim=-1, largest=True, sorted=True):
+def _topk(self: Array, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Array, Array]:
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int32)
     d = canon_dim(dim, self.ndim)
@@ -364,7 +404,7 @@ def _topk(self, k, dim=-1, largest=True, sorted=True):
 
 
 @register("kthvalue.default")
-def _kthvalue(self, k, dim=-1, keepdim=False):
+def _kthvalue(self: Array, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Array, Array]:
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int32)
     d = canon_dim(dim, self.ndim)
@@ -399,27 +439,27 @@ def _median_dim(self, dim, keepdim, ignore_nan):
 
 
 @register("median.default")
-def _median(self):
+def _median(self: Array) -> Array:
     return _median_dim(self.reshape(-1), 0, False, False)[0]
 
 
 @register("median.dim")
-def _median_d(self, dim, keepdim=False):
+def _median_d(self: Array, dim: int, keepdim: bool = False) -> tuple[Array, Array]:
     return _median_dim(self, dim, keepdim, False)
 
 
 @register("nanmedian.default")
-def _nanmedian(self):
+def _nanmedian(self: Array) -> Array:
     return _median_dim(self.reshape(-1), 0, False, True)[0]
 
 
 @register("nanmedian.dim")
-def _nanmedian_d(self, dim, keepdim=False):
+def _nanmedian_d(self: Array, dim: int, keepdim: bool = False) -> tuple[Array, Array]:
     return _median_dim(self, dim, keepdim, True)
 
 
 @register("mode.default")
-def _mode(self, dim=-1, keepdim=False):
+def _mode(self: Array, dim: int = -1, keepdim: bool = False) -> tuple[Array, Array]:
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int32)
     d = canon_dim(dim, self.ndim)
@@ -440,12 +480,22 @@ def _mode(self, dim=-1, keepdim=False):
 
 
 @register("count_nonzero.default", "count_nonzero.dim_IntList")
-def _count_nonzero(self, dim=None):
+def _count_nonzero(self: Array, dim: int | Sequence[int] | None = None) -> Array:
     return jnp.sum(self != 0, axis=reduce_dims(dim, self.ndim), dtype=jnp.int32)
 
 
 @register("segment_reduce.default", lift_scalars=False)
-def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+def _segment_reduce(
+    data: Array,
+    reduce: str,
+    *,
+    lengths: Array | None = None,
+    indices: Array | None = None,
+    offsets: Array | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: Scalar | None = None,
+) -> Array:
     """Reduce consecutive runs of ``data`` along ``axis`` (1-d ``lengths`` or ``offsets``).
 
     Empty segments give ``initial`` or the reduction's identity (mean: nan);
@@ -473,7 +523,7 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
         "prod": jax.ops.segment_prod,
     }
     out = ops[reduce](x, seg, num_segments=nseg)
-    identity = {"sum": 0.0, "mean": jnp.nan, "max": -jnp.inf, "min": jnp.inf, "prod": 1.0}[reduce]
+    identity: Scalar = {"sum": 0.0, "mean": jnp.nan, "max": -jnp.inf, "min": jnp.inf, "prod": 1.0}[reduce]
     if initial is not None:
         combine = {"sum": jnp.add, "mean": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}
         out = combine[reduce](out, initial)
@@ -494,7 +544,17 @@ def _segment_ids(n, lengths, offsets):
 
 
 @register("_segment_reduce_backward.default", lift_scalars=False)
-def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+def _segment_reduce_backward(
+    grad: Array,
+    output: Array,
+    data: Array,
+    reduce: str,
+    *,
+    lengths: Array | None = None,
+    offsets: Array | None = None,
+    axis: int = 0,
+    initial: Scalar | None = None,
+) -> Array:
     """Gradient of ``segment_reduce`` w.r.t. ``data``, with the CPU kernel's conventions.
 
     max/min route the gradient to every element equal to the result (or NaN);

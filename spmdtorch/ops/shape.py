@@ -5,17 +5,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from spmdtorch.ops._util import canon_dim
+from spmdtorch.ops._util import Array, Scalar, canon_dim
 from spmdtorch.ops.registry import register
 
 
 @register("cat.default")
-def _cat(tensors, dim=0):
+def _cat(tensors: Sequence[Array], dim: int = 0) -> Array:
     # torch skips legacy 1-d empty tensors (shape (0,)) when concatenating
     # higher-rank tensors.
     ts = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
@@ -27,47 +29,49 @@ def _cat(tensors, dim=0):
 
 
 @register("stack.default")
-def _stack(tensors, dim=0):
+def _stack(tensors: Sequence[Array], dim: int = 0) -> Array:
     dt = jnp.result_type(*tensors)
     return jnp.stack([t.astype(dt) for t in tensors], axis=canon_dim(dim, tensors[0].ndim + 1))
 
 
 @register("flip.default")
-def _flip(self, dims):
+def _flip(self: Array, dims: Sequence[int]) -> Array:
     if self.ndim == 0:
         return self
     return jnp.flip(self, [canon_dim(d, self.ndim) for d in dims])
 
 
 @register("roll.default")
-def _roll(self, shifts, dims=()):
+def _roll(self: Array, shifts: Sequence[int], dims: Sequence[int] = ()) -> Array:
     if len(dims) == 0:
         return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
     return jnp.roll(self, tuple(shifts), tuple(canon_dim(d, self.ndim) for d in dims))
 
 
 @register("rot90.default")
-def _rot90(self, k=1, dims=(0, 1)):
+def _rot90(self: Array, k: int = 1, dims: Sequence[int] = (0, 1)) -> Array:
     d0, d1 = dims  # torch checks there are exactly two
     return jnp.rot90(self, k, axes=(canon_dim(d0, self.ndim), canon_dim(d1, self.ndim)))
 
 
 @register("repeat.default")
-def _repeat(self, repeats):
+def _repeat(self: Array, repeats: Sequence[int]) -> Array:
     # torch's repeat is numpy's tile with leading dims added to ``self``.
     x = jnp.reshape(self, (1,) * (len(repeats) - self.ndim) + self.shape)
     return jnp.tile(x, tuple(repeats))
 
 
 @register("repeat_interleave.self_int")
-def _repeat_interleave_int(self, repeats, dim=None, *, output_size=None):
+def _repeat_interleave_int(
+    self: Array, repeats: int, dim: int | None = None, *, output_size: int | None = None
+) -> Array:
     if dim is None:
         return jnp.repeat(self.reshape(-1), repeats)
     return jnp.repeat(self, repeats, axis=canon_dim(dim, self.ndim))
 
 
 @register("repeat_interleave.Tensor")
-def _repeat_interleave_tensor(repeats, *, output_size=None):
+def _repeat_interleave_tensor(repeats: Array, *, output_size: int | None = None) -> Array:
     # Data-dependent length: needs concrete repeats or output_size.
     n = repeats.shape[0]
     return jnp.repeat(jnp.arange(n, dtype=jnp.int32), repeats, total_repeat_length=output_size)
@@ -83,7 +87,7 @@ def _pad_config(ndim, pad):
 
 
 @register("constant_pad_nd.default")
-def _constant_pad_nd(self, pad, value=0):
+def _constant_pad_nd(self: Array, pad: Sequence[int], value: Scalar = 0) -> Array:
     # lax.pad takes negative widths, which crop (torch allows that too).
     v = jnp.asarray(value).astype(self.dtype)
     return lax.pad(self, v, _pad_config(self.ndim, pad))
@@ -114,19 +118,19 @@ def _np_pad(self, padding, mode):
 
 for _n in (1, 2, 3):
 
-    def _reflect(self, padding):
+    def _reflect(self: Array, padding: Sequence[int]) -> Array:
         return _np_pad(self, padding, "reflect")
 
-    def _replicate(self, padding):
+    def _replicate(self: Array, padding: Sequence[int]) -> Array:
         return _np_pad(self, padding, "edge")
 
-    def _circular(self, padding):
+    def _circular(self: Array, padding: Sequence[int]) -> Array:
         return _np_pad(self, padding, "wrap")
 
-    def _reflect_bw(grad_output, self, padding):
+    def _reflect_bw(grad_output: Array, self: Array, padding: Sequence[int]) -> Array:
         return jax.vjp(lambda x: _np_pad(x, padding, "reflect"), self)[1](grad_output)[0]
 
-    def _replicate_bw(grad_output, self, padding):
+    def _replicate_bw(grad_output: Array, self: Array, padding: Sequence[int]) -> Array:
         return jax.vjp(lambda x: _np_pad(x, padding, "edge"), self)[1](grad_output)[0]
 
     register(f"reflection_pad{_n}d.default")(_reflect)
@@ -138,7 +142,7 @@ register("_pad_circular.default")(_circular)
 
 
 @register("_pad_enum.default")
-def _pad_enum(self, pad, mode, value=None):
+def _pad_enum(self: Array, pad: Sequence[int], mode: int, value: Array | float | None = None) -> Array:
     # mode: 0 constant, 1 reflect, 2 replicate, 3 circular (at::padding_mode)
     if mode == 0:
         return _constant_pad_nd(self, pad, 0 if value is None else value)
@@ -146,22 +150,22 @@ def _pad_enum(self, pad, mode, value=None):
 
 
 @register("pad.default")
-def _pad(self, pad, mode="constant", value=None):
+def _pad(self: Array, pad: Sequence[int], mode: str = "constant", value: Array | float | None = None) -> Array:
     if mode == "constant":
         return _constant_pad_nd(self, pad, 0 if value is None else value)
     return _np_pad(self, pad, {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode])
 
 
 @register("tile.default")
-def _tile(self, dims):
+def _tile(self: Array, dims: Sequence[int]) -> Array:
     return jnp.tile(self, tuple(dims))
 
 
 @register("movedim.int")
-def _movedim(self, source, destination):
+def _movedim(self: Array, source: int, destination: int) -> Array:
     return jnp.moveaxis(self, source, destination)
 
 
 @register("movedim.intlist")
-def _movedim_list(self, source, destination):
+def _movedim_list(self: Array, source: Sequence[int], destination: Sequence[int]) -> Array:
     return jnp.moveaxis(self, tuple(source), tuple(destination))

@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spmdtorch.ops._util import upcast
+from spmdtorch.ops._util import Array, Scalar, upcast
 from spmdtorch.ops.registry import register
 
 
-def _operands(x, n):
+def _operands(x: Scalar, n: Scalar) -> tuple[Array, Array]:
     x = upcast(x)
     n = jnp.trunc(jnp.asarray(n)).astype(jnp.int32)
     x, n = jnp.broadcast_arrays(x, n)
@@ -49,7 +49,7 @@ def _finish(x, n, rec, q1, *cases):
 
 
 def _chebyshev(q1_of, edge, trig, trig_from):
-    def lower(x, n):
+    def lower(x: Scalar, n: Scalar) -> Array:
         x, n = _operands(x, n)
         q1 = q1_of(x)
         rec = _recurrence(x, n, q1, lambda j, p, q: (x + x) * q - p)
@@ -114,7 +114,7 @@ for _k, (_q1, _edge, _trig, _from) in _CHEBYSHEV.items():
 
 
 def _simple(q1_of, step, zero_x_is_one=False, edge=None):
-    def lower(x, n):
+    def lower(x: Scalar, n: Scalar) -> Array:
         x, n = _operands(x, n)
         q1 = q1_of(x)
         rec = _recurrence(x, n, q1, lambda j, p, q: step(x, j, p, q))
@@ -159,27 +159,27 @@ for _k, (_q1, _edge, _trig, _from) in _CHEBYSHEV.items():
 
 
 @register("igamma.default")
-def _igamma(self, other):
+def _igamma(self: Array, other: Array) -> Array:
     return jax.scipy.special.gammainc(upcast(self), upcast(other))
 
 
 @register("igammac.default")
-def _igammac(self, other):
+def _igammac(self: Array, other: Array) -> Array:
     return jax.scipy.special.gammaincc(upcast(self), upcast(other))
 
 
 @register("special_modified_bessel_i0.default")
-def _bessel_i0(self):
+def _bessel_i0(self: Array) -> Array:
     return jax.scipy.special.i0(upcast(self))
 
 
 @register("special_modified_bessel_i1.default")
-def _bessel_i1(self):
+def _bessel_i1(self: Array) -> Array:
     return jax.scipy.special.i1(upcast(self))
 
 
 @register("special_spherical_bessel_j0.default")
-def _spherical_bessel_j0(x):
+def _spherical_bessel_j0(x: Array) -> Array:
     x = upcast(x)
     safe = jnp.where(x == 0, 1.0, x)
     return jnp.where(x == 0, 1.0, jnp.sin(safe) / safe)

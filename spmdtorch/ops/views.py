@@ -14,14 +14,15 @@ a flat gather; its inverse is ``as_strided_scatter``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from spmdtorch._dtypes import to_torch_dtype
-from spmdtorch.ops._util import canon_dim, jdtype
+from spmdtorch.ops._util import Array, canon_dim, jdtype
 from spmdtorch.ops.registry import register, resolve_ops
 
 __all__ = ["VIEW_INVERSES", "register_inverse", "get_inverse"]
@@ -109,17 +110,17 @@ def _strided_indices(size, stride, offset) -> np.ndarray:
 
 
 @register("view.default", "_unsafe_view.default", "view_copy.default", "reshape.default", "_reshape_copy.default")
-def _view(self, size):
+def _view(self: Array, size: Sequence[int]) -> Array:
     return jnp.reshape(self, tuple(size))
 
 
 @register("_reshape_alias.default", "_reshape_alias_copy.default")
-def _reshape_alias(self, size, stride):
+def _reshape_alias(self: Array, size: Sequence[int], stride: Sequence[int]) -> Array:
     return jnp.reshape(self, tuple(size))
 
 
 @register("view.dtype", "view_copy.dtype")
-def _view_dtype(self, dtype):
+def _view_dtype(self: Array, dtype: torch.dtype) -> Array:
     """Bitcast; a width change scales the last dim, as torch's ``view(dtype)``."""
     new = jdtype(dtype)
     if self.dtype == jnp.bool_ or new == jnp.bool_:
@@ -144,41 +145,41 @@ def _view_dtype_raw(self, new):
 
 
 @register("permute.default", "permute_copy.default")
-def _permute(self, dims):
+def _permute(self: Array, dims: Sequence[int]) -> Array:
     return jnp.transpose(self, [canon_dim(d, self.ndim) for d in dims] if self.ndim else ())
 
 
 @register("transpose.int", "transpose_copy.int")
-def _transpose(self, dim0, dim1):
+def _transpose(self: Array, dim0: int, dim1: int) -> Array:
     if self.ndim < 2:
         return self
     return jnp.swapaxes(self, canon_dim(dim0, self.ndim), canon_dim(dim1, self.ndim))
 
 
 @register("t.default", "t_copy.default", "numpy_T.default")
-def _t(self):
+def _t(self: Array) -> Array:
     return self.T if self.ndim == 2 else self
 
 
 @register("mT.default", "adjoint.default")
-def _mT(self):
+def _mT(self: Array) -> Array:
     return jnp.swapaxes(self, -1, -2)
 
 
 @register("select.int", "select_copy.int")
-def _select(self, dim, index):
+def _select(self: Array, dim: int, index: int) -> Array:
     d = canon_dim(dim, self.ndim)
     return self[_index_at(self.ndim, d, index)]
 
 
 @register("slice.Tensor", "slice_copy.Tensor")
-def _slice(self, dim=0, start=None, end=None, step=1):
+def _slice(self: Array, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1) -> Array:
     d = canon_dim(dim, self.ndim)
     return self[_index_at(self.ndim, d, _slice_bounds(self.shape[d], start, end, step))]
 
 
 @register("narrow.default", "narrow_copy.default")
-def _narrow(self, dim, start, length):
+def _narrow(self: Array, dim: int, start: int, length: int) -> Array:
     d = canon_dim(dim, self.ndim)
     if start < 0:
         start += self.shape[d]
@@ -188,17 +189,17 @@ def _narrow(self, dim, start, length):
 @register(
     "squeeze.default", "squeeze.dim", "squeeze.dims", "squeeze_copy.default", "squeeze_copy.dim", "squeeze_copy.dims"
 )
-def _squeeze(self, dim=None):
+def _squeeze(self: Array, dim: int | Sequence[int] | None = None) -> Array:
     return jnp.squeeze(self, _squeeze_dims(self.shape, dim))
 
 
 @register("unsqueeze.default", "unsqueeze_copy.default")
-def _unsqueeze(self, dim):
+def _unsqueeze(self: Array, dim: int) -> Array:
     return jnp.expand_dims(self, canon_dim(dim, self.ndim + 1))
 
 
 @register("expand.default", "expand_copy.default")
-def _expand(self, size, *, implicit=False):
+def _expand(self: Array, size: Sequence[int], *, implicit: bool = False) -> Array:
     return jnp.broadcast_to(self, _expand_shape(self.shape, size))
 
 
@@ -212,29 +213,29 @@ def _expand(self, size, *, implicit=False):
     "lift.default",
     "view_as.default",
 )
-def _alias(self, *args):
+def _alias(self: Array, *args) -> Array:
     return self
 
 
 # torch's conj/neg views set a bit that readers resolve; an XlaTensor carries
 # no such bit, so the view's value is the conjugated/negated data itself.
 @register("_conj.default")
-def _conj_view(self):
+def _conj_view(self: Array) -> Array:
     return jnp.conj(self) if jnp.iscomplexobj(self) else self
 
 
 @register("_neg_view.default")
-def _neg_view(self):
+def _neg_view(self: Array) -> Array:
     return -self
 
 
 @register("diagonal.default", "diagonal_copy.default")
-def _diagonal(self, offset=0, dim1=0, dim2=1):
+def _diagonal(self: Array, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Array:
     return jnp.diagonal(self, offset, canon_dim(dim1, self.ndim), canon_dim(dim2, self.ndim))
 
 
 @register("unfold.default", "unfold_copy.default")
-def _unfold(self, dimension, size, step):
+def _unfold(self: Array, dimension: int, size: int, step: int) -> Array:
     if self.ndim == 0:
         return jnp.reshape(self, (1,))
     d = canon_dim(dimension, self.ndim)
@@ -245,13 +246,13 @@ def _unfold(self, dimension, size, step):
 
 
 @register("split.Tensor", "split_copy.Tensor", "unsafe_split.Tensor")
-def _split(self, split_size, dim=0):
+def _split(self: Array, split_size: int, dim: int = 0) -> list[Array]:
     d = canon_dim(dim, self.ndim)
     return _split_with_sizes(self, _split_sizes_of(self.shape[d], split_size), d)
 
 
 @register("split_with_sizes.default", "split_with_sizes_copy.default", "unsafe_split_with_sizes.default")
-def _split_with_sizes(self, split_sizes, dim=0):
+def _split_with_sizes(self: Array, split_sizes: Sequence[int], dim: int = 0) -> list[Array]:
     d = canon_dim(dim, self.ndim)
     out, start = [], 0
     for s in split_sizes:
@@ -261,32 +262,34 @@ def _split_with_sizes(self, split_sizes, dim=0):
 
 
 @register("unbind.int", "unbind_copy.int")
-def _unbind(self, dim=0):
+def _unbind(self: Array, dim: int = 0) -> list[Array]:
     d = canon_dim(dim, self.ndim)
     return [lax.index_in_dim(self, i, d, keepdims=False) for i in range(self.shape[d])]
 
 
 @register("as_strided.default", "as_strided_copy.default")
-def _as_strided(self, size, stride, storage_offset=None):
+def _as_strided(self: Array, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Array:
     flat = jnp.reshape(self, (-1,))
     idx = _strided_indices(size, stride, storage_offset)
     return flat[idx]
 
 
 @register("as_strided_scatter.default")
-def _as_strided_scatter(self, src, size, stride, storage_offset=None):
+def _as_strided_scatter(
+    self: Array, src: Array, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
+) -> Array:
     flat = jnp.reshape(self, (-1,))
     idx = _strided_indices(size, stride, storage_offset)
     return flat.at[idx.reshape(-1)].set(jnp.reshape(src, (-1,)).astype(self.dtype)).reshape(self.shape)
 
 
 @register("view_as_real.default", "view_as_real_copy.default")
-def _view_as_real(self):
+def _view_as_real(self: Array) -> Array:
     return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
 
 
 @register("view_as_complex.default", "view_as_complex_copy.default")
-def _view_as_complex(self):
+def _view_as_complex(self: Array) -> Array:
     return lax.complex(self[..., 0], self[..., 1])
 
 
@@ -294,17 +297,19 @@ def _view_as_complex(self):
 
 
 @register("select_scatter.default")
-def _select_scatter(self, src, dim, index):
+def _select_scatter(self: Array, src: Array, dim: int, index: int) -> Array:
     return _inv_select(self, src, dim, index)
 
 
 @register("slice_scatter.default")
-def _slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+def _slice_scatter(
+    self: Array, src: Array, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1
+) -> Array:
     return _inv_slice(self, src, dim, start, end, step)
 
 
 @register("diagonal_scatter.default")
-def _diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+def _diagonal_scatter(self: Array, src: Array, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Array:
     return _inv_diagonal(self, src, offset, dim1, dim2)
 
 
@@ -327,28 +332,28 @@ def _cast(v, base):
     "view_copy.default",
     "reshape.default",
 )
-def _inv_reshape(base, v, *args, **kwargs):
+def _inv_reshape(base: Array, v: Array, *args, **kwargs) -> Array:
     return jnp.reshape(_cast(v, base), base.shape)
 
 
 @register_inverse("alias.default", "detach.default", "lift_fresh.default", "view_as.default")
-def _inv_alias(base, v, *args, **kwargs):
+def _inv_alias(base: Array, v: Array, *args, **kwargs) -> Array:
     return jnp.broadcast_to(_cast(v, base), base.shape)
 
 
 @register_inverse("_conj.default")
-def _inv_conj(base, v, *args, **kwargs):
+def _inv_conj(base: Array, v: Array, *args, **kwargs) -> Array:
     v = _cast(v, base)
     return jnp.broadcast_to(jnp.conj(v) if jnp.iscomplexobj(v) else v, base.shape)
 
 
 @register_inverse("_neg_view.default")
-def _inv_neg_view(base, v, *args, **kwargs):
+def _inv_neg_view(base: Array, v: Array, *args, **kwargs) -> Array:
     return jnp.broadcast_to(-_cast(v, base), base.shape)
 
 
 @register_inverse("permute.default")
-def _inv_permute(base, v, dims):
+def _inv_permute(base: Array, v: Array, dims: Sequence[int]) -> Array:
     if base.ndim == 0:
         return _cast(v, base)
     perm = [canon_dim(d, base.ndim) for d in dims]
@@ -357,22 +362,22 @@ def _inv_permute(base, v, dims):
 
 
 @register_inverse("transpose.int")
-def _inv_transpose(base, v, dim0, dim1):
+def _inv_transpose(base: Array, v: Array, dim0: int, dim1: int) -> Array:
     return _transpose(_cast(v, base), dim0, dim1)
 
 
 @register_inverse("t.default")
-def _inv_t(base, v):
+def _inv_t(base: Array, v: Array) -> Array:
     return _t(_cast(v, base))
 
 
 @register_inverse("mT.default")
-def _inv_mT(base, v):
+def _inv_mT(base: Array, v: Array) -> Array:
     return jnp.swapaxes(_cast(v, base), -1, -2)
 
 
 @register_inverse("select.int")
-def _inv_select(base, v, dim, index):
+def _inv_select(base: Array, v: Array, dim: int, index: int) -> Array:
     # A dynamic_update_slice, not a scatter: ``select_backward`` and every
     # ``x[:, i] = ...`` come here, and XLA compiles chains of scatters (one per
     # step of an unrolled recurrence, as in Mamba's reference scan) superlinearly.
@@ -388,7 +393,9 @@ def _inv_select(base, v, dim, index):
 
 
 @register_inverse("slice.Tensor")
-def _inv_slice(base, v, dim=0, start=None, end=None, step=1):
+def _inv_slice(
+    base: Array, v: Array, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1
+) -> Array:
     d = canon_dim(dim, base.ndim)
     sl = _slice_bounds(base.shape[d], start, end, step)
     if step != 1:
@@ -403,7 +410,7 @@ def _inv_slice(base, v, dim=0, start=None, end=None, step=1):
 
 
 @register_inverse("narrow.default")
-def _inv_narrow(base, v, dim, start, length):
+def _inv_narrow(base: Array, v: Array, dim: int, start: int, length: int) -> Array:
     d = canon_dim(dim, base.ndim)
     if start < 0:
         start += base.shape[d]
@@ -411,7 +418,7 @@ def _inv_narrow(base, v, dim, start, length):
 
 
 @register_inverse("diagonal.default")
-def _inv_diagonal(base, v, offset=0, dim1=0, dim2=1):
+def _inv_diagonal(base: Array, v: Array, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Array:
     d1, d2 = canon_dim(dim1, base.ndim), canon_dim(dim2, base.ndim)
     moved = jnp.moveaxis(base, (d1, d2), (-2, -1))
     n = v.shape[-1]
@@ -422,7 +429,7 @@ def _inv_diagonal(base, v, offset=0, dim1=0, dim2=1):
 
 
 @register_inverse("expand.default")
-def _inv_expand(base, v, size, *, implicit=False):
+def _inv_expand(base: Array, v: Array, size: Sequence[int], *, implicit: bool = False) -> Array:
     # Eager torch forbids in-place writes to a tensor whose elements alias
     # (a real expansion); only "expands" that add size-1 leading dims or keep
     # every size can be written through.
@@ -438,13 +445,13 @@ def _inv_expand(base, v, size, *, implicit=False):
 
 
 @register_inverse("split.Tensor", "unsafe_split.Tensor")
-def _inv_split(base, v, split_size, dim=0, *, out_index):
+def _inv_split(base: Array, v: Array, split_size: int, dim: int = 0, *, out_index: int) -> Array:
     d = canon_dim(dim, base.ndim)
     return _inv_split_with_sizes(base, v, _split_sizes_of(base.shape[d], split_size), d, out_index=out_index)
 
 
 @register_inverse("split_with_sizes.default", "unsafe_split_with_sizes.default")
-def _inv_split_with_sizes(base, v, split_sizes, dim=0, *, out_index):
+def _inv_split_with_sizes(base: Array, v: Array, split_sizes: Sequence[int], dim: int = 0, *, out_index: int) -> Array:
     d = canon_dim(dim, base.ndim)
     start = int(sum(split_sizes[:out_index]))
     sl = slice(start, start + split_sizes[out_index])
@@ -452,22 +459,24 @@ def _inv_split_with_sizes(base, v, split_sizes, dim=0, *, out_index):
 
 
 @register_inverse("unbind.int")
-def _inv_unbind(base, v, dim=0, *, out_index):
+def _inv_unbind(base: Array, v: Array, dim: int = 0, *, out_index: int) -> Array:
     return _inv_select(base, v, dim, out_index)
 
 
 @register_inverse("as_strided.default")
-def _inv_as_strided(base, v, size, stride, storage_offset=None):
+def _inv_as_strided(
+    base: Array, v: Array, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
+) -> Array:
     return _as_strided_scatter(base, v, size, stride, storage_offset)
 
 
 @register_inverse("view.dtype")
-def _inv_view_dtype(base, v, dtype):
+def _inv_view_dtype(base: Array, v: Array, dtype: torch.dtype) -> Array:
     return _view_dtype(v, to_torch_dtype(base.dtype)).reshape(base.shape)
 
 
 @register_inverse("unfold.default")
-def _inv_unfold(base, v, dimension, size, step):
+def _inv_unfold(base: Array, v: Array, dimension: int, size: int, step: int) -> Array:
     # Only well-defined when windows do not overlap (step >= size); with
     # overlap eager torch refuses the write, like a real expand.
     if step < size:
@@ -485,10 +494,10 @@ def _inv_unfold(base, v, dimension, size, step):
 
 
 @register_inverse("view_as_real.default")
-def _inv_view_as_real(base, v):
+def _inv_view_as_real(base: Array, v: Array) -> Array:
     return lax.complex(v[..., 0], v[..., 1]).astype(base.dtype)
 
 
 @register_inverse("view_as_complex.default")
-def _inv_view_as_complex(base, v):
+def _inv_view_as_complex(base: Array, v: Array) -> Array:
     return _view_as_real(v).astype(base.dtype)
