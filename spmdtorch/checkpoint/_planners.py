@@ -131,9 +131,11 @@ class SPMDSavePlanner(DefaultSavePlanner):
         True
 
     Args:
-        flatten_state_dict, flatten_sharded_tensors, dedup_replicated_tensors,
-        dedup_save_to_lowest_rank, enable_plan_caching: ``DefaultSavePlanner``'s
-            options (bools; ``dedup_replicated_tensors`` may be None).
+        flatten_state_dict: ``DefaultSavePlanner``'s option (a bool).
+        flatten_sharded_tensors: ``DefaultSavePlanner``'s option (a bool).
+        dedup_replicated_tensors: ``DefaultSavePlanner``'s option (a bool or None).
+        dedup_save_to_lowest_rank: ``DefaultSavePlanner``'s option (a bool).
+        enable_plan_caching: ``DefaultSavePlanner``'s option (a bool).
 
     Raises:
         CheckpointArgumentTypeError: an option is not a bool.
@@ -250,8 +252,9 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
     sharding, whatever the checkpoint's chunking (resharding on load).
 
     Args:
-        flatten_state_dict, flatten_sharded_tensors, allow_partial_load:
-            ``DefaultLoadPlanner``'s options (bools).
+        flatten_state_dict: ``DefaultLoadPlanner``'s option (a bool).
+        flatten_sharded_tensors: ``DefaultLoadPlanner``'s option (a bool).
+        allow_partial_load: ``DefaultLoadPlanner``'s option (a bool).
 
     Raises:
         CheckpointArgumentTypeError: an option is not a bool.

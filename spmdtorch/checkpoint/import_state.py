@@ -159,9 +159,12 @@ def import_state_dict(
         ``(missing_keys, unexpected_keys)``: lists, empty when ``strict``.
 
     Raises:
-        MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError,
-        UnsupportedValueError: checked for every key before any tensor changes
-            (the model is left as it was).
+        MissingKeysError: checked for every key before any tensor changes
+            (the model is left as it was), as are the four below.
+        UnexpectedKeysError: as ``MissingKeysError``.
+        ShapeMismatchError: as ``MissingKeysError``.
+        DtypeMismatchError: as ``MissingKeysError``.
+        UnsupportedValueError: as ``MissingKeysError``.
         NotACheckpointError: the path is not a regular file.
         CheckpointCorruptionError: the file cannot be read (a damaged or lying
             safetensors header, a torch file holding more than tensors); the

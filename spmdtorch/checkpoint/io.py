@@ -809,8 +809,12 @@ def load(path: CheckpointPath, state: Any, *, strict: bool = True, cast: bool = 
         cast: convert saved dtypes to the targets' (otherwise a mismatch raises).
 
     Raises:
-        NotACheckpointError, MissingKeysError, UnexpectedKeysError, ShapeMismatchError,
-        DtypeMismatchError, ValueKindMismatchError: nothing was changed.
+        NotACheckpointError: not a checkpoint; nothing was changed.
+        MissingKeysError: nothing was changed.
+        UnexpectedKeysError: nothing was changed.
+        ShapeMismatchError: nothing was changed.
+        DtypeMismatchError: nothing was changed.
+        ValueKindMismatchError: nothing was changed.
         CheckpointCorruptionError: the files are damaged; nothing was changed.
     """
     with faults.activity(f"restoring the checkpoint {path}"):

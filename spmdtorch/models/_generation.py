@@ -263,8 +263,9 @@ def static_decode(
     Args:
         model: the causal LM (its device is where the loop runs).
         input_ids: ``(batch, length)`` prompts, on any device.
-        logits_processor, stopping_criteria, generation_config: prepared by
-            ``model.generate``.
+        logits_processor: prepared by ``model.generate``.
+        stopping_criteria: prepared by ``model.generate``.
+        generation_config: prepared by ``model.generate``.
         synced_gpus: must be False.
         streamer: must be None.
         min_prompt_bucket: the smallest prompt bucket (prompts are padded to a

@@ -454,8 +454,12 @@ def visualize_array_sharding(
     Args:
         shape: The array's shape; blocks are sized by the rows/columns they hold.
         sharding: Any ``jax.sharding.Sharding``.
-        use_color, scale, min_width, max_width, console, print_: As in
-            :func:`visualize_sharding`.
+        use_color: As in :func:`visualize_sharding`.
+        scale: As in :func:`visualize_sharding`.
+        min_width: As in :func:`visualize_sharding`.
+        max_width: As in :func:`visualize_sharding`.
+        console: As in :func:`visualize_sharding`.
+        print_: As in :func:`visualize_sharding`.
         device_kind: Label prefix; defaults to the sharding's platform
             (``"CPU"``, ``"CUDA"``, ``"TPU"``).
         device_order: Devices in ordinal order, as in ``hlo_sharding_string``.
