@@ -348,18 +348,18 @@ def test_sync_count_is_bounded_per_token(llama_pair):
     spmdtorch.sync()
 
 
-def test_readme_generation_snippet_runs(capsys):
+def test_docs_generation_snippet_runs(capsys):
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert "### Generation" in readme
-    block = re.findall(r"```python\n(.*?)```", readme.split("### Generation", 1)[1], re.S)[0]
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    assert "## Generation" in page
+    block = re.findall(r"```python\n(.*?)```", page.split("## Generation", 1)[1], re.S)[0]
     debug.clear_caches()
     before = _compiles()
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/models.md", "exec"), {})
     out = capsys.readouterr().out
     assert "torch.Size([2, 11])" in out and out.strip().endswith("True"), out
     # greedy: prefill + decode (2); sampled from xla inputs: prefill + decode + 3 tiny
-    # programs of transformers' input checks on the xla prompt (see the README).
+    # programs of transformers' input checks on the xla prompt (see docs/models.md).
     assert _compiles() - before <= 7

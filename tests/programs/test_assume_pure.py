@@ -147,7 +147,7 @@ def test_fsdpv2_llama_trains_like_eager_with_fewer_ops(devices8, remat):
     assert get_sharding_spec(h) == "{devices=[8,1,1]0,1,2,3,4,5,6,7}"
 
 
-@pytest.mark.slow  # the README's assume_pure snippet test asserts the same drop in the default suite
+@pytest.mark.slow  # docs/training.md's assume_pure block (tests/test_docs_blocks.py) asserts the same drop in the default suite
 def test_one_node_per_layer_call_after_the_first_step(devices8):
     model, tokens = _llama(n_layers=4)
     model = model.to("xla")

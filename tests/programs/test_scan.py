@@ -359,16 +359,6 @@ def test_bodies_that_cannot_be_a_loop_raise_named_errors(devices8):
     assert (torch.ones(2, device="xla") * 3).sum().item() == 6.0
 
 
-def test_readme_scan_snippet_runs(capsys):
-    import pathlib
-    import re
-
-    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", text.split("### Deep models: scan over layers", 1)[1], re.S)[0]
-    exec(compile(block, "README.md", "exec"), {})
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "(64, 64)"
-
-
 def distinct_fusion_kernels(text):
     import sys
     from pathlib import Path
