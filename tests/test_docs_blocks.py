@@ -23,7 +23,8 @@ Convention (README, "Documentation"; ``docs/index.md``):
 * A page that includes a README section (``--8<-- "README.md:name"``, the
   site's snippets) shows blocks that run with the README.
 
-``test_site_builds`` builds the site with ``mkdocs build --strict`` (the
+The API reference's examples are the docstrings' doctests: ``tests/test_doctests.py``
+runs them. ``test_site_builds`` builds the site with ``mkdocs build --strict`` (the
 ``docs`` extra installs MkDocs; without it the test is skipped, naming the
 extra).
 """
