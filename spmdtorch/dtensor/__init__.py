@@ -16,7 +16,10 @@ partitioner inserts the collectives.
   :func:`partition_spec` / :func:`placements_of_spec`;
 * modules: :func:`distribute_module`, :func:`parallelize_module` (torch's
   ``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``,
-  ``PrepareModuleInput``, ``PrepareModuleOutput`` styles);
+  ``PrepareModuleInput``, ``PrepareModuleOutput`` styles), :func:`fully_shard`
+  (FSDP2's, parameters as ``Shard(0)`` DTensors; modules become
+  :class:`XlaFSDPModule`, a torch ``FSDPModule``); gradient accumulation with
+  one reduction per step is :func:`spmdtorch.fsdp.accumulate_gradients`;
 * errors: :mod:`spmdtorch.dtensor.errors`.
 
 Example:
@@ -29,6 +32,7 @@ Example:
     ((Shard(dim=0),), DeviceMesh((tp=4), 'xla', stride=(1,)))
 """
 
+from spmdtorch.dtensor._fsdp import XlaFSDPModule, fully_shard
 from spmdtorch.dtensor._mesh import XlaDeviceMesh, init_device_mesh, mesh_groups, root_axes, spmd_mesh
 from spmdtorch.dtensor._module import distribute_module, parallelize_module
 from spmdtorch.dtensor._placements import partition_spec, placements_of_spec
@@ -40,6 +44,7 @@ from spmdtorch.dtensor.errors import (
     LocalTensorError,
     NoRankError,
     PlacementError,
+    UnsupportedFSDPError,
     UnsupportedPlacementError,
     UnsupportedStyleError,
 )
@@ -51,13 +56,16 @@ __all__ = [
     "LocalTensorError",
     "NoRankError",
     "PlacementError",
+    "UnsupportedFSDPError",
     "UnsupportedPlacementError",
     "UnsupportedStyleError",
     "XlaDTensor",
+    "XlaFSDPModule",
     "XlaDeviceMesh",
     "distribute_module",
     "distribute_tensor",
     "from_local",
+    "fully_shard",
     "init_device_mesh",
     "mesh_groups",
     "parallelize_module",

@@ -36,13 +36,13 @@ from spmdtorch.mesh import Mesh, MeshError
 __all__ = ["XlaDeviceMesh", "as_xla_mesh", "init_device_mesh", "mesh_groups", "root_axes", "spans_root", "spmd_mesh"]
 
 
-def _no_rank(what: str) -> NoReturn:
+def _no_rank(what: str, hint: str = "") -> NoReturn:
     raise NoRankError(
         f"DeviceMesh.{what}: one process drives every device of an xla mesh, so there is no current rank, "
         "coordinate or process group; a placement on a (sub-)mesh already covers all of its groups. Read the "
         "groups with spmdtorch.dtensor.mesh_groups(mesh), or the spmdtorch Mesh with spmdtorch.dtensor.spmd_mesh(mesh). "
         "(A DTensor made by torch's own DTensor.from_local on this mesh is a per-rank DTensor and lands here at its "
-        "first op: make it with spmdtorch.dtensor.from_local)"
+        "first op: make it with spmdtorch.dtensor.from_local)" + hint
     )
 
 
@@ -124,7 +124,11 @@ class XlaDeviceMesh(DeviceMesh):
 
     def get_group(self, mesh_dim: int | str | None = None) -> Any:
         """Raises :class:`NoRankError` (an xla mesh has no process groups)."""
-        _no_rank("get_group")
+        _no_rank(
+            "get_group",
+            " torch's fully_shard asks for this first: on an xla mesh use spmdtorch.dtensor.fully_shard (same "
+            "signature), which lays the parameters out and lets XLA do FSDP's collectives.",
+        )
 
     def get_all_groups(self) -> list[Any]:
         """Raises :class:`NoRankError` (an xla mesh has no process groups)."""

@@ -17,6 +17,7 @@ __all__ = [
     "LocalTensorError",
     "NoRankError",
     "PlacementError",
+    "UnsupportedFSDPError",
     "UnsupportedPlacementError",
     "UnsupportedStyleError",
 ]
@@ -56,3 +57,7 @@ class InplaceGradError(DTensorError, RuntimeError):
 
 class UnsupportedStyleError(DTensorError, NotImplementedError):
     """A parallel style (or a module for a style) ``parallelize_module`` has no annotation plan for."""
+
+
+class UnsupportedFSDPError(DTensorError, NotImplementedError):
+    """An FSDP2 option or ``FSDPModule`` method with no single-controller meaning (CPU offload, custom collectives)."""
