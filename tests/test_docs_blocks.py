@@ -55,9 +55,7 @@ SKIPPED = {
 
 # Blocks of pages this file does not own that fail as written (substring of the block -> why). The block
 # must still fail: when its page is fixed, this test fails until the entry is removed.
-KNOWN_BROKEN: dict[tuple[str, str], str] = {
-    ("docs/dtensor.md", "parallelize_module(mlp, mesh"): "`mlp` is defined nowhere on the page",
-}
+KNOWN_BROKEN: dict[tuple[str, str], str] = {}
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)(?P<info>[^`]*)$")
 _SKIP = re.compile(r"^<!--\s*skip-test:(?P<reason>.*?)-->\s*$")
