@@ -38,7 +38,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from spmdtorch import sharding
+from spmdtorch import fsdp, sharding
 from spmdtorch.dtensor._mesh import as_xla_mesh, spans_root, spmd_mesh
 from spmdtorch.dtensor._placements import normalize_placements, partition_spec
 from spmdtorch.dtensor.errors import DTensorError, InplaceGradError, LocalTensorError, PlacementError
@@ -66,6 +66,9 @@ def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> 
     keeps e.g. a batch dim split over dp.
     """
     if not creating and not spans_root(spec.mesh):
+        return t
+    if fsdp.in_local_step():
+        # accumulate_gradients' per-device body: t is one device's block, the mesh axes are manual there.
         return t
     spec_ = partition_spec(spec.mesh, spec.placements, t.dim())
     mesh = spmd_mesh(spec.mesh)

@@ -21,7 +21,9 @@ re-exports this API under PyTorch/XLA's names.
 
 Declared internal API (for ``spmdtorch.plan``; not in ``__all__``, imported as ``X as X``):
 :data:`FSDP_AXIS` and :func:`param_spec`, the rule FSDPv2 applies to an
-unsharded parameter, so memory plans and ``materialize`` shard as wrapping does.
+unsharded parameter, so memory plans and ``materialize`` shard as wrapping does;
+:func:`in_local_step`, true while :func:`accumulate_gradients` records its
+per-device body, where ``spmdtorch.dtensor`` leaves its annotations out.
 
 Example:
     >>> import numpy as np, torch, spmdtorch
@@ -44,6 +46,7 @@ from spmdtorch.fsdp._fsdpv2 import (
     load_plain_state_dict,
     plain_state_dict,
 )
+from spmdtorch.fsdp._fsdpv2 import in_local_step as in_local_step
 from spmdtorch.fsdp._fsdpv2 import param_spec as param_spec
 from spmdtorch.fsdp._mixed_precision import MixedPrecision, MixedPrecisionError
 from spmdtorch.fsdp._remat import (

@@ -186,7 +186,8 @@ def accumulate_gradients(
             per block) is averaged per block. The body of a manual region:
             no random ops (dropout with ``p > 0``), no in-place updates of
             buffers, no ``mark_sharding`` calls of its own (FSDPv2's output
-            annotations are left out there).
+            annotations and ``spmdtorch.dtensor``'s layouts, tensor-parallel
+            hooks included, are left out there).
         micro_batches: a sequence of micro-batches, each a tensor or a tuple
             of xla tensors (non-tensor items are passed through) whose dim 0
             is the batch, a multiple of the mesh's device count.
@@ -245,18 +246,21 @@ def accumulate_gradients(
             for k, x in zip(tensor_at, xs):
                 full[k] = x
             leaves = [p.requires_grad_() for p in ps]
+            # The forward and its backward both run per device: annotations over the mesh are left out of both.
             with torch.enable_grad(), _fsdpv2.local_step():
                 loss = torch.func.functional_call(runner, dict(zip(keys, leaves)), tuple(full), strict=False)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise AccumulateGradientsError(
-                    f"{what}: loss_fn must return a scalar tensor (the micro-batch's mean loss), got "
-                    + (
+                if _is_dtensor(loss):
+                    loss = _global(loss)  # e.g. under loss_parallel: the global value
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    got = (
                         f"a tensor of shape {tuple(loss.shape)}"
                         if isinstance(loss, torch.Tensor)
                         else type(loss).__name__
                     )
-                )
-            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+                    raise AccumulateGradientsError(
+                        f"{what}: loss_fn must return a scalar tensor (the micro-batch's mean loss), got {got}"
+                    )
+                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
             local = [torch.zeros_like(p) if g is None else g for p, g in zip(ps, grads)]
             return (loss.detach().reshape(1), *(g.unsqueeze(0) for g in local))
 

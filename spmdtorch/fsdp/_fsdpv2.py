@@ -80,6 +80,11 @@ _PREFIX = "_orig_module."
 _LOCAL_STEPS = [0]
 
 
+def in_local_step() -> bool:
+    """Whether accumulate_gradients' per-device body is being recorded (annotations over the mesh are left out there)."""
+    return _LOCAL_STEPS[0] > 0
+
+
 @contextlib.contextmanager
 def local_step() -> Iterator[None]:
     """While open, FSDPv2 wrappers leave their outputs unannotated (the per-device body of accumulate_gradients)."""
@@ -394,7 +399,7 @@ class FSDPv2(nn.Module):
             output = self._mixed_precision.run(self._orig_module, args, kwargs)
         else:
             output = self._orig_module(*args, **kwargs)
-        if _LOCAL_STEPS[0]:
+        if in_local_step():
             return output
         if self._user_shard_output is not None:
             self._user_shard_output(output, self._mesh)

@@ -301,3 +301,21 @@ def test_fsdp_module_methods_and_named_errors(dp_mesh):
     assert fully_shard(nn.Linear(8, 4), mesh=dp_mesh, shard_placement_fn=lambda p: Shard(-1)).weight.placements == (
         Shard(1),
     )
+
+
+def test_accumulation_over_a_tensor_parallel_model_on_the_whole_mesh(devices8):
+    # Tensor parallel over a 1-D root mesh: its hooks' annotations span the mesh, and are left out inside the
+    # per-device body of accumulate_gradients (where the mesh axes are manual); values as eager.
+    mesh = init_device_mesh("xla", (8,), mesh_dim_names=("tp",))
+    torch.manual_seed(5)
+    ref = Block()
+    model = parallelize_module(copy.deepcopy(ref).to("xla"), mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    batches = [torch.randn(8, 4, 16, generator=torch.Generator().manual_seed(40 + i)) for i in range(2)]
+    loss = accumulate_gradients(model, lambda m, x: m(x).pow(2).mean(), [x.to("xla") for x in batches])
+    ref_loss = sum(ref(x).pow(2).mean() / 2 for x in batches)
+    ref_loss.backward()
+    torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    assert model.w1.weight.grad.placements == (Shard(0),) and model.w2.weight.grad.placements == (Shard(1),)
+    for name, p in model.named_parameters():  # the norm is not in the plan: plain xla parameters
+        grad = p.grad.full_tensor() if isinstance(p.grad, XlaDTensor) else p.grad
+        torch.testing.assert_close(grad.cpu(), ref.get_parameter(name).grad, rtol=1e-4, atol=1e-6, msg=name)

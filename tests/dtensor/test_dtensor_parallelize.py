@@ -218,14 +218,14 @@ def test_styles_without_a_plan_are_named_errors(mesh2):
 
 
 _COLLECTIVE = re.compile(
-    r"^\s*%\S+ = (.+?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(.*?"
+    r"^\s*(?:ROOT )?%\S+ = (.+?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(.*?"
     r"replica_groups=(\S+?),",
     re.M,
 )
 
 
 def _collectives(hlo: str) -> list[tuple[str, str, str]]:
-    """(result shape, kind, replica groups) of every collective in an optimized HLO module, sorted."""
+    """(result shape, kind, replica groups) of every collective in an optimized HLO module (its root too), sorted."""
     return sorted(_COLLECTIVE.findall(hlo))
 
 
