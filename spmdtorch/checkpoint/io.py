@@ -582,7 +582,7 @@ def _refuse_special_files(path: epath.Path) -> None:
 _ARRAY_KINDS = ("xla", "cpu")
 
 
-def _check_record(record: Record, meta_file: epath.Path) -> None:
+def _check_record(record: Record, meta_file: epath.Path) -> None:  # noqa: C901  (why: one check per record field, each naming the damage)
     """Check every field ``load``/``export`` read from the record, so damage is named, never an IndexError.
 
     Raises:

@@ -154,7 +154,7 @@ def _field(path: KeyPath) -> str:
     return f"tree{keystr(path)}" if path else "tree"
 
 
-def decode(node: JsonNode, where: str = "the checkpoint record") -> dict[KeyPath, tuple[str, Any]]:
+def decode(node: JsonNode, where: str = "the checkpoint record") -> dict[KeyPath, tuple[str, Any]]:  # noqa: C901  (why: one check per node kind of an on-disk record, each naming the damage)
     """``{path: ("array", i) | ("value", python value)}`` for every leaf of an encoded state.
 
     The record is read from disk, so every node is checked against what

@@ -223,7 +223,7 @@ def _shell_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def launch(
+def launch(  # noqa: C901, PLR0915  (why: the supervisor reads top to bottom: check options, spawn, watch, restart, tear down, sharing one worker table; a candidate for splitting)
     command: Sequence[str],
     *,
     nprocs: int,

@@ -165,7 +165,7 @@ class _Plan:
     draws: list[int]
     donatable: frozenset[int] | None
 
-    def __init__(self, refs: Sequence[LazyRef]) -> None:
+    def __init__(self, refs: Sequence[LazyRef]) -> None:  # noqa: PLR0915  (why: the plan's graph walk runs per sync on the hot path, one loop over locals; helpers would add a call per node)
         # Post-order, depth first, each node's inputs scanned once (an
         # iterator per open node). Inputs are visited last to first, the order
         # this walk has always had: the program's op order follows it, and

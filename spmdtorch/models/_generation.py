@@ -239,7 +239,7 @@ def _check_model(model: Any) -> None:
         )
 
 
-def static_decode(
+def static_decode(  # noqa: C901, PLR0915  (why: a transformers custom_generate method: option checks, prefill and the decode loop share the bucketed cache state; a candidate for splitting)
     model: Any,
     input_ids: torch.Tensor,
     logits_processor: Any,

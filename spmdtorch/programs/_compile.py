@@ -553,7 +553,7 @@ class CompiledFunction:
                 return self._call(args, kwargs)
         return self._call(args, kwargs)
 
-    def _call(self, args, kwargs):
+    def _call(self, args, kwargs):  # noqa: C901  (why: the dispatch of one compiled call: cache hit, replay, retrace or fallback, in the order they are tried)
         flat, spec, spec_key = _flatten(args, kwargs)
         flat = [_to_xla_arg(a) for a in flat]
         executor.sync()  # inputs and state must be concrete
@@ -746,7 +746,7 @@ class CompiledFunction:
         )
         return result, record
 
-    def _make_record(
+    def _make_record(  # noqa: C901, PLR0915  (why: assembles one _Record from everything a trace captured; each field is one step)
         self, captured, res_flat, res_spec, created, replaced, arg_arrays, flat_in, modes, mutated, recording
     ):
         plan = captured.get("plan")
@@ -932,7 +932,7 @@ class CompiledFunction:
             stacklevel=3,
         )
 
-    def _replay(self, rec: _Record, flat_in, warn: bool = True):
+    def _replay(self, rec: _Record, flat_in, warn: bool = True):  # noqa: C901, PLR0915  (why: the replay fast path: every guard, then the run, inline so a hit costs no extra frames)
         for key, (ref, hp) in rec.optimizers.items():
             opt = ref()
             if opt is None:

@@ -423,7 +423,7 @@ class PureFunction:
         out_leaves = [entry.consts[j] if src is None else outs[src] for j, src in enumerate(entry.out_leaves)]
         return pytree.tree_unflatten(out_leaves, entry.out_spec)
 
-    def _record(
+    def _record(  # noqa: PLR0915  (why: one trace on placeholders cut into an entry; the steps share the recording state)
         self,
         leaves: list[Any],
         spec: pytree.TreeSpec,

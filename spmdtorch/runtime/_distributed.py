@@ -97,7 +97,7 @@ def _torchrun_address(env: Mapping[str, str]) -> str:
     return f"{config.read_one('master_addr', env)}:{port}"
 
 
-def resolve_distributed_config(
+def resolve_distributed_config(  # noqa: C901, PLR0915  (why: one precedence rule per setting (argument, environment, cluster detection), each checked where it is read)
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,

@@ -253,7 +253,7 @@ def _grad_back_to_xla(node: torch.autograd.graph.Node) -> None:
 
 
 @torch_function_handler
-def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # noqa: C901  (why: the torch-function hot path: each special case is one early return, inline for speed)
     """Run one torch call that has an xla tensor among its arguments.
 
     Called by ``XlaTensor.__torch_function__`` with subclass torch-function

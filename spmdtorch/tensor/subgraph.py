@@ -191,7 +191,7 @@ def _inside_nodes(rec: Recording, roots: Sequence[Node]) -> dict[int, bool]:
     return inside
 
 
-def end(rec: Recording, outs: Sequence[torch.Tensor], arg_names: Sequence[str] | None = None) -> Subgraph:
+def end(rec: Recording, outs: Sequence[torch.Tensor], arg_names: Sequence[str] | None = None) -> Subgraph:  # noqa: C901, PLR0915  (why: cuts one recording into a Subgraph in a single pass over its nodes; the pass shares its tables)
     """Close ``rec``: cut the graph behind ``outs`` into a :class:`Subgraph`.
 
     Args:

@@ -95,7 +95,7 @@ def _foreach_plan(func: Op) -> tuple[Op, tuple[tuple[int, str | None], ...], boo
 
 
 @special(prefix="aten::_foreach_")
-def foreach(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
+def foreach(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:  # noqa: C901  (why: the argument plan (lists, scalars, keywords), then the batched or per-element path, inline on the optimizer hot path)
     """``_foreach_X(lists, ...)`` → ``X`` once per list element.
 
     Each element op goes straight to ``dispatch`` (this already runs below
