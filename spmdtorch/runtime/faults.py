@@ -148,7 +148,8 @@ def _describe_activity() -> str:
     return ", ".join(parts) + (f", at {where}" if where else "")
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# spmdtorch/ (this module is spmdtorch/runtime/faults.py): frames anywhere in the library are not the user's.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_MARKERS = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python")
 
 

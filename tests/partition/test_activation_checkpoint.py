@@ -135,7 +135,10 @@ def test_peak_memory_matches_jax_checkpoint(devices8):
     assert cpu_keeps_barriers() and saved_by_jax > jax_plain / 2, (jax_plain, jax_remat)
     # No more than JAX's remat needs (plus whatever our plain step needs beyond JAX's).
     assert ckpt <= jax_remat * 1.05 + max(0, plain - jax_plain), (ckpt, jax_remat, plain, jax_plain)
-    assert plain - ckpt >= 0.9 * saved_by_jax, (plain, ckpt, saved_by_jax)
+    # And it saves at least 90% of what JAX's remat would save from our plain
+    # step (newer XLA releases make our plain step leaner than JAX's: then
+    # there is less to save, and JAX's own saving would overstate the target).
+    assert plain - ckpt >= 0.9 * (min(plain, jax_plain) - jax_remat), (plain, ckpt, jax_plain, jax_remat)
 
 
 def test_warns_once_on_cpu_without_the_barrier_flag(devices8, monkeypatch):
