@@ -138,8 +138,9 @@ PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 # interpreter --ptxla-python names (PyTorch/XLA needs its own torch).
 # dynamo: the lazy step with the model torch.compile'd (backend="spmdtorch"; issue 46).
 # dtensor: the lazy step with the model laid out through spmdtorch.dtensor (torch's
-# DTensor placements, FSDPv2's layout: dtensor_step; issue 43). ptxla stays last.
-ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "dynamo", "dtensor", "ptxla")
+# DTensor placements, FSDPv2's layout: dtensor_step; issue 43); compiled_dtensor: that
+# step under spmdtorch.compile. ptxla stays last.
+ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "dynamo", "dtensor", "compiled_dtensor", "ptxla")
 MODES = ALL_MODES  # the driver narrows it with --modes ("jax" always runs)
 PTXLA_PYTHON: str | None = None  # --ptxla-python
 TARGETS = {"compiled": 1.00, "compiled_pure": 1.00, "lazy": 1.25, "lazy_pure": 1.25, "first": 1.1}  # issue 19
@@ -322,6 +323,31 @@ def dtensor_step(model, tokens, *, zero_grad_after: bool = False):
     return model, opt, tok, make_train_step(model, opt, zero_grad_after)
 
 
+def compilable_dtensor_step(train_step, opt, tok):
+    """``dtensor_step``'s step in the form ``spmdtorch.compile`` replays today: ``(step, tokens)``.
+
+    Two gaps of ``spmdtorch.compile`` with DTensors (issue 43), worked around
+    here: it takes no DTensor argument (it tries to upload one as a host
+    tensor), so the tokens go in as their global xla tensor and are a DTensor
+    again inside the step, and the loss comes out as its (replicated) global
+    tensor; and it makes an optimizer capturable only when a parameter is a
+    plain xla tensor, so AdamW over DTensor parameters would keep its step
+    counter on the host, a new number every call, and be traced every call
+    without ever replaying: its groups are made capturable here, as
+    ``spmdtorch.compile`` makes them for FSDPv2's parameters.
+    """
+    from spmdtorch.dtensor import from_local
+
+    for group in opt.param_groups:
+        group["capturable"] = True
+    mesh, placements = tok.device_mesh, tok.placements
+
+    def step(tokens):
+        return train_step(from_local(tokens, mesh, placements)).to_local()
+
+    return step, tok.to_local()
+
+
 def idle_share(logdir: str, mode: str = "") -> float | None:
     """The share of the time the devices sat idle over the trace in ``logdir``.
 
@@ -428,7 +454,7 @@ def session_spmdtorch(
 
     cfg, model, tokens = _setup(cfg_name, dtype=dtype)
     info = _device_info(cfg, tokens)
-    make_step = dtensor_step if mode == "dtensor" else spmdtorch_step
+    make_step = dtensor_step if mode.endswith("dtensor") else spmdtorch_step
     model, opt, tok, train_step = make_step(model, tokens, zero_grad_after=zero_grad_after)
 
     if mode.endswith("_pure"):
@@ -438,6 +464,8 @@ def session_spmdtorch(
         import torch
 
         train_step = make_train_step(torch.compile(model, backend="spmdtorch"), opt, zero_grad_after)
+    if mode == "compiled_dtensor":
+        train_step, tok = compilable_dtensor_step(train_step, opt, tok)
     if mode.startswith("compiled"):
         run = spmdtorch.compile(train_step)
     else:

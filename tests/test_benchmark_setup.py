@@ -145,3 +145,35 @@ def test_dtensor_mode_lays_the_model_out_as_fsdpv2_and_trains_like_eager(devices
         torch.testing.assert_close(
             loss.full_tensor().detach().cpu(), want.detach(), rtol=1e-4, atol=1e-5, msg=f"step {i}"
         )
+
+
+@pytest.mark.timeout(300)
+def test_compiled_dtensor_mode_replays_and_trains_like_eager(devices8):
+    # Without compilable_dtensor_step's capturable groups, AdamW's host step counter is a new
+    # number every call: spmdtorch.compile traces every call and never replays.
+    import copy
+
+    import train_step
+
+    import spmdtorch
+    from spmdtorch import debug
+
+    _, model, tokens = _train_setup.setup("tiny", 8)
+    eager = copy.deepcopy(model)
+    _, opt, tok, step = train_step.dtensor_step(model, tokens)
+    step, tok = train_step.compilable_dtensor_step(step, opt, tok)
+    run = spmdtorch.compile(step)
+    eager_opt = torch.optim.AdamW(
+        eager.parameters(),
+        lr=_train_setup.LR,
+        betas=_train_setup.BETAS,
+        eps=_train_setup.EPS,
+        weight_decay=_train_setup.WD,
+    )
+    eager_step = _train_setup.make_train_step(eager, eager_opt)
+    replays = debug.counter_value("CompiledReplay")
+    for i in range(6):
+        loss = run(tok)
+        want = eager_step(tokens)
+        torch.testing.assert_close(loss.cpu(), want.detach(), rtol=1e-4, atol=1e-5, msg=f"step {i}")
+    assert debug.counter_value("CompiledReplay") - replays >= 2
