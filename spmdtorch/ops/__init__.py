@@ -27,7 +27,7 @@ from spmdtorch.ops import (  # noqa: F401
     special,
     views,
 )
-from spmdtorch.ops._linear import LinearFn  # noqa: F401  (the autograd function of F.linear on xla tensors)
+from spmdtorch.ops._linear import LinearFn  # the autograd function of F.linear on xla tensors
 from spmdtorch.ops.registry import LOWERINGS, get_lowering, register, resolve_ops
 from spmdtorch.ops.views import VIEW_INVERSES, get_inverse, register_inverse
 
@@ -37,6 +37,7 @@ from spmdtorch.ops.views import VIEW_INVERSES, get_inverse, register_inverse
 MEMOS = (_pallas_attention._kernels,)
 
 __all__ = [
+    "LinearFn",
     "LOWERINGS",
     "MEMOS",
     "VIEW_INVERSES",

@@ -17,6 +17,8 @@ on CPU tensors it is ``torch.matmul``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from spmdtorch.ops import linalg
@@ -34,12 +36,12 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty((*a.shape[:-1], b.shape[-1]))
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def _setup_context(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
     a, b = inputs
     ctx.save_for_backward(a, b)
 
 
-def _backward(ctx, grad):
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     a, b = ctx.saved_tensors
     grad_a = batched_matmul(grad, b.mT) if ctx.needs_input_grad[0] else None
     grad_b = batched_matmul(a.mT, grad) if ctx.needs_input_grad[1] else None

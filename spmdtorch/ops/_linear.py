@@ -34,6 +34,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 from jax import lax
 
@@ -66,14 +69,14 @@ _INPUT_GRAD = torch.ops.spmdtorch.linear_input_grad.default
 _WEIGHT_GRAD = torch.ops.spmdtorch.linear_weight_grad.default
 
 
-def _forward(op):
+def _forward(op: Callable[..., torch.Tensor]) -> staticmethod[..., torch.Tensor]:
     """A Function's ``forward``: save the two operands, run ``op`` below autograd.
 
     Below autograd: the op must not reach its autograd kernel (the Function
     itself) again.
     """
 
-    def forward(ctx, a, b, *rest):
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, *rest: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(a, b)
         with torch._C._AutoDispatchBelowAutograd():
             return op(a, b, *rest)
@@ -87,11 +90,11 @@ class LinearFn(torch.autograd.Function):
     forward = _forward(_LINEAR)  # (x, w, b)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         x, w = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
-        grad_x = LinearInputGradFn.apply(grad, w) if need_x else None
-        grad_w = LinearWeightGradFn.apply(grad, x) if need_w else None
+        grad_x = LinearInputGradFn.apply(grad, w) if need_x else None  # type: ignore[no-untyped-call]  # Function.apply: unannotated in torch
+        grad_w = LinearWeightGradFn.apply(grad, x) if need_w else None  # type: ignore[no-untyped-call]  # Function.apply: unannotated in torch
         # A sum over no dims would sum them all: a 1-d output's gradient is the bias's.
         grad_b = (grad if grad.dim() == 1 else grad.sum(_lead(grad))) if need_b else None
         return grad_x, grad_w, grad_b
@@ -103,11 +106,11 @@ class LinearInputGradFn(torch.autograd.Function):
     forward = _forward(_INPUT_GRAD)  # (g, w)
 
     @staticmethod
-    def backward(ctx, up):
+    def backward(ctx: Any, up: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         # y = g @ w: dg = up @ w.T (a linear of up), dw = g.T @ up.
         g, w = ctx.saved_tensors
         need_g, need_w = ctx.needs_input_grad
-        return (LinearFn.apply(up, w, None) if need_g else None), (LinearWeightGradFn.apply(g, up) if need_w else None)
+        return (LinearFn.apply(up, w, None) if need_g else None), (LinearWeightGradFn.apply(g, up) if need_w else None)  # type: ignore[no-untyped-call]  # Function.apply: unannotated in torch
 
 
 class LinearWeightGradFn(torch.autograd.Function):
@@ -116,20 +119,22 @@ class LinearWeightGradFn(torch.autograd.Function):
     forward = _forward(_WEIGHT_GRAD)  # (g, x)
 
     @staticmethod
-    def backward(ctx, up):
+    def backward(ctx: Any, up: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         # y = g.T @ x over leading dims: dg = x @ up.T (a linear of x), dx = g @ up.
         g, x = ctx.saved_tensors
         need_g, need_x = ctx.needs_input_grad
-        return (LinearFn.apply(x, up, None) if need_g else None), (LinearInputGradFn.apply(g, up) if need_x else None)
+        return (LinearFn.apply(x, up, None) if need_g else None), (LinearInputGradFn.apply(g, up) if need_x else None)  # type: ignore[no-untyped-call]  # Function.apply: unannotated in torch
 
 
 # Called as ops (torch.ops.spmdtorch.linear(...)), they differentiate the same way.
-_LIB.impl("linear", lambda x, w, b=None: LinearFn.apply(x, w, b), "Autograd")
+_LIB.impl("linear", lambda x, w, b=None: LinearFn.apply(x, w, b), "Autograd")  # type: ignore[no-untyped-call]  # Function.apply: unannotated in torch
 _LIB.impl("linear_input_grad", LinearInputGradFn.apply, "Autograd")
 _LIB.impl("linear_weight_grad", LinearWeightGradFn.apply, "Autograd")
 
 
-def _contract(a, b, a_dims, b_dims, *, float32_result=False):
+def _contract(
+    a: Array, b: Array, a_dims: Sequence[int], b_dims: Sequence[int], *, float32_result: bool = False
+) -> Array:
     pet = linalg._result_type(a, b, float32_result)
     return lax.dot_general(
         a, b, ((a_dims, b_dims), ((), ())), precision=linalg.MATMUL_PRECISION, preferred_element_type=pet

@@ -24,14 +24,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from spmdtorch import _jax_private, config
+from spmdtorch.ops._util import Array
 
 #: The kernel's default tile (jax's ``BlockSizes.get_default``): sequence
 #: lengths must be multiples of it.
@@ -39,7 +41,12 @@ BLOCK = 128
 _DTYPES = (jnp.float32, jnp.bfloat16)
 
 
-def supports(query, key, value, attn_mask) -> bool:
+def supports(
+    query: Array | jax.ShapeDtypeStruct,
+    key: Array | jax.ShapeDtypeStruct,
+    value: Array | jax.ShapeDtypeStruct,
+    attn_mask: Array | jax.ShapeDtypeStruct | None,
+) -> bool:
     """Whether the Pallas kernel takes these (B, H, L, D) inputs.
 
     No mask (``is_causal`` is the kernel's own), equal dtypes (float32 or
@@ -56,7 +63,12 @@ def supports(query, key, value, attn_mask) -> bool:
     return q_len % BLOCK == 0 and k_len % BLOCK == 0
 
 
-def use_pallas(query, key, value, attn_mask) -> bool:
+def use_pallas(
+    query: Array | jax.ShapeDtypeStruct,
+    key: Array | jax.ShapeDtypeStruct,
+    value: Array | jax.ShapeDtypeStruct,
+    attn_mask: Array | jax.ShapeDtypeStruct | None,
+) -> bool:
     """Whether this SDPA call lowers to the Pallas kernel (read at trace time)."""
     mode = config.settings().attention_kernel
     if mode == "xla" or (mode == "auto" and jax.default_backend() != "tpu"):
@@ -72,25 +84,27 @@ class _Static(NamedTuple):
     interpret: bool  # Pallas's TPU interpret mode: the kernel off TPU (tests)
 
 
-def _static(query, is_causal, scale) -> _Static:
+def _static(query: Array, is_causal: bool, scale: float | None) -> _Static:
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     return _Static(bool(is_causal), scale, jax.default_backend() != "tpu")
 
 
-def _repeat_kv(query, key, value):
+def _repeat_kv(query: Array, key: Array, value: Array) -> tuple[Array, Array]:
     rep = query.shape[1] // key.shape[1]
     if rep == 1:
         return key, value
     return jnp.repeat(key, rep, axis=1), jnp.repeat(value, rep, axis=1)
 
 
-def attention(query, key, value, is_causal, scale):
+def attention(query: Array, key: Array, value: Array, is_causal: bool, scale: float | None) -> Array:
     """The Pallas kernel's output in torch's (B, H, L, D) layout."""
     key, value = _repeat_kv(query, key, value)
     return _kernels(_static(query, is_causal, scale)).forward(query, key, value)
 
 
-def attention_vjp(grad_out, query, key, value, is_causal, scale):
+def attention_vjp(
+    grad_out: Array, query: Array, key: Array, value: Array, is_causal: bool, scale: float | None
+) -> tuple[Array, Array, Array]:
     """(dq, dk, dv) of :func:`attention`'s output, through the kernel's backward."""
     static = _static(query, is_causal, scale)
     k_heads = key.shape[1]
@@ -104,8 +118,8 @@ def attention_vjp(grad_out, query, key, value, is_causal, scale):
 
 
 class _Kernels(NamedTuple):
-    forward: Any  # custom_partitioning: (q, k, v) -> out
-    backward: Any  # custom_partitioning: (q, k, v, grad_out) -> (dq, dk, dv)
+    forward: Callable[[Array, Array, Array], Array]  # custom_partitioning: (q, k, v) -> out
+    backward: Callable[[Array, Array, Array, Array], tuple[Array, Array, Array]]  # -> (dq, dk, dv)
 
 
 # Bounded and registered with the engine through ops.MEMOS (ops sits below it).
@@ -113,22 +127,24 @@ class _Kernels(NamedTuple):
 def _kernels(static: _Static) -> _Kernels:
     from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
-    def interpret():
+    def interpret() -> contextlib.AbstractContextManager[None]:
         if not static.interpret:
             return contextlib.nullcontext()
         return _jax_private.pallas_interpret_mode()
 
-    def kernel(q, k, v):
-        return flash_attention(q, k, v, causal=static.causal, sm_scale=static.scale)
+    def kernel(q: Array, k: Array, v: Array) -> Array:
+        out: Array = flash_attention(q, k, v, causal=static.causal, sm_scale=static.scale)  # Pallas's op is unannotated
+        return out
 
-    def forward(q, k, v):
+    def forward(q: Array, k: Array, v: Array) -> Array:
         with interpret():
             return kernel(q, k, v)
 
-    def backward(q, k, v, g):
+    def backward(q: Array, k: Array, v: Array, g: Array) -> tuple[Array, Array, Array]:
         with interpret():
             _, vjp = jax.vjp(kernel, q, k, v)
-            return vjp(g)
+            grads: tuple[Array, Array, Array] = vjp(g)  # jax types a pullback's result Any
+            return grads
 
     fwd, bwd = custom_partitioning(forward), custom_partitioning(backward)
     fwd.def_partition(
@@ -146,18 +162,22 @@ def _kernels(static: _Static) -> _Kernels:
     return _Kernels(fwd, bwd)
 
 
-def _batch_heads(mesh, sharding) -> NamedSharding:
+def _batch_heads(mesh: Mesh, sharding: jax.sharding.Sharding | None) -> NamedSharding:
     """``sharding`` kept on batch and heads, replicated on sequence and head dim."""
     spec = tuple(getattr(sharding, "spec", ())) + (None, None)
     return NamedSharding(mesh, PartitionSpec(spec[0], spec[1], None, None))
 
 
-def _infer(n_out, mesh, arg_shapes, result_shape):
+def _infer(
+    n_out: int, mesh: Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct], result_shape: object
+) -> NamedSharding | tuple[NamedSharding, ...]:
     # GSPMD (non-Shardy) propagation: the results follow the query's batch/heads.
     s = _batch_heads(mesh, arg_shapes[0].sharding)
     return s if n_out == 1 else (s,) * n_out
 
 
-def _partition(fn, n_out, mesh, arg_shapes, result_shape):
+def _partition(
+    fn: Callable[..., object], n_out: int, mesh: Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct], result_shape: object
+) -> tuple[Mesh, Callable[..., object], NamedSharding | tuple[NamedSharding, ...], tuple[NamedSharding, ...]]:
     s = _batch_heads(mesh, arg_shapes[0].sharding)
     return mesh, fn, (s if n_out == 1 else (s,) * n_out), (s,) * len(arg_shapes)

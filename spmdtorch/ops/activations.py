@@ -29,7 +29,7 @@ def _threshold_backward(grad_output: Array, self: Array, threshold: Scalar) -> A
     return jnp.where(self <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
 
 
-def _gelu(x, approximate):
+def _gelu(x: Array, approximate: str) -> Array:
     return jax.nn.gelu(upcast(x), approximate=(approximate == "tanh"))
 
 
@@ -41,7 +41,9 @@ def _gelu_fwd(self: Array, *, approximate: str = "none") -> Array:
 @register("gelu_backward.default")
 def _gelu_backward(grad_output: Array, self: Array, *, approximate: str = "none") -> Array:
     x = upcast(self)
-    return jax.vjp(lambda t: _gelu(t, approximate), x)[1](upcast(grad_output))[0]
+    # jax types a pullback's result Any.
+    res: Array = jax.vjp(lambda t: _gelu(t, approximate), x)[1](upcast(grad_output))[0]
+    return res
 
 
 @register("silu.default")
@@ -153,7 +155,9 @@ def _mish(self: Array) -> Array:
 @register("mish_backward.default")
 def _mish_backward(grad_output: Array, self: Array) -> Array:
     x = upcast(self)
-    return jax.vjp(_mish, x)[1](upcast(grad_output))[0]
+    # jax types a pullback's result Any.
+    res: Array = jax.vjp(_mish, x)[1](upcast(grad_output))[0]
+    return res
 
 
 @register("log_sigmoid_forward.default")
@@ -190,7 +194,9 @@ def _glu(self: Array, dim: int = -1) -> Array:
 
 @register("glu_backward.default")
 def _glu_backward(grad_output: Array, self: Array, dim: int) -> Array:
-    return jax.vjp(lambda x: _glu(x, dim), upcast(self))[1](upcast(grad_output))[0]
+    # jax types a pullback's result Any.
+    res: Array = jax.vjp(lambda x: _glu(x, dim), upcast(self))[1](upcast(grad_output))[0]
+    return res
 
 
 @register("hardshrink.default")

@@ -33,7 +33,15 @@ from spmdtorch.ops._util import Array
 from spmdtorch.ops.registry import register
 
 
-def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa=False):
+def _attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    attn_mask: Array | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool = False,
+) -> tuple[Array, Array, Array]:
     """Returns (output, logsumexp, probs); logsumexp over the key axis, f32."""
     q = query.astype(jnp.float32)
     k = key.astype(jnp.float32)
@@ -61,7 +69,7 @@ def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa=False)
     return linalg.matmul(p, v), lse, p
 
 
-def _jax_supports(query, key, value, attn_mask) -> bool:
+def _jax_supports(query: Array, key: Array, value: Array, attn_mask: Array | None) -> bool:
     """Whether ``jax.nn.dot_product_attention`` takes these (B, H, L, D) inputs."""
     if not (query.ndim == key.ndim == value.ndim == 4):
         return False
@@ -72,7 +80,9 @@ def _jax_supports(query, key, value, attn_mask) -> bool:
     return attn_mask is None or attn_mask.ndim <= 4
 
 
-def _jax_attention(query, key, value, attn_mask, is_causal, scale):
+def _jax_attention(
+    query: Array, key: Array, value: Array, attn_mask: Array | None, is_causal: bool, scale: float | None
+) -> tuple[Array, Array]:
     """(output, logsumexp) of ``jax.nn.dot_product_attention`` in torch's layout.
 
     torch's (B, H, L, D) is jax's (B, L, H, D) transposed; a bool mask is
@@ -106,7 +116,7 @@ def _platform() -> str:
     return jax.default_backend()
 
 
-def _cudnn_candidate(query) -> bool:
+def _cudnn_candidate(query: Array) -> bool:
     """Whether to try cuDNN's fused attention (read at trace time): on GPU, bf16/f16, unless
     ``SPMDTORCH_ATTENTION_KERNEL=xla``."""
     if config.settings().attention_kernel == "xla" or _platform() != "gpu":
@@ -114,7 +124,9 @@ def _cudnn_candidate(query) -> bool:
     return query.dtype in (jnp.bfloat16, jnp.float16)
 
 
-def _dot_product_attention(q, k, v, bias, mask, scale, is_causal):
+def _dot_product_attention(
+    q: Array, k: Array, v: Array, bias: Array | None, mask: Array | None, scale: float | None, is_causal: bool
+) -> tuple[Array, Array]:
     """(out, logsumexp) of ``jax.nn.dot_product_attention`` in jax's layout: cuDNN's kernel where it applies."""
     if _cudnn_candidate(q):
         try:
@@ -170,9 +182,13 @@ def _sdpa_flash_cpu_backward(
     if _jax_supports(query, key, value, attn_mask):
         f = lambda q, k, v: _jax_attention(q, k, v, attn_mask, is_causal, scale)[0]
         _, vjp = jax.vjp(f, query, key, value)
-        return vjp(grad_out.astype(query.dtype))
+        grads: tuple[Array, Array, Array] = vjp(grad_out.astype(query.dtype))  # jax types a pullback's result Any
+        return grads
     f = lambda q, k, v: _attention(q, k, v, attn_mask, is_causal, scale)[0]
-    f32 = lambda t: t.astype(jnp.float32)
+
+    def f32(t: Array) -> Array:
+        return t.astype(jnp.float32)
+
     _, vjp = jax.vjp(f, f32(query), f32(key), f32(value))
     return tuple(g.astype(t.dtype) for g, t in zip(vjp(f32(grad_out)), (query, key, value)))
 
@@ -196,7 +212,7 @@ def _sdpa_math(
     return out, probs
 
 
-def _check_no_dropout(dropout_p):
+def _check_no_dropout(dropout_p: float | Array) -> None:
     if isinstance(dropout_p, (int, float)) and dropout_p > 0:
         raise NotImplementedError(
             "spmdtorch: fused attention with dropout_p > 0 has no lowering; "

@@ -10,11 +10,13 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from spmdtorch.ops import linalg
@@ -22,7 +24,7 @@ from spmdtorch.ops._util import Array, is_float, upcast
 from spmdtorch.ops.registry import register, register_meta
 
 
-def _tuple(v, n):
+def _tuple(v: int | Sequence[int], n: int) -> tuple[int, ...]:
     if isinstance(v, int):
         return (v,) * n
     v = tuple(v)
@@ -35,7 +37,17 @@ def _tuple(v, n):
 # Convolution
 
 
-def _conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+def _conv(
+    input: Array,
+    weight: Array,
+    bias: Array | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+) -> Array:
     nsp = weight.ndim - 2
     unbatched = input.ndim == nsp + 1
     x = input[None] if unbatched else input
@@ -80,7 +92,7 @@ def _conv(input, weight, bias, stride, padding, dilation, transposed, output_pad
     return out[0] if unbatched else out
 
 
-def _dn(nsp):
+def _dn(nsp: int) -> tuple[str, str, str]:
     if not 1 <= nsp <= 3:
         raise NotImplementedError(f"convolution over {nsp} spatial dims: the lowering handles 1 to 3, as torch does")
     sp = "DHW"[-nsp:]
@@ -98,7 +110,7 @@ def _convolution(
     transposed: bool,
     output_padding: Sequence[int],
     groups: int,
-    *unused,
+    *unused: bool,
 ) -> Array:
     # ``_convolution`` adds benchmark/deterministic/cudnn/tf32 flags: ignored.
     return _conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -144,7 +156,7 @@ def _convolution_backward(
 # Pooling helpers
 
 
-def _pool_out_size(n, k, s, p, d, ceil_mode):
+def _pool_out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
     eff = d * (k - 1) + 1
     num = n + 2 * p - eff
     out = (-(-num // s) if ceil_mode else num // s) + 1
@@ -153,7 +165,15 @@ def _pool_out_size(n, k, s, p, d, ceil_mode):
     return max(out, 0)
 
 
-def _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
+def _pool_geometry(
+    x: Array,
+    kernel_size: int | Sequence[int],
+    stride: int | Sequence[int],
+    padding: int | Sequence[int],
+    dilation: int | Sequence[int],
+    ceil_mode: bool,
+    nsp: int,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     k = _tuple(kernel_size, nsp)
     s = _tuple(stride, nsp) if stride else k
     p = _tuple(padding, nsp)
@@ -165,7 +185,9 @@ def _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
     return k, s, p, d, out, hi
 
 
-def _windows(xp, k, s, d, out, nsp):
+def _windows(
+    xp: Array, k: Sequence[int], s: Sequence[int], d: Sequence[int], out: Sequence[int], nsp: int
+) -> tuple[Array, list[tuple[int, ...]]]:
     """Stack of strided slices, one per kernel offset: shape (K, ..., *out)."""
     lead = xp.ndim - nsp
     slices = []
@@ -176,7 +198,15 @@ def _windows(xp, k, s, d, out, nsp):
     return jnp.stack(slices), list(np.ndindex(*k))
 
 
-def _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode, nsp):
+def _max_pool_with_indices(
+    self: Array,
+    kernel_size: int | Sequence[int],
+    stride: int | Sequence[int],
+    padding: int | Sequence[int],
+    dilation: int | Sequence[int],
+    ceil_mode: bool,
+    nsp: int,
+) -> tuple[Array, Array]:
     k, s, p, d, out, hi = _pool_geometry(self, kernel_size, stride, padding, dilation, ceil_mode, nsp)
     lead = self.ndim - nsp
     if jnp.issubdtype(self.dtype, jnp.floating):
@@ -204,7 +234,7 @@ def _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mo
     return vals, idx
 
 
-def _max_pool_backward(grad_output, self, indices, nsp):
+def _max_pool_backward(grad_output: Array, self: Array, indices: Array, nsp: int) -> Array:
     lead = self.shape[:-nsp]
     n_sp = int(np.prod(self.shape[-nsp:]))
     g = upcast(grad_output).reshape(lead + (-1,))
@@ -261,7 +291,16 @@ def _max_pool(
     return _max_pool_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode, nsp)[0]
 
 
-def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nsp):
+def _avg_pool(
+    self: Array,
+    kernel_size: int | Sequence[int],
+    stride: int | Sequence[int],
+    padding: int | Sequence[int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+    nsp: int,
+) -> Array:
     k, s, p, d, out, hi = _pool_geometry(self, kernel_size, stride, padding, 1, ceil_mode, nsp)
     lead = self.ndim - nsp
     x = upcast(self)
@@ -269,7 +308,8 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     xp = lax.pad(x, jnp.zeros((), x.dtype), cfg)
     win_dims = (1,) * lead + k
     win_strides = (1,) * lead + s
-    total = lax.reduce_window(xp, 0.0, lax.add, win_dims, win_strides, "VALID")
+    # lax.reduce_window is typed Any.
+    total: Array = lax.reduce_window(xp, 0.0, lax.add, win_dims, win_strides, "VALID")
     if divisor_override:
         return total / divisor_override
     # Divisor: window elements inside the (zero-)padded region if
@@ -287,7 +327,7 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     mask = masks[0]
     for m in masks[1:]:
         mask = np.multiply.outer(mask, m)
-    cnt = lax.reduce_window(jnp.asarray(mask), 0.0, lax.add, k, s, "VALID")
+    cnt: Array = lax.reduce_window(jnp.asarray(mask), 0.0, lax.add, k, s, "VALID")
     return total / cnt
 
 
@@ -326,7 +366,9 @@ for _n in (1, 2, 3):
             divisor_override,
             _n,
         )
-        return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+        # jax types a pullback's result Any.
+        res: Array = jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+        return res
 
     register(f"avg_pool{_n}d.default")(_ap)
     register(f"avg_pool{_n}d_backward.default")(_apb)
@@ -336,7 +378,7 @@ for _n in (1, 2, 3):
 # Adaptive pooling
 
 
-def _adaptive_matrix(n_in, n_out):
+def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray:
     """(n_out, n_in) averaging matrix with torch's window bounds
     ``[floor(i*n/o), ceil((i+1)*n/o))``."""
     m = np.zeros((n_out, n_in), np.float32)
@@ -347,7 +389,7 @@ def _adaptive_matrix(n_in, n_out):
     return m
 
 
-def _adaptive_avg(self, output_size, nsp):
+def _adaptive_avg(self: Array, output_size: int | Sequence[int], nsp: int) -> Array:
     x = upcast(self)
     out_sz = _tuple(output_size, nsp)
     for i, o in enumerate(out_sz):
@@ -365,13 +407,15 @@ for _n in (1, 2, 3):
     def _aapb(grad_output: Array, self: Array, _n: int = _n) -> Array:
         out_size = grad_output.shape[-_n:]
         f = lambda x: _adaptive_avg(x, out_size, _n)
-        return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+        # jax types a pullback's result Any.
+        res: Array = jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+        return res
 
     register(f"_adaptive_avg_pool{_n}d.default", f"adaptive_avg_pool{_n}d.default")(_aap)
     register(f"_adaptive_avg_pool{_n}d_backward.default")(_aapb)
 
 
-def _adaptive_max(self, output_size, nsp):
+def _adaptive_max(self: Array, output_size: int | Sequence[int], nsp: int) -> tuple[Array, Array]:
     """Adaptive max pool: (values, flat spatial indices), via per-window masks."""
     out_sz = _tuple(output_size, nsp)
     sp = self.shape[-nsp:]
@@ -407,7 +451,7 @@ for _n in (1, 2, 3):
 # one sample in [0, 1) per plane and spatial dim, as torch's CPU kernel)
 
 
-def _fractional_starts(sample, n_in, n_out, k):
+def _fractional_starts(sample: Array, n_in: int, n_out: int, k: int) -> Array:
     """Window starts ``(..., n_out)`` for per-plane ``sample`` (...), torch's ``generate_intervals``."""
     i = jnp.arange(n_out, dtype=jnp.float32)
     if n_out > 1:
@@ -477,11 +521,19 @@ def _fractional_max_pool_backward(
         out = jax.vmap(lambda o, i, v: o.at[i].add(v))(out, idx, g)
     else:
         out = jax.vmap(jax.vmap(lambda o, i, v: o.at[i].add(v)))(out, idx, g)
-    return out.reshape(self.shape)
+    # jax.vmap's result is typed Any.
+    res: Array = out.reshape(self.shape)
+    return res
 
 
 @register_meta("fractional_max_pool3d_backward.default")  # torch ships none (the 2-d op has one)
-def _fractional_max_pool_backward_meta(grad_output, self, kernel_size, output_size, indices):
+def _fractional_max_pool_backward_meta(
+    grad_output: torch.Tensor,
+    self: torch.Tensor,
+    kernel_size: Sequence[int],
+    output_size: Sequence[int],
+    indices: torch.Tensor,
+) -> torch.Tensor:
     return self.new_empty(self.shape)
 
 
@@ -494,15 +546,18 @@ for _n in (2, 3):
 # Upsampling
 
 
-def _out_and_scales(in_sp, output_size, scale_factors):
+def _out_and_scales(
+    in_sp: Sequence[int], output_size: Sequence[int] | None, scale_factors: Sequence[float] | None
+) -> tuple[tuple[int, ...], list[float | None]]:
     """(output sizes, per-dim scale (in/out) or user scale) for .vec overloads."""
     if output_size is not None:
         return tuple(output_size), [None] * len(in_sp)
+    scale_factors = cast("Sequence[float]", scale_factors)  # torch requires one of the two
     out = tuple(int(math.floor(n * f)) for n, f in zip(in_sp, scale_factors))
     return out, list(scale_factors)
 
 
-def _src_scale(n_in, n_out, scale, align_corners=False):
+def _src_scale(n_in: int, n_out: int, scale: float | None, align_corners: bool = False) -> float:
     if align_corners:
         return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
     if scale is not None and scale > 0:
@@ -510,7 +565,7 @@ def _src_scale(n_in, n_out, scale, align_corners=False):
     return n_in / n_out
 
 
-def _nearest(x, out_sz, scales, exact=False):
+def _nearest(x: Array, out_sz: Sequence[int], scales: Sequence[float | None], exact: bool = False) -> Array:
     nsp = len(out_sz)
     for i, (o, sc) in enumerate(zip(out_sz, scales)):
         ax = x.ndim - nsp + i
@@ -524,7 +579,9 @@ def _nearest(x, out_sz, scales, exact=False):
     return x
 
 
-def _linear(x, out_sz, align_corners, scales, cubic=False):
+def _linear(
+    x: Array, out_sz: Sequence[int], align_corners: bool, scales: Sequence[float | None], cubic: bool = False
+) -> Array:
     nsp = len(out_sz)
     x = upcast(x)
     for i, (o, sc) in enumerate(zip(out_sz, scales)):
@@ -548,25 +605,30 @@ def _linear(x, out_sz, align_corners, scales, cubic=False):
     return x
 
 
-def _register_upsample(nsp, name, fwd):
+def _register_upsample(nsp: int, name: str, fwd: Callable[..., Array]) -> None:
     """Register ``name`` (.default and .vec) and its backward for ``fwd``."""
 
-    def vec(input: Array, output_size: Sequence[int] | None, *rest) -> Array:
+    def vec(input: Array, output_size: Sequence[int] | None, *rest: bool | Sequence[float] | None) -> Array:
         *ac, scale_factors = rest
-        out, scales = _out_and_scales(input.shape[-nsp:], output_size, scale_factors)
+        # .vec's tail: (align_corners,) for the linear modes, then the scale factors.
+        out, scales = _out_and_scales(input.shape[-nsp:], output_size, cast("Sequence[float] | None", scale_factors))
         return fwd(input, out, scales, *ac)
 
-    def default(self: Array, output_size: Sequence[int], *rest) -> Array:
+    def default(self: Array, output_size: Sequence[int], *rest: bool | float | None) -> Array:
         ac = list(rest[:1]) if "linear" in name or "bicubic" in name else []
         scales = list(rest[len(ac) :]) + [None] * nsp
         return fwd(self, tuple(output_size), scales[:nsp], *ac)
 
-    def backward(grad_output: Array, output_size: Sequence[int], input_size: Sequence[int], *rest) -> Array:
+    def backward(
+        grad_output: Array, output_size: Sequence[int], input_size: Sequence[int], *rest: bool | float | None
+    ) -> Array:
         ac = list(rest[:1]) if "linear" in name or "bicubic" in name else []
         scales = list(rest[len(ac) :]) + [None] * nsp
         x0 = jnp.zeros(tuple(input_size), jnp.float32)
         f = lambda x: fwd(x, tuple(output_size), scales[:nsp], *ac)
-        return jax.vjp(f, x0)[1](upcast(grad_output))[0]
+        # jax types a pullback's result Any.
+        res: Array = jax.vjp(f, x0)[1](upcast(grad_output))[0]
+        return res
 
     # The scales build static (numpy) index tables, so they stay Python numbers.
     register(f"{name}.vec", lift_scalars=False)(vec)
@@ -582,7 +644,7 @@ _register_upsample(2, "upsample_bilinear2d", lambda x, o, s, ac: _linear(x, o, a
 _register_upsample(3, "upsample_trilinear3d", lambda x, o, s, ac: _linear(x, o, ac, s))
 
 
-def _area_scale(n_in, n_out, align_corners, scale):
+def _area_scale(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.float32:
     """ATen's ``area_pixel_compute_scale`` in float32 (the CPU kernels' opmath type)."""
     if align_corners:
         return np.float32((n_in - 1) / (n_out - 1)) if n_out > 1 else np.float32(0.0)
@@ -591,7 +653,7 @@ def _area_scale(n_in, n_out, align_corners, scale):
     return np.float32(n_in / n_out)
 
 
-def _cubic_matrix(n_in, n_out, align_corners, scale):
+def _cubic_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.ndarray:
     """(n_out, n_in) weights of torch's bicubic upsampling along one dim (A = -0.75,
     taps clamped to the edge), computed in float32 as the CPU kernel does."""
     f32 = np.float32
@@ -602,11 +664,15 @@ def _cubic_matrix(n_in, n_out, align_corners, scale):
     t = (src - i0.astype(f32)).astype(f32)
     a = f32(-0.75)
 
-    def conv1(x):  # |x| <= 1
-        return ((a + 2) * x - (a + 3)) * x * x + 1
+    def conv1(x: np.ndarray) -> np.ndarray:  # |x| <= 1
+        # NumPy arithmetic on an untyped ndarray is Any.
+        res: np.ndarray = ((a + 2) * x - (a + 3)) * x * x + 1
+        return res
 
-    def conv2(x):  # 1 < |x| < 2
-        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    def conv2(x: np.ndarray) -> np.ndarray:  # 1 < |x| < 2
+        # NumPy arithmetic on an untyped ndarray is Any.
+        res: np.ndarray = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+        return res
 
     coeffs = [conv2(t + 1), conv1(t), conv1(1 - t), conv2(2 - t)]
     m = np.zeros((n_out, n_in), np.float32)
@@ -616,7 +682,7 @@ def _cubic_matrix(n_in, n_out, align_corners, scale):
     return m
 
 
-def _aa_linear_matrix(n_in, n_out, align_corners, scale):
+def _aa_linear_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.ndarray:
     """(n_out, n_in) weights of torch's antialiased bilinear resize along one dim:
     a triangle filter widened by the scale when downsampling, normalised per
     output pixel (``_compute_weights_aa`` of the CPU kernel)."""
@@ -636,7 +702,13 @@ def _aa_linear_matrix(n_in, n_out, align_corners, scale):
     return m
 
 
-def _separable(x, out_sz, scales, align_corners, matrix):
+def _separable(
+    x: Array,
+    out_sz: Sequence[int],
+    scales: Sequence[float | None],
+    align_corners: bool,
+    matrix: Callable[[int, int, bool, float | None], np.ndarray],
+) -> Array:
     """Apply one (n_out, n_in) matrix per spatial dim (the last ``len(out_sz)`` dims)."""
     nsp = len(out_sz)
     x = upcast(x)
@@ -647,7 +719,9 @@ def _separable(x, out_sz, scales, align_corners, matrix):
     return x
 
 
-def _upsample_backward_of(fwd):
+def _upsample_backward_of(
+    fwd: Callable[[Array, tuple[int, ...], list[float | None], bool], Array],
+) -> Callable[..., Array]:
     def backward(
         grad_output: Array,
         output_size: Sequence[int],
@@ -658,16 +732,18 @@ def _upsample_backward_of(fwd):
     ) -> Array:
         x0 = jnp.zeros(tuple(input_size), jnp.float32)
         f = lambda x: fwd(x, tuple(output_size), [scales_h, scales_w], align_corners)
-        return jax.vjp(f, x0)[1](upcast(grad_output))[0]
+        # jax types a pullback's result Any.
+        res: Array = jax.vjp(f, x0)[1](upcast(grad_output))[0]
+        return res
 
     return backward
 
 
-def _bicubic(x, out_sz, scales, align_corners):
+def _bicubic(x: Array, out_sz: Sequence[int], scales: Sequence[float | None], align_corners: bool) -> Array:
     return _separable(x, out_sz, scales, align_corners, _cubic_matrix)
 
 
-def _bilinear_aa(x, out_sz, scales, align_corners):
+def _bilinear_aa(x: Array, out_sz: Sequence[int], scales: Sequence[float | None], align_corners: bool) -> Array:
     return _separable(x, out_sz, scales, align_corners, _aa_linear_matrix)
 
 
@@ -705,7 +781,7 @@ def _upsample_bilinear2d_aa_vec(
 # instead of jax's split gradients at ties.
 
 
-def _gs_unnormalize(coord, size, align_corners, nsp):
+def _gs_unnormalize(coord: Array, size: int, align_corners: bool, nsp: int) -> Array:
     if nsp == 2:  # the vectorised 2-d CPU kernel's form
         if align_corners:
             return (coord + 1) * ((size - 1) / 2)
@@ -715,11 +791,11 @@ def _gs_unnormalize(coord, size, align_corners, nsp):
     return ((coord + 1) * size - 1) / 2
 
 
-def _gs_clip(coord, size):
+def _gs_clip(coord: Array, size: int) -> Array:
     return jnp.where(coord > 0, jnp.where(coord < size - 1, coord, float(size - 1)), 0.0)
 
 
-def _gs_reflect(coord, twice_low, twice_high):
+def _gs_reflect(coord: Array, twice_low: int, twice_high: int) -> Array:
     if twice_low == twice_high:
         return jnp.zeros_like(coord)
     lo = twice_low / 2
@@ -732,7 +808,7 @@ def _gs_reflect(coord, twice_low, twice_high):
     return jnp.where(odd, span - extra + lo, extra + lo)
 
 
-def _gs_reflect_2d(coord, size, align_corners):
+def _gs_reflect_2d(coord: Array, size: int, align_corners: bool) -> Array:
     """The vectorised 2-d kernel's reflection (abs / trunc / fold), with its gradient sign."""
     if align_corners and size <= 1:
         return jnp.zeros_like(coord)
@@ -745,7 +821,7 @@ def _gs_reflect_2d(coord, size, align_corners):
     return jnp.where(extra > reflected, reflected, extra) + low
 
 
-def _gs_pad(coord, size, padding_mode, align_corners, nsp=3):
+def _gs_pad(coord: Array, size: int, padding_mode: int, align_corners: bool, nsp: int = 3) -> Array:
     """``compute_coordinates``: 0 zeros (unchanged), 1 border, 2 reflection."""
     if padding_mode == 1:
         return _gs_clip(coord, size)
@@ -760,7 +836,7 @@ def _gs_pad(coord, size, padding_mode, align_corners, nsp=3):
     return coord
 
 
-def _gs_gather(flat, sizes, taps):
+def _gs_gather(flat: Array, sizes: Sequence[int], taps: Sequence[Array]) -> Array:
     """Values of ``flat`` (N, C, prod(sizes)) at integer tap coordinates.
 
     ``taps`` is one (N, *out) float array per spatial dim (outermost first);
@@ -777,19 +853,19 @@ def _gs_gather(flat, sizes, taps):
     return jnp.where(valid[:, None], vals, 0.0)
 
 
-def _cubic_coeffs(t):
+def _cubic_coeffs(t: Array) -> list[Array]:
     a = -0.75
 
-    def conv1(x):
+    def conv1(x: Array) -> Array:
         return ((a + 2) * x - (a + 3)) * x * x + 1
 
-    def conv2(x):
+    def conv2(x: Array) -> Array:
         return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
 
     return [conv2(t + 1), conv1(t), conv1(1 - t), conv2(2 - t)]
 
 
-def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+def _grid_sample(input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool) -> Array:
     """torch's ``grid_sampler_{2,3}d`` (mode 0 bilinear, 1 nearest, 2 bicubic;
     padding 0 zeros, 1 border, 2 reflection) on (N, C, *S) with an (N, *out, nsp) grid."""
     x, g = upcast(input), upcast(grid)
@@ -804,15 +880,15 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
             raise NotImplementedError("grid_sample: bicubic interpolation supports 4-D input only")
         base = [lax.stop_gradient(jnp.floor(sv)) for sv in src]
         cy, cx = (_cubic_coeffs(sv - b) for sv, b in zip(src, base))
-        out = 0.0
+        out: Array | float = 0.0
         for i in range(4):
-            row = 0.0
+            row: Array | float = 0.0
             for j in range(4):
                 ty = _gs_pad(base[0] - 1 + i, sizes[0], padding_mode, align_corners, nsp)
                 tx = _gs_pad(base[1] - 1 + j, sizes[1], padding_mode, align_corners, nsp)
                 row = row + _gs_gather(flat, sizes, [lax.stop_gradient(ty), lax.stop_gradient(tx)]) * cx[j][:, None]
             out = out + row * cy[i][:, None]
-        return out
+        return cast(Array, out)  # 16 terms were added
     src = [_gs_pad(sv, sz, padding_mode, align_corners, nsp) for sv, sz in zip(src, sizes)]
     if interpolation_mode == 1:
         return _gs_gather(flat, sizes, [lax.stop_gradient(jnp.round(sv)) for sv in src])
@@ -825,7 +901,7 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
         bits = [(corner >> (nsp - 1 - k)) & 1 for k in range(nsp)]
         w = functools.reduce(operator.mul, [f if b else 1 - f for b, f in zip(bits, frac)])
         out = out + _gs_gather(flat, sizes, [l + b for l, b in zip(lo, bits)]) * w[:, None]
-    return out
+    return cast(Array, out)  # 2**nsp terms were added
 
 
 @register("grid_sampler_3d.default")
@@ -835,7 +911,7 @@ def _grid_sampler_3d(
     return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
 
 
-def _cubic_coeffs_grad(t):
+def _cubic_coeffs_grad(t: Array) -> list[Array]:
     """d coeff / d t of ``_cubic_coeffs``, in the 2-d CPU kernel's (negated) form."""
     a = -0.75
     x0, x1, x2, x3 = -1 - t, -t, 1 - t, 2 - t
@@ -847,7 +923,9 @@ def _cubic_coeffs_grad(t):
     ]
 
 
-def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, padding_mode, align_corners):
+def _grid_sampler_2d_grid_grad(
+    grad_output: Array, input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool
+) -> Array:
     """Gradient w.r.t. the grid of ``grid_sampler_2d``, with the CPU kernel's formulas.
 
     The grid gradient is a sum over channels of differences of neighbouring
@@ -914,7 +992,7 @@ def _grid_sampler_2d_grid_grad(grad_output, input, grid, interpolation_mode, pad
         vals = jnp.stack([jnp.stack(row) for row in taps])  # (4, 4, N, C, ...)
         vals = jnp.moveaxis(vals * go, 3, 0)  # (C, 4, 4, N, ...): channel-major, as the kernel loops
 
-        def step(carry, v):
+        def step(carry: tuple[Array, Array], v: Array) -> tuple[tuple[Array, Array], None]:
             # 16 terms per channel in the kernel's (i, j) order: the sum is
             # a long cancellation, so its order is kept.
             gx, gy = carry
@@ -955,7 +1033,13 @@ def _grid_sampler_backward(
 # im2col / col2im
 
 
-def _im2col(self, kernel_size, dilation, padding, stride):
+def _im2col(
+    self: Array,
+    kernel_size: int | Sequence[int],
+    dilation: int | Sequence[int],
+    padding: int | Sequence[int],
+    stride: int | Sequence[int],
+) -> Array:
     k, d, p, s = (_tuple(v, 2) for v in (kernel_size, dilation, padding, stride))
     unbatched = self.ndim == 3
     x = self[None] if unbatched else self
@@ -991,4 +1075,6 @@ def _col2im(
     x0 = jnp.zeros((cols.shape[0], c) + tuple(output_size), upcast(cols).dtype)
     f = lambda x: _im2col(x, kernel_size, dilation, padding, stride)
     out = jax.vjp(f, x0)[1](upcast(cols))[0]
-    return out[0] if unbatched else out
+    # jax types a pullback's result Any.
+    res: Array = out[0] if unbatched else out
+    return res

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
-from spmdtorch.ops._util import Array, Scalar, is_float, is_int, upcast
+from spmdtorch.ops._util import Array, Number, Scalar, is_float, is_int, upcast
 from spmdtorch.ops.registry import register
 
 
-def _unary_float(*names, fn):
+def _unary_float(*names: str, fn: Callable[[Array], Array]) -> Callable[[Array], Array]:
     """Register a float-valued unary op computed in >= float32."""
 
     def lower(self: Array) -> Array:
@@ -105,7 +107,7 @@ def _signbit(self: Array) -> Array:
     return jnp.signbit(self)
 
 
-def _int_passthrough(fn):
+def _int_passthrough(fn: Callable[[Array], Array]) -> Callable[[Array], Array]:
     # floor/ceil/trunc/round are the identity on integers (and jnp.floor would
     # turn them into floats).
     def lower(self: Array) -> Array:
@@ -194,7 +196,11 @@ def _logit(self: Array, eps: Array | float | None = None) -> Array:
 # Binary arithmetic
 
 
-def _alpha_mul(other, alpha):
+@overload
+def _alpha_mul(other: Array, alpha: Scalar) -> Array: ...
+@overload
+def _alpha_mul(other: Scalar, alpha: Scalar) -> Scalar: ...
+def _alpha_mul(other: Scalar, alpha: Scalar) -> Scalar:
     # alpha is 1 most of the time; skipping the multiply keeps integer math
     # exact and the graph small. A lifted (array) alpha always multiplies.
     if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 1:
@@ -202,16 +208,26 @@ def _alpha_mul(other, alpha):
     return other * alpha
 
 
-def _bin_operands(self, other):
+@overload
+def _bin_operands(self: Array, other: Array) -> tuple[Array, Array]: ...
+@overload
+def _bin_operands(self: Array, other: Scalar) -> tuple[Array, Scalar]: ...
+@overload
+def _bin_operands(self: Scalar, other: Scalar) -> tuple[Scalar, Scalar]: ...
+def _bin_operands(self: Scalar, other: Scalar) -> tuple[Scalar, Scalar]:
     """Upcast bf16/f16 operands so the op runs in float32, like torch."""
     if (is_float(self) or is_float(other)) and not (jnp.iscomplexobj(self) or jnp.iscomplexobj(other)):
         return _f32_if_low(self), _f32_if_low(other)
     return self, other
 
 
-def _f32_if_low(x):
+@overload
+def _f32_if_low(x: Array) -> Array: ...
+@overload
+def _f32_if_low(x: Scalar) -> Scalar: ...
+def _f32_if_low(x: Scalar) -> Scalar:
     if hasattr(x, "dtype") and jnp.dtype(x.dtype) in (jnp.bfloat16, jnp.float16):
-        return x.astype(jnp.float32)
+        return cast(Array, x).astype(jnp.float32)  # numbers have no dtype
     return x
 
 
@@ -243,7 +259,7 @@ def _mul(self: Array, other: Scalar) -> Array:
     return a * b
 
 
-def _true_div(a, b):
+def _true_div(a: Scalar, b: Scalar) -> Array:
     a, b = _bin_operands(a, b)
     if is_int(a) and is_int(b):
         a = jnp.asarray(a, jnp.float32)
@@ -251,14 +267,14 @@ def _true_div(a, b):
     return jnp.true_divide(a, b)
 
 
-def _floor_div(a, b):
+def _floor_div(a: Scalar, b: Scalar) -> Array:
     if is_int(a) and is_int(b):
         return jnp.floor_divide(a, b)
     a, b = _bin_operands(a, b)
     return jnp.floor_divide(a, b)
 
 
-def _trunc_div(a, b):
+def _trunc_div(a: Scalar, b: Scalar) -> Array:
     if is_int(a) and is_int(b):
         a, b = jnp.asarray(a), jnp.asarray(b)
         dt = jnp.result_type(a, b)
@@ -314,7 +330,7 @@ def _fmod(self: Array, other: Scalar) -> Array:
 _POW_SPECIAL_EXPONENTS = (0, 1, 2, 3, 0.5, -1, -2)
 
 
-def _pow_special(x, e):
+def _pow_special(x: Array, e: int | float) -> Array:
     """``x ** e`` for a floating ``x`` and an exponent of _POW_SPECIAL_EXPONENTS, as torch computes it."""
     if e == 0:
         return jnp.ones_like(x)
@@ -337,7 +353,7 @@ def _pow_tensor_scalar(self: Array, exponent: Scalar) -> Array:
         if exponent == 0.5 and self.dtype == jnp.float16:
             # torch's half kernel has no sqrt shortcut: std::pow (pow(-inf, .5) = inf, not nan).
             return jnp.power(_f32_if_low(self), exponent)
-        return _pow_special(_f32_if_low(self), exponent)
+        return _pow_special(_f32_if_low(self), cast(float, exponent))  # a Python number (tested above)
     return _pow(self, exponent)
 
 
@@ -438,7 +454,7 @@ def _clamp_max(self: Array, max: Scalar) -> Array:
     return jnp.minimum(self, max)
 
 
-def _lerp_branch(self, end, weight):
+def _lerp_branch(self: torch.Tensor, end: torch.Tensor, weight: torch.Tensor | Number) -> bool | None:
     """``|weight| < 0.5`` for a Python-number weight (as the float32 the program computes with), else None."""
     if type(weight) is float or type(weight) is int:
         return bool(abs(np.float32(weight)) < 0.5)
@@ -627,7 +643,7 @@ def _complex(real: Array, imag: Array) -> Array:
     return lax.complex(real, imag)
 
 
-def _trigamma(x):
+def _trigamma(x: Array) -> Array:
     """torch's trigamma: reflection below 0.5, six recurrence steps, asymptotic series."""
     neg = x < 0.5
     sin_pi_x = jnp.sin(jnp.pi * x)
@@ -641,13 +657,13 @@ def _trigamma(x):
     return jnp.where(neg, -result, result)
 
 
-def _hurwitz_zeta_int(s, q):
+def _hurwitz_zeta_int(s: int, q: Array) -> Array:
     """zeta(s, q) for an integer s >= 2 and any q (torch's Cephes zeta also sums
     the terms (q + k)^-s for negative q): shift q up to >= 1 term by term."""
     m = jnp.maximum(jnp.ceil(1 - q), 0).astype(jnp.int32)
     mmax = jnp.max(m) if m.size else jnp.int32(0)
 
-    def body(c):
+    def body(c: tuple[Array, Array]) -> tuple[Array, Array]:
         k, acc = c
         return k + 1, acc + jnp.where(k < m, (q + k) ** (-s), 0.0)
 

@@ -16,22 +16,30 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 import torch
+from jax.typing import DTypeLike
 
-from spmdtorch.ops._util import Array, Scalar, jdtype
+from spmdtorch.ops._util import Array, Number, Scalar, jdtype
 from spmdtorch.ops.registry import register
 
+# jax types its scalar types Any: the annotations give them a type.
+_BOOL: DTypeLike = jnp.bool_
+_INT32: DTypeLike = jnp.int32
+_COMPLEX64: DTypeLike = jnp.complex64
+_FLOAT32: DTypeLike = jnp.float32
 
-def _scalar_dtype(value):
+
+def _scalar_dtype(value: Scalar | complex) -> DTypeLike:
     """torch's dtype for a bare Python scalar (bool, int64, default float)."""
     if isinstance(value, bool):
-        return jnp.bool_
+        return _BOOL
     if isinstance(value, int):
-        return jnp.int32
+        return _INT32
     if isinstance(value, complex):
-        return jnp.complex64
+        return _COMPLEX64
     if isinstance(value, float):
-        return jnp.float32
-    return getattr(value, "dtype", jnp.float32)
+        return _FLOAT32
+    dtype: DTypeLike = getattr(value, "dtype", _FLOAT32)
+    return dtype
 
 
 @register("full.default", "full.names")
@@ -78,7 +86,7 @@ def _ones(
 @register("empty.memory_format", "empty_permuted.default")
 def _empty(
     size: Sequence[int],
-    *args,
+    *args: Sequence[int],
     dtype: torch.dtype | None = None,
     layout: torch.layout | None = None,
     device: torch.device | None = None,
@@ -207,7 +215,7 @@ def _scalar_tensor(
     return jnp.asarray(s, jdtype(dtype, jnp.float32))
 
 
-def _arange_values(start, end, step, dtype):
+def _arange_values(start: Number, end: Number, step: Number, dtype: torch.dtype | None) -> Array:
     """Compute arange on the host in float64/int64, as torch does.
 
     The length is ``ceil((end - start) / step)`` in double precision and the
@@ -231,7 +239,7 @@ def _arange_values(start, end, step, dtype):
 
 @register("arange.default", lift_scalars=False)
 def _arange(
-    end: Scalar,
+    end: Number,
     *,
     dtype: torch.dtype | None = None,
     layout: torch.layout | None = None,
@@ -243,8 +251,8 @@ def _arange(
 
 @register("arange.start", lift_scalars=False)
 def _arange_start(
-    start: Scalar,
-    end: Scalar,
+    start: Number,
+    end: Number,
     *,
     dtype: torch.dtype | None = None,
     layout: torch.layout | None = None,
@@ -256,9 +264,9 @@ def _arange_start(
 
 @register("arange.start_step", lift_scalars=False)
 def _arange_start_step(
-    start: Scalar,
-    end: Scalar,
-    step: Scalar = 1,
+    start: Number,
+    end: Number,
+    step: Number = 1,
     *,
     dtype: torch.dtype | None = None,
     layout: torch.layout | None = None,
@@ -374,7 +382,7 @@ def _to_copy(
     return _convert(self, jdtype(dtype))
 
 
-def _convert(x, dt):
+def _convert(x: Array, dt: DTypeLike) -> Array:
     """astype with torch's float->int rule (truncate toward zero)."""
     dt = jnp.dtype(dt)
     if jnp.issubdtype(x.dtype, jnp.floating) and (jnp.issubdtype(dt, jnp.integer)):

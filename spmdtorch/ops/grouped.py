@@ -19,6 +19,8 @@ computes it as masked dense products.
 
 from __future__ import annotations
 
+from typing import cast
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -29,7 +31,7 @@ from spmdtorch.ops.registry import register
 __all__ = ["grouped_mm"]
 
 
-def _group_sizes(offs):
+def _group_sizes(offs: Array) -> Array:
     """``offs`` (cumulative ends) → the size of each group."""
     offs = offs.astype(jnp.int32)
     return jnp.diff(offs, prepend=jnp.zeros((1,), jnp.int32))
@@ -40,7 +42,13 @@ def _check(cond: bool, message: str) -> None:
         raise RuntimeError(f"grouped_mm: {message}")
 
 
-def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+def _grouped_mm_meta(
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """Output metadata: torch's shape rules without its CUDA-only bfloat16 rule."""
     _check(
         mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
@@ -50,20 +58,23 @@ def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     _check(mat_a.dtype.is_floating_point, f"expected floating-point inputs, got {mat_a.dtype}")
     a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
     _check(mat_a.shape[-1] == mat_b.shape[-2], f"contraction dims differ: mat_a {mat_a.shape}, mat_b {mat_b.shape}")
+    n_offs = 0  # the number of groups (offs' length) where an operand is 2-D
     if a2 or b2:
-        _check(offs is not None, "offs is required when an operand is 2D")
+        if offs is None:
+            raise RuntimeError("grouped_mm: offs is required when an operand is 2D")
         _check(offs.dim() == 1 and offs.dtype == torch.int32, f"offs must be a 1D int32 tensor, got {offs.dtype}")
+        n_offs = offs.shape[0]
     else:
         _check(offs is None, "offs must be None when both operands are 3D")
         _check(mat_a.shape[0] == mat_b.shape[0], f"batch dims differ: {mat_a.shape[0]} and {mat_b.shape[0]}")
     shape: tuple[int, ...]
     if a2 and b2:
-        shape = (offs.shape[0], mat_a.shape[0], mat_b.shape[1])
+        shape = (n_offs, mat_a.shape[0], mat_b.shape[1])
     elif a2:
-        _check(offs.shape[0] == mat_b.shape[0], f"{offs.shape[0]} offsets for {mat_b.shape[0]} matrices of mat_b")
+        _check(n_offs == mat_b.shape[0], f"{n_offs} offsets for {mat_b.shape[0]} matrices of mat_b")
         shape = (mat_a.shape[0], mat_b.shape[-1])
     elif b2:
-        _check(offs.shape[0] == mat_a.shape[0], f"{offs.shape[0]} offsets for {mat_a.shape[0]} matrices of mat_a")
+        _check(n_offs == mat_a.shape[0], f"{n_offs} offsets for {mat_a.shape[0]} matrices of mat_a")
         shape = (mat_a.shape[1], mat_b.shape[1])
     else:
         shape = (mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1])
@@ -85,6 +96,8 @@ def grouped_mm(
     # Accumulate in f32 at least, as torch's kernels do.
     acc = jnp.promote_types(out_t, jnp.float32)
     a2, b2 = self.ndim == 2, mat2.ndim == 2
+    # _grouped_mm_meta (which runs first) required offs where an operand is 2-D.
+    offs = cast(Array, offs)
     if a2 and not b2:  # ragged rows of a, one matrix of b per group
         out = lax.ragged_dot(self, mat2, _group_sizes(offs), preferred_element_type=acc)
     elif a2 and b2:  # ragged contraction: one (M, N) product per group

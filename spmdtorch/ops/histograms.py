@@ -12,26 +12,26 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from spmdtorch.ops._util import Array, Scalar, is_int
+from spmdtorch.ops._util import Array, Number, is_int
 from spmdtorch.ops.registry import register
 
 __all__ = ["histc"]
 
 
-def _range(x, lo, hi):
+def _range(x: Array, lo: Number, hi: Number) -> tuple[Array, Array]:
     """torch's ``[lo, hi]``: the data's extrema when ``lo == hi``, widened by 1 if still empty."""
     if lo == hi:
         if x.size == 0:
-            lo, hi = jnp.asarray(lo, x.dtype), jnp.asarray(hi, x.dtype)
+            lo_a, hi_a = jnp.asarray(lo, x.dtype), jnp.asarray(hi, x.dtype)
         else:
-            lo, hi = jnp.min(x), jnp.max(x)
-        empty = lo == hi
-        return jnp.where(empty, lo - 1, lo), jnp.where(empty, hi + 1, hi)
+            lo_a, hi_a = jnp.min(x), jnp.max(x)
+        empty = lo_a == hi_a
+        return jnp.where(empty, lo_a - 1, lo_a), jnp.where(empty, hi_a + 1, hi_a)
     return jnp.asarray(lo, x.dtype), jnp.asarray(hi, x.dtype)
 
 
 @register("histc.default", lift_scalars=False)
-def histc(self: Array, bins: int = 100, min: Scalar = 0, max: Scalar = 0) -> Array:
+def histc(self: Array, bins: int = 100, min: Number = 0, max: Number = 0) -> Array:
     """Counts of ``self`` in ``bins`` equal bins over ``[min, max]`` (dtype of ``self``).
 
     The bin of ``x`` is ``trunc((x - min) * bins / (max - min))``, with

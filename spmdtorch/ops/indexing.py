@@ -10,8 +10,8 @@ which is the engine's cue to materialise).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import jax.numpy as jnp
 from jax import lax
@@ -20,9 +20,9 @@ from spmdtorch.ops._util import Array, Scalar, canon_dim
 from spmdtorch.ops.registry import register
 
 
-def _expand_bool_indices(indices):
+def _expand_bool_indices(indices: Sequence[Array | None]) -> list[Array | None]:
     """Replace each k-d bool index by k integer index arrays (its nonzeros)."""
-    out: list[Any] = []
+    out: list[Array | None] = []
     for idx in indices:
         if idx is not None and idx.dtype in (jnp.bool_, jnp.uint8):
             out.extend(jnp.nonzero(idx.astype(jnp.bool_)))
@@ -31,7 +31,7 @@ def _expand_bool_indices(indices):
     return out
 
 
-def _index_tuple(indices):
+def _index_tuple(indices: Sequence[Array | None]) -> tuple[Array | slice, ...]:
     """ATen ``Tensor?[]`` (None = whole dim) -> numpy-style index tuple.
 
     torch's advanced indexing rules (adjacent advanced indices stay in place,
@@ -41,14 +41,12 @@ def _index_tuple(indices):
 
 
 @register("index.Tensor", "_unsafe_index.Tensor", "index.Tensor_hacked_twin", "_unsafe_index.Tensor_hacked_twin")
-def _index(self: Array, indices: Sequence[Array | None] | Sequence[Array]) -> Array:
+def _index(self: Array, indices: Sequence[Array | None]) -> Array:
     return self[_index_tuple(indices)]
 
 
 @register("index_put.default", "_unsafe_index_put.default", "index_put.hacked_twin", "_unsafe_index_put.hacked_twin")
-def _index_put(
-    self: Array, indices: Sequence[Array | None] | Sequence[Array], values: Array, accumulate: bool = False
-) -> Array:
+def _index_put(self: Array, indices: Sequence[Array | None], values: Array, accumulate: bool = False) -> Array:
     idx = _index_tuple(indices)
     values = jnp.asarray(values).astype(self.dtype)
     if accumulate:
@@ -70,13 +68,13 @@ def _index_select(self: Array, dim: int, index: Array) -> Array:
     return jnp.take(self, jnp.reshape(index, (-1,)), axis=canon_dim(dim, self.ndim))
 
 
-def _full_index(index, dim):
+def _full_index(index: Array, dim: int) -> tuple[Array, ...]:
     """Index tuple addressing ``out[i][j][k] -> self[i][index[i][j][k]][k]``."""
     nd = index.ndim
     return tuple(index if d == dim else lax.broadcasted_iota(jnp.int32, index.shape, d) for d in range(nd))
 
 
-def _crop(x, shape):
+def _crop(x: Array, shape: Sequence[int]) -> Array:
     """torch's gather/scatter read only the leading ``index.shape`` block of
     the non-indexed dims of src/self."""
     if tuple(x.shape) == tuple(shape):
@@ -84,7 +82,7 @@ def _crop(x, shape):
     return x[tuple(slice(0, s) for s in shape)]
 
 
-def _norm_index(index, size):
+def _norm_index(index: Array, size: int) -> Array:
     return jnp.where(index < 0, index + size, index)
 
 
@@ -100,7 +98,7 @@ def _gather(self: Array, dim: int, index: Array, *, sparse_grad: bool = False) -
     return self[idx]
 
 
-def _scatter_apply(self, dim, index, src, how):
+def _scatter_apply(self: Array, dim: int, index: Array, src: Scalar, how: str) -> Array:
     if index.size == 0:
         # torch accepts an empty index of any rank (gather's backward scatters
         # through the same index) and leaves self untouched.
@@ -116,9 +114,9 @@ def _scatter_apply(self, dim, index, src, how):
     if jnp.ndim(src) == 0:
         vals = jnp.broadcast_to(jnp.asarray(src).astype(self.dtype), index.shape)
     else:
-        vals = _crop(src, index.shape).astype(self.dtype)
+        vals = _crop(cast(Array, src), index.shape).astype(self.dtype)  # not 0-d: an array
     ref = self.at[idx]
-    return {
+    update: dict[str, Callable[..., Array]] = {
         "set": ref.set,
         "add": ref.add,
         "multiply": ref.multiply,
@@ -127,7 +125,8 @@ def _scatter_apply(self, dim, index, src, how):
         "min": ref.min,
         "amax": ref.max,
         "amin": ref.min,
-    }[how](vals)
+    }
+    return update[how](vals)
 
 
 @register("scatter.src", "scatter.value")
@@ -183,7 +182,7 @@ def _scatter_reduce(
     return _scatter_apply(base, dim, index, src, how)
 
 
-def _dim_index(ndim, dim, index):
+def _dim_index(ndim: int, dim: int, index: Array) -> tuple[slice | Array, ...]:
     return (slice(None),) * dim + (index,)
 
 

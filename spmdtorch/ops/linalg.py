@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import DTypeLike
 
 from spmdtorch.ops._util import Array, Scalar, is_float
 from spmdtorch.ops.registry import register
@@ -31,10 +32,13 @@ from spmdtorch.ops.registry import register
 MATMUL_PRECISION = None
 
 
-def _result_type(a, b, float32_result: bool):
+_F32: DTypeLike = jnp.float32  # jax types its scalar types Any
+
+
+def _result_type(a: Scalar, b: Scalar, float32_result: bool) -> DTypeLike | None:
     """``preferred_element_type`` of a product: float32 for an epilogue's float operands, else their own."""
     if float32_result and is_float(a) and not jnp.iscomplexobj(a) and not jnp.iscomplexobj(b):
-        return jnp.float32
+        return _F32
     return None
 
 
@@ -53,7 +57,7 @@ def matmul(a: Array, b: Array, *, float32_result: bool = False) -> Array:
     return jnp.matmul(a, b, precision=MATMUL_PRECISION, preferred_element_type=pet)
 
 
-def matmul_transposed(a, b, *, ta: bool = False, tb: bool = False, float32_result: bool = False):
+def matmul_transposed(a: Array, b: Array, *, ta: bool = False, tb: bool = False, float32_result: bool = False) -> Array:
     """``matmul(a.T if ta else a, b.T if tb else b)`` for 2-D ``a``, ``b``, with no transpose op.
 
     The graph rewrite (``spmdtorch.lazy.rewrite``) records ``mm(t(y), x)`` as
@@ -78,17 +82,19 @@ def matmul_transposed(a, b, *, ta: bool = False, tb: bool = False, float32_resul
     return lax.dot_general(a, b, dims, precision=MATMUL_PRECISION, preferred_element_type=pet)
 
 
-def mm_transposed(self, mat2, *, ta=False, tb=False):
+def mm_transposed(self: Array, mat2: Array, *, ta: bool = False, tb: bool = False) -> Array:
     """``mm`` whose operands are read through a transpose (see ``matmul_transposed``)."""
     return matmul_transposed(self, mat2, ta=ta, tb=tb)
 
 
-def addmm_transposed(self, mat1, mat2, *, beta=1, alpha=1, ta=False, tb=False):
+def addmm_transposed(
+    self: Array, mat1: Array, mat2: Array, *, beta: Scalar = 1, alpha: Scalar = 1, ta: bool = False, tb: bool = False
+) -> Array:
     """``addmm`` whose matrix operands are read through a transpose (see ``matmul_transposed``)."""
     return _scaled_sum(self, matmul_transposed(mat1, mat2, ta=ta, tb=tb, float32_result=True), beta, alpha)
 
 
-def _scaled_sum(self, prod, beta, alpha):
+def _scaled_sum(self: Array, prod: Array, beta: Scalar, alpha: Scalar) -> Array:
     """``beta * self + alpha * prod`` where ``beta == 0`` ignores ``self``.
 
     torch does not propagate NaN/inf from ``self`` when beta is 0; ``beta``
@@ -202,7 +208,7 @@ def _pdist_forward(self: Array, p: float = 2.0) -> Array:
     return full[i, j]
 
 
-def _dist_grad_terms(diff, dist, grad, p):
+def _dist_grad_terms(diff: Array, dist: Array, grad: Array, p: float) -> Array:
     """Per-pair gradient terms of a p-norm distance, as ATen's cdist/pdist backward kernels.
 
     Args:
@@ -286,7 +292,7 @@ def _cross(self: Array, other: Array, *, dim: int = -1) -> Array:
     return jnp.cross(self, other, axis=dim)
 
 
-def _det_lu(A):
+def _det_lu(A: Array) -> tuple[Array, Array]:
     """The (LU, pivots) that torch's ``_linalg_det``/``_linalg_slogdet`` return.
 
     torch factors ``A^H`` rather than ``A`` when A is contiguous and real
@@ -329,13 +335,13 @@ def _cholesky(self: Array, upper: bool = False) -> Array:
 # (no host round trip per call: a singular input gives inf/nan, not an error).
 
 
-def _info(*xs):
+def _info(*xs: Array) -> Array:
     """int32 ``info`` of shape batch: 0 where every value of ``xs`` (at least one) is finite, else 1."""
     oks = [jnp.all(jnp.isfinite(x), axis=(-2, -1)) if x.ndim >= 2 else jnp.all(jnp.isfinite(x), axis=-1) for x in xs]
     return jnp.where(functools.reduce(operator.and_, oks), 0, 1).astype(jnp.int32)
 
 
-def _mT(x):
+def _mT(x: Array) -> Array:
     return jnp.swapaxes(x, -1, -2)
 
 
@@ -383,7 +389,7 @@ def _svd(
     return u, s, vh
 
 
-def _lu_factor(A, pivot=True):
+def _lu_factor(A: Array, pivot: bool = True) -> tuple[Array, Array, Array]:
     lu, piv, perm = lax.linalg.lu(A)
     return lu, piv.astype(jnp.int32) + 1, perm
 
@@ -395,7 +401,7 @@ def _lu_factor_ex(A: Array, *, pivot: bool = True, check_errors: bool = False) -
     return lu, piv[..., :k], _info(lu)
 
 
-def _unpack(lu, perm, m, n):
+def _unpack(lu: Array, perm: Array, m: int, n: int) -> tuple[Array, Array, Array]:
     k = min(m, n)
     L = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
     U = jnp.triu(lu[..., :k, :])
@@ -412,13 +418,13 @@ def _lu(A: Array, *, pivot: bool = True) -> tuple[Array, Array, Array]:
     return _unpack(lu, perm, m, n)
 
 
-def _perm_from_pivots(piv, m):
+def _perm_from_pivots(piv: Array, m: int) -> Array:
     """LAPACK 1-based sequential row swaps → the permutation they make."""
     piv = piv.astype(jnp.int32) - 1
     batch = piv.shape[:-1]
     perm = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), batch + (m,))
 
-    def body(i, perm):
+    def body(i: int | Array, perm: Array) -> Array:
         j = piv[..., i]
         pi = jnp.take_along_axis(perm, jnp.full(batch + (1,), i, jnp.int32), -1)[..., 0]
         pj = jnp.take_along_axis(perm, j[..., None], -1)[..., 0]
@@ -428,7 +434,9 @@ def _perm_from_pivots(piv, m):
 
     if piv.shape[-1] == 0:  # no swaps (fori_loop would still trace body's piv[..., i])
         return perm
-    return lax.fori_loop(0, piv.shape[-1], body, perm)
+    # lax.fori_loop is typed Any.
+    res: Array = lax.fori_loop(0, piv.shape[-1], body, perm)
+    return res
 
 
 @register("lu_unpack.default")
@@ -461,7 +469,7 @@ def _lu_solve(LU: Array, pivots: Array, B: Array, *, left: bool = True, adjoint:
     return _lu_solve_left(A_fac, B, adjoint)
 
 
-def _lu_solve_left(fac, B, adjoint):
+def _lu_solve_left(fac: tuple[Array, Array, Array], B: Array, adjoint: bool) -> Array:
     P, L, U = fac
     if not adjoint:  # A = P L U: X = U^-1 L^-1 P^T B
         y = jnp.matmul(_mT(P), B)
@@ -495,7 +503,9 @@ def _solve_ex(
 
 @register("linalg_matrix_exp.default")
 def _matrix_exp(self: Array) -> Array:
-    return jax.scipy.linalg.expm(self)
+    # jax.scipy.linalg.expm is typed Any.
+    res: Array = jax.scipy.linalg.expm(self)
+    return res
 
 
 @register("cholesky_solve.default")
@@ -569,7 +579,7 @@ def _trilinear(
     """``bilinear``'s kernel: each input unsqueezed at its ``expand`` dims, the
     product summed over ``sumdim`` (removed), accumulated in float32."""
 
-    def unsq(t, dims):
+    def unsq(t: Array, dims: Sequence[int]) -> Array:
         for d in sorted(dims):
             t = jnp.expand_dims(t, d)
         return t.astype(jnp.float32) if is_float(t) else t

@@ -8,16 +8,18 @@ every forward argument are computed with ``jax.vjp`` of the forward lowering
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from spmdtorch.ops._util import Array, Scalar, upcast
+from spmdtorch.ops._util import Array, Number, Scalar, upcast
 from spmdtorch.ops.registry import LOWERINGS, Lowering, register, register_meta, resolve_ops
 
 
-def _reduce(loss, reduction):
+def _reduce(loss: Array, reduction: int) -> Array:
     if reduction == 1:
         return jnp.mean(loss)
     if reduction == 2:
@@ -25,12 +27,14 @@ def _reduce(loss, reduction):
     return loss
 
 
-def _vjp_backward(fwd):
+def _vjp_backward(fwd: Callable[..., Array]) -> Callable[..., Array]:
     """Build ``bw(grad_output, self, target, *rest)`` from ``fwd(self, target, *rest)``."""
 
-    def bw(grad_output: Array, self: Array, target: Array, *rest, **kw) -> Array:
+    def bw(grad_output: Array, self: Array, target: Array, *rest: object, **kw: object) -> Array:
         f = lambda x: fwd(x, upcast(target), *rest, **kw)
-        return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+        # jax types a pullback's result Any.
+        res: Array = jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+        return res
 
     return bw
 
@@ -39,7 +43,9 @@ def _vjp_backward(fwd):
 # NLL
 
 
-def _nll_parts(self, target, weight, ignore_index):
+def _nll_parts(
+    self: Array, target: Array, weight: Array | None, ignore_index: int
+) -> tuple[Array, Array, Array, Array | None]:
     """Per-element loss and weight, class dim moved out: (loss, w, t, unnamed).
 
     ``unnamed`` marks the counted elements whose floating-point target is no
@@ -65,7 +71,7 @@ def _nll_parts(self, target, weight, ignore_index):
     return -picked * w, w, t, unnamed
 
 
-def _float_target_meta(op, target_pos):
+def _float_target_meta(op: Callable[..., object], target_pos: int) -> Callable[..., object]:
     """Shape rule of NLL op ``op`` (target at ``target_pos``) that also takes a float target.
 
     PyTorch/XLA builds the NLL one-hot by comparing the labels, in their own
@@ -76,7 +82,7 @@ def _float_target_meta(op, target_pos):
     on an int64 stand-in. The lowerings read a float target as class indices.
     """
 
-    def meta(*args, **kwargs):
+    def meta(*args: object, **kwargs: object) -> object:
         if "target" in kwargs:
             kwargs["target"] = _int_stand_in(kwargs["target"])
         elif len(args) > target_pos:
@@ -86,7 +92,7 @@ def _float_target_meta(op, target_pos):
     return meta
 
 
-def _int_stand_in(target):
+def _int_stand_in(target: object) -> object:
     if isinstance(target, torch.Tensor) and target.dtype.is_floating_point:
         return torch.empty(target.shape, dtype=torch.int64, device="meta")
     return target
@@ -248,11 +254,13 @@ def _kl_div(self: Array, target: Array, reduction: int = 1, *, log_target: bool 
 # hinge so that a zero margin gets no gradient)
 
 
-def _hinge(z):
+def _hinge(z: Array) -> Array:
     return jnp.where(z > 0, z, jnp.zeros((), z.dtype))
 
 
-def _multi_margin_loss(self, target, p, margin, weight=None, reduction=1):
+def _multi_margin_loss(
+    self: Array, target: Array, p: Scalar, margin: Scalar, weight: Array | None = None, reduction: int = 1
+) -> Array:
     x = upcast(self)
     one_d = x.ndim <= 1
     x = jnp.reshape(x, (1, -1)) if one_d else x
@@ -272,7 +280,7 @@ def _multi_margin_loss(self, target, p, margin, weight=None, reduction=1):
 
 @register_meta("multi_margin_loss_backward.default")
 @register_meta("multilabel_margin_loss_backward.default")
-def _margin_loss_backward_meta(grad_output, self, *rest):
+def _margin_loss_backward_meta(grad_output: torch.Tensor, self: torch.Tensor, *rest: object) -> torch.Tensor:
     return self.new_empty(self.shape)
 
 
@@ -281,8 +289,8 @@ def _multi_margin_loss_backward(
     grad_output: Array,
     self: Array,
     target: Array,
-    p: Scalar,
-    margin: Scalar,
+    p: Number,
+    margin: Number,
     weight: Array | None = None,
     reduction: int = 1,
 ) -> Array:
@@ -290,10 +298,12 @@ def _multi_margin_loss_backward(
     if p not in (1, 2):
         raise ValueError(f"multi_margin_loss: only p == 1 and p == 2 are supported, got {p}")
     f = lambda x: _multi_margin_loss(x, target, p, margin, weight, reduction)
-    return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+    # jax types a pullback's result Any.
+    res: Array = jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+    return res
 
 
-def _multilabel_margin_loss(self, target, is_target, reduction):
+def _multilabel_margin_loss(self: Array, target: Array, is_target: Array, reduction: int) -> Array:
     x = upcast(self)
     one_d = x.ndim <= 1
     x = jnp.reshape(x, (1, -1)) if one_d else x
@@ -317,7 +327,9 @@ def _multilabel_margin_loss_backward(
 ) -> Array:
     """Gradient of ``multilabel_margin_loss`` given the forward's ``is_target``."""
     f = lambda x: _multilabel_margin_loss(x, target, is_target, reduction)
-    return jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+    # jax types a pullback's result Any.
+    res: Array = jax.vjp(f, upcast(self))[1](upcast(grad_output))[0]
+    return res
 
 
 # ---------------------------------------------------------------------------
@@ -328,7 +340,14 @@ def _multilabel_margin_loss_backward(
 # forward) are its jax.vjp.
 
 
-def _lce_terms(input, linear_weight, target, linear_bias, weight, ignore_index):
+def _lce_terms(
+    input: Array,
+    linear_weight: Array,
+    target: Array,
+    linear_bias: Array | None,
+    weight: Array | None,
+    ignore_index: int,
+) -> tuple[Array, Array]:
     """Per-sample weighted negative log-likelihood and per-sample weights."""
     logits = jnp.matmul(upcast(input), upcast(linear_weight).T, precision=lax.Precision.HIGHEST)
     if linear_bias is not None:
@@ -366,7 +385,7 @@ def _lce_chunked(
     if reduction not in ("mean", "sum"):
         raise NotImplementedError(f"linear_cross_entropy chunked op: unsupported reduction {reduction!r}")
 
-    def loss_fn(x, lw, lb):
+    def loss_fn(x: Array, lw: Array, lb: Array | None) -> Array:
         nll, w = _lce_terms(x, lw, target, lb, weight, ignore_index)
         s = jnp.sum(nll)
         return s / jnp.sum(w) if reduction == "mean" else s
@@ -401,7 +420,7 @@ def _lce_chunked_no_reduction(
     return nll.astype(input.dtype)
 
 
-def _register_custom_op(namespace, name, fn):
+def _register_custom_op(namespace: str, name: str, fn: Callable[..., object]) -> None:
     """Register ``fn`` for a non-aten custom op (``torch.ops.<namespace>.<name>.default``) if it exists."""
     packet = getattr(getattr(torch.ops, namespace), name, None) if hasattr(torch.ops, namespace) else None
     op = getattr(packet, "default", None) if packet is not None else None

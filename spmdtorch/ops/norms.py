@@ -18,9 +18,10 @@ engine can write the mutated arguments (args 3 and 4) back.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import cast, overload
 
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from spmdtorch.ops._util import Array, upcast
@@ -29,14 +30,14 @@ from spmdtorch.ops.registry import register, resolve_ops
 __all__ = ["BATCH_NORM_RUNNING_STATS"]
 
 
-def _norm_input_grad(g, xhat, rstd, axes):
+def _norm_input_grad(g: Array, xhat: Array, rstd: Array, axes: tuple[int, ...]) -> Array:
     """Gradient of ``xhat = (x - mean(x)) * rstd`` w.r.t. ``x``, given dL/dxhat."""
     mg = jnp.mean(g, axis=axes, keepdims=True)
     mgx = jnp.mean(g * xhat, axis=axes, keepdims=True)
     return rstd * (g - mg - xhat * mgx)
 
 
-def _masked(mask, *vals):
+def _masked(mask: Sequence[bool], *vals: Array) -> tuple[Array | None, ...]:
     return tuple(v if m else None for m, v in zip(mask, vals))
 
 
@@ -203,15 +204,47 @@ def _native_group_norm_backward(
 # Batch norm
 
 
-def _bn_shape(x):
+def _bn_shape(x: Array) -> tuple[int, ...]:
     return (1, x.shape[1]) + (1,) * (x.ndim - 2)
 
 
-def _bn_axes(x):
+def _bn_axes(x: Array) -> tuple[int, ...]:
     return (0,) + tuple(range(2, x.ndim))
 
 
-def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+# With running statistics given, the new ones are arrays too.
+@overload
+def _batch_norm(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array,
+    running_var: Array,
+    training: bool,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array, Array, Array]: ...
+@overload
+def _batch_norm(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array | None,
+    running_var: Array | None,
+    training: bool,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array, Array | None, Array | None]: ...
+def _batch_norm(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array | None,
+    running_var: Array | None,
+    training: bool,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array, Array, Array, Array | None, Array | None]:
     """Returns (out, save_mean, save_invstd, new_running_mean, new_running_var)."""
     x = upcast(input)
     axes = _bn_axes(x)
@@ -226,8 +259,8 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
         if running_var is not None:
             unbiased = var * (n / max(n - 1, 1))
             new_rv = (1 - momentum) * upcast(running_var) + momentum * unbiased
-    else:
-        mean, var = upcast(running_mean), upcast(running_var)
+    else:  # evaluation: torch passes the running statistics (the casts state that)
+        mean, var = upcast(cast(Array, running_mean)), upcast(cast(Array, running_var))
         new_rm, new_rv = running_mean, running_var
     invstd = lax.rsqrt(var + eps)
     out = (x - mean.reshape(shp)) * invstd.reshape(shp)
@@ -287,11 +320,20 @@ def _native_batch_norm_functional(
     return out, mean, invstd, rm, rv
 
 
-def _running_stats(input, weight, bias, running_mean, running_var, training, momentum, eps):
+def _running_stats(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array | None,
+    running_var: Array | None,
+    training: bool,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array | None, ...]:
     return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[3:]
 
 
-BATCH_NORM_RUNNING_STATS: dict[Any, Callable[..., tuple[Any, ...]]] = {
+BATCH_NORM_RUNNING_STATS: dict[torch._ops.OpOverload, Callable[..., tuple[Array | None, ...]]] = {
     op: _running_stats
     for name in ("native_batch_norm.default", "_native_batch_norm_legit.default")
     for op in resolve_ops(name)
@@ -394,7 +436,15 @@ def _batch_norm_no_update(
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
 
 
-def _running_stats_update(input, weight, bias, running_mean, running_var, momentum, eps):
+def _running_stats_update(
+    input: Array,
+    weight: Array | None,
+    bias: Array | None,
+    running_mean: Array | None,
+    running_var: Array | None,
+    momentum: Array | float,
+    eps: Array | float,
+) -> tuple[Array | None, ...]:
     return _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)[3:]
 
 

@@ -11,19 +11,23 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
+from jax.typing import DTypeLike
 
 from spmdtorch.ops._util import Array, Scalar, jdtype
 from spmdtorch.ops.registry import register
 
 
-def _float_dtype(dt):
+def _float_dtype(dt: DTypeLike) -> np.dtype:
     """Draw in the tensor's float dtype (f32 for integer targets)."""
     dt = jnp.dtype(dt)
     return dt if jnp.issubdtype(dt, jnp.floating) else jnp.dtype(jnp.float32)
 
 
-def _uniform(key, shape, dtype, low=0.0, high=1.0):
+def _uniform(
+    key: Array, shape: Sequence[int], dtype: DTypeLike, low: Array | float = 0.0, high: Array | float = 1.0
+) -> Array:
     # Drawn in the target dtype, not drawn in float32 and rounded: rounding
     # maps the top of [0, 1) onto 1.0 in bfloat16/float16, and torch's range
     # excludes the upper bound.
@@ -39,7 +43,7 @@ def _uniform_op(
     *,
     generator: torch.Generator | None = None,
     key: Array,
-    **kw,
+    **kw: Array | float,
 ) -> Array:
     if "from" in kw:  # the schema name is ``from`` (a Python keyword)
         from_ = kw.pop("from")
@@ -154,7 +158,7 @@ def _randn_like(
     return jax.random.normal(key, self.shape, jnp.float32).astype(dt)
 
 
-def _randint(key, low, high, shape, dt):
+def _randint(key: Array, low: int | Array, high: int | Array, shape: Sequence[int], dt: DTypeLike) -> Array:
     dt = jnp.dtype(dt)
     if jnp.issubdtype(dt, jnp.integer):
         return jax.random.randint(key, shape, low, high, dt)
@@ -244,7 +248,7 @@ def _random_(self: Array, *, generator: torch.Generator | None = None, key: Arra
 
 @register("random_.from", random=True, lift_scalars=False)
 def _random_from(
-    self: Array, from_: int, to: int | None = None, *, generator: torch.Generator | None = None, key: Array, **kw
+    self: Array, from_: int, to: int | None = None, *, generator: torch.Generator | None = None, key: Array, **kw: int
 ) -> Array:
     hi = to if to is not None else 2**31 - 1
     return _randint(key, from_, hi, self.shape, self.dtype)

@@ -8,14 +8,15 @@ integer/bool sums in the int64 storage type, as torch does.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from spmdtorch.ops._util import Array, Scalar, acc_dtype, canon_dim, is_int, jdtype, reduce_dims, upcast
+from spmdtorch.ops._util import Array, Dims, Number, Scalar, acc_dtype, canon_dim, is_int, jdtype, reduce_dims, upcast
 from spmdtorch.ops.registry import register
 
 
@@ -93,7 +94,7 @@ def _min_other(self: Array, other: Array) -> Array:
     return jnp.minimum(self, other)
 
 
-def _arg_reduce(fn, self, dim, keepdim):
+def _arg_reduce(fn: Callable[..., Array], self: Array, dim: int | None, keepdim: bool) -> Array:
     if self.ndim == 0:
         return jnp.zeros((), jnp.int32)
     if dim is None:
@@ -136,7 +137,7 @@ def _aminmax(self: Array, *, dim: int | None = None, keepdim: bool = False) -> t
     return jnp.min(self, axis=axes, keepdims=keepdim), jnp.max(self, axis=axes, keepdims=keepdim)
 
 
-def _bool_reduce(fn, self, dim, keepdim):
+def _bool_reduce(fn: Callable[..., Array], self: Array, dim: Dims, keepdim: bool) -> Array:
     if isinstance(dim, (list, tuple)) and len(dim) == 0:
         return self != 0  # any.dims/all.dims with dim=[] reduce nothing (unlike sum)
     axes = reduce_dims(dim, self.ndim)
@@ -153,7 +154,7 @@ def _all(self: Array, dim: int | Sequence[int] | None = None, keepdim: bool = Fa
     return _bool_reduce(jnp.all, self, dim, keepdim)
 
 
-def _var(self, dim, correction, keepdim):
+def _var(self: Array, dim: Dims, correction: Scalar | None, keepdim: bool) -> tuple[Array, Array]:
     """Variance with torch's ``max(0, N - correction)`` divisor."""
     x = upcast(self)
     axes = reduce_dims(dim, x.ndim)
@@ -228,7 +229,7 @@ def _logsumexp(self: Array, dim: Sequence[int] = (), keepdim: bool = False) -> A
 @register("norm.ScalarOpt_dim", "norm.Scalar", "norm.ScalarOpt_dim_dtype", "norm.ScalarOpt_dtype", lift_scalars=False)
 def _norm(
     self: Array,
-    p: Scalar | None = 2,
+    p: Number | None = 2,
     dim: Sequence[int] | None = None,
     keepdim: bool = False,
     *,
@@ -242,7 +243,7 @@ def _norm(
 @register("linalg_vector_norm.default", lift_scalars=False)
 def _vector_norm(
     self: Array,
-    ord: Scalar = 2,
+    ord: Number = 2,
     dim: Sequence[int] | None = None,
     keepdim: bool = False,
     *,
@@ -269,7 +270,7 @@ def _vector_norm(
 # Scans
 
 
-def _scan_input(self, dtype):
+def _scan_input(self: Array, dtype: torch.dtype | None) -> Array:
     if dtype is not None:
         return self.astype(jdtype(dtype))
     if is_int(self):
@@ -309,7 +310,7 @@ def _logcumsumexp(self: Array, dim: int) -> Array:
         return x
     d = canon_dim(dim, x.ndim)
 
-    def combine(a, b):
+    def combine(a: tuple[Array, Array], b: tuple[Array, Array]) -> tuple[Array, Array]:
         ma, sa = a
         mb, sb = b
         m = jnp.maximum(ma, mb)
@@ -319,10 +320,12 @@ def _logcumsumexp(self: Array, dim: int) -> Array:
         return m, sa * ea + sb * eb
 
     m, s = lax.associative_scan(combine, (x, jnp.ones_like(x)), axis=d)
-    return m + jnp.log(s)
+    # lax.associative_scan is typed Any.
+    res: Array = m + jnp.log(s)
+    return res
 
 
-def _cum_extreme(self, dim, better):
+def _cum_extreme(self: Array, dim: int, better: Callable[[Array, Array], Array]) -> tuple[Array, Array]:
     """cummax/cummin: (values, indices), the index of the last extreme seen.
 
     torch reports the *last* index among equal extremes (and NaN wins).
@@ -332,7 +335,7 @@ def _cum_extreme(self, dim, better):
     d = canon_dim(dim, self.ndim)
     idx = lax.broadcasted_iota(jnp.int32, self.shape, d)
 
-    def combine(a, b):
+    def combine(a: tuple[Array, Array], b: tuple[Array, Array]) -> tuple[Array, Array]:
         va, ia = a
         vb, ib = b
         take_b = better(vb, va) | (vb == va)
@@ -341,7 +344,9 @@ def _cum_extreme(self, dim, better):
             take_b = take_b & ~(jnp.isnan(va) & ~jnp.isnan(vb))
         return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
 
-    return lax.associative_scan(combine, (self, idx), axis=d)
+    # lax.associative_scan is typed Any.
+    res: tuple[Array, Array] = lax.associative_scan(combine, (self, idx), axis=d)
+    return res
 
 
 @register("cummax.default")
@@ -358,7 +363,7 @@ def _cummin(self: Array, dim: int) -> tuple[Array, Array]:
 # Sorting and selection
 
 
-def _sort(self, dim, descending, stable=True):
+def _sort(self: Array, dim: int, descending: bool, stable: bool = True) -> tuple[Array, Array]:
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int32)
     d = canon_dim(dim, self.ndim)
@@ -414,7 +419,7 @@ def _kthvalue(self: Array, k: int, dim: int = -1, keepdim: bool = False) -> tupl
     return v, i
 
 
-def _median_dim(self, dim, keepdim, ignore_nan):
+def _median_dim(self: Array, dim: int, keepdim: bool, ignore_nan: bool) -> tuple[Array, Array]:
     """Lower median (torch never averages the two middle values)."""
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int32)
@@ -494,7 +499,7 @@ def _segment_reduce(
     offsets: Array | None = None,
     axis: int = 0,
     unsafe: bool = False,
-    initial: Scalar | None = None,
+    initial: Number | None = None,
 ) -> Array:
     """Reduce consecutive runs of ``data`` along ``axis`` (1-d ``lengths`` or ``offsets``).
 
@@ -534,10 +539,10 @@ def _segment_reduce(
     return jnp.moveaxis(out, 0, a)
 
 
-def _segment_ids(n, lengths, offsets):
+def _segment_ids(n: int, lengths: Array | None, offsets: Array | None) -> tuple[int, Array]:
     """``(number of segments, segment id of each of the n positions)``; past the last segment: the count."""
-    if offsets is None:
-        offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths.astype(jnp.int32))])
+    if offsets is None:  # then torch's schema check made the caller pass lengths
+        offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(cast(Array, lengths).astype(jnp.int32))])
     offsets = offsets.astype(jnp.int32)
     pos = jnp.arange(n, dtype=jnp.int32)
     return offsets.shape[0] - 1, jnp.sum(pos[:, None] >= offsets[None, 1:], axis=1).astype(jnp.int32)
@@ -553,7 +558,7 @@ def _segment_reduce_backward(
     lengths: Array | None = None,
     offsets: Array | None = None,
     axis: int = 0,
-    initial: Scalar | None = None,
+    initial: Number | None = None,
 ) -> Array:
     """Gradient of ``segment_reduce`` w.r.t. ``data``, with the CPU kernel's conventions.
 
@@ -585,7 +590,7 @@ def _segment_reduce_backward(
     gs, ys = g[segc], y[segc]  # each element's segment gradient / result
     zero = jnp.zeros((), x.dtype)
 
-    def seg_sum(v):
+    def seg_sum(v: Array) -> Array:
         return jax.ops.segment_sum(v, seg, num_segments=nseg)[segc]
 
     if reduce == "sum":

@@ -77,7 +77,7 @@ def _repeat_interleave_tensor(repeats: Array, *, output_size: int | None = None)
     return jnp.repeat(jnp.arange(n, dtype=jnp.int32), repeats, total_repeat_length=output_size)
 
 
-def _pad_config(ndim, pad):
+def _pad_config(ndim: int, pad: Sequence[int]) -> list[tuple[int, int, int]]:
     """ATen pad list (last dim first, (lo, hi) pairs) -> lax.pad config."""
     cfg = [(0, 0, 0)] * ndim
     for i in range(len(pad) // 2):
@@ -93,7 +93,7 @@ def _constant_pad_nd(self: Array, pad: Sequence[int], value: Scalar = 0) -> Arra
     return lax.pad(self, v, _pad_config(self.ndim, pad))
 
 
-def _np_pad(self, padding, mode):
+def _np_pad(self: Array, padding: Sequence[int], mode: str) -> Array:
     """reflect / edge (replicate) / wrap (circular) padding as one gather per dim.
 
     Output position ``j`` of a dim of size ``n`` padded by ``(lo, hi)`` reads
@@ -128,10 +128,14 @@ for _n in (1, 2, 3):
         return _np_pad(self, padding, "wrap")
 
     def _reflect_bw(grad_output: Array, self: Array, padding: Sequence[int]) -> Array:
-        return jax.vjp(lambda x: _np_pad(x, padding, "reflect"), self)[1](grad_output)[0]
+        # jax types a pullback's result Any.
+        res: Array = jax.vjp(lambda x: _np_pad(x, padding, "reflect"), self)[1](grad_output)[0]
+        return res
 
     def _replicate_bw(grad_output: Array, self: Array, padding: Sequence[int]) -> Array:
-        return jax.vjp(lambda x: _np_pad(x, padding, "edge"), self)[1](grad_output)[0]
+        # jax types a pullback's result Any.
+        res: Array = jax.vjp(lambda x: _np_pad(x, padding, "edge"), self)[1](grad_output)[0]
+        return res
 
     register(f"reflection_pad{_n}d.default")(_reflect)
     register(f"replication_pad{_n}d.default")(_replicate)

@@ -10,12 +10,18 @@ degrees stop updating when they reach theirs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from spmdtorch.ops._util import Array, Scalar, upcast
 from spmdtorch.ops.registry import register
+
+# The recurrences' pieces: q1(x), and a closed form (x, n, n as a float) -> value.
+_Unary = Callable[[Array], Array]
+_Trig = Callable[[Array, Array, Array], Array]
 
 
 def _operands(x: Scalar, n: Scalar) -> tuple[Array, Array]:
@@ -25,11 +31,11 @@ def _operands(x: Scalar, n: Scalar) -> tuple[Array, Array]:
     return x, n
 
 
-def _recurrence(x, n, q1, step):
+def _recurrence(x: Array, n: Array, q1: Array, step: Callable[[Array, Array, Array], Array]) -> Array:
     """``p, q = 1, q1``; for j = 1 .. n-1: ``p, q = q, step(j, p, q)``; returns q."""
     nmax = jnp.max(n) if n.size else jnp.int32(0)
 
-    def body(carry):
+    def body(carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
         j, p, q = carry
         r = step(j.astype(x.dtype), p, q)
         active = j < n
@@ -39,7 +45,7 @@ def _recurrence(x, n, q1, step):
     return q
 
 
-def _finish(x, n, rec, q1, *cases):
+def _finish(x: Array, n: Array, rec: Array, q1: Array, *cases: tuple[Array, Array]) -> Array:
     """n < 0 → 0, n == 0 → 1, n == 1 → q1, then (mask, value) overrides in order."""
     out = jnp.where(n == 1, q1, rec)
     out = jnp.where(n == 0, 1.0, out)
@@ -48,7 +54,7 @@ def _finish(x, n, rec, q1, *cases):
     return jnp.where(n < 0, 0.0, out)
 
 
-def _chebyshev(q1_of, edge, trig, trig_from):
+def _chebyshev(q1_of: _Unary, edge: _Trig, trig: _Trig, trig_from: int) -> Callable[[Scalar, Scalar], Array]:
     def lower(x: Scalar, n: Scalar) -> Array:
         x, n = _operands(x, n)
         q1 = q1_of(x)
@@ -61,28 +67,28 @@ def _chebyshev(q1_of, edge, trig, trig_from):
     return lower
 
 
-def _even(n):
+def _even(n: Array) -> Array:
     return n % 2 == 0
 
 
-def _t_trig(x, n, nf):
+def _t_trig(x: Array, n: Array, nf: Array) -> Array:
     return jnp.cos(nf * jnp.arccos(x))
 
 
-def _u_trig(x, n, nf):
+def _u_trig(x: Array, n: Array, nf: Array) -> Array:
     a = jnp.arccos(x)
     s = jnp.sin(a)
     return jnp.where(s != 0, jnp.sin((nf + 1) * a) / jnp.where(s != 0, s, 1), (nf + 1) * jnp.cos((nf + 1) * a) / x)
 
 
-def _v_trig(x, n, nf):
+def _v_trig(x: Array, n: Array, nf: Array) -> Array:
     a = jnp.arccos(x)
     return jnp.where(
         jnp.sin(a / 2) != 1, jnp.cos((nf + 0.5) * a) / jnp.cos(a / 2), jnp.where(_even(n), 2 * nf + 1, -(2 * nf + 1))
     )
 
 
-def _w_trig(x, n, nf):
+def _w_trig(x: Array, n: Array, nf: Array) -> Array:
     a = jnp.arccos(x)
     c = jnp.cos(a / 2)
     return jnp.where(
@@ -92,7 +98,7 @@ def _w_trig(x, n, nf):
     )
 
 
-_CHEBYSHEV = {
+_CHEBYSHEV: dict[str, tuple[_Unary, _Trig, _Trig, int]] = {
     "t": (lambda x: x, lambda x, n, nf: jnp.where((x > 0) | _even(n), 1.0, -1.0), _t_trig, 6),
     "u": (lambda x: x + x, lambda x, n, nf: jnp.where((x > 0) | _even(n), nf + 1, -(nf + 1)), _u_trig, 8),
     "v": (
@@ -113,12 +119,17 @@ for _k, (_q1, _edge, _trig, _from) in _CHEBYSHEV.items():
     register(f"{_name}.default", f"{_name}.x_scalar", f"{_name}.n_scalar")(_chebyshev(_q1, _edge, _trig, _from))
 
 
-def _simple(q1_of, step, zero_x_is_one=False, edge=None):
+def _simple(
+    q1_of: _Unary,
+    step: Callable[[Array, Array, Array, Array], Array],
+    zero_x_is_one: bool = False,
+    edge: Callable[[Array, Array], Array] | None = None,
+) -> Callable[[Scalar, Scalar], Array]:
     def lower(x: Scalar, n: Scalar) -> Array:
         x, n = _operands(x, n)
         q1 = q1_of(x)
         rec = _recurrence(x, n, q1, lambda j, p, q: step(x, j, p, q))
-        cases = []
+        cases: list[tuple[Array, Array]] = []
         if edge is not None:
             cases.append((jnp.abs(x) == 1, edge(x, n)))
         out = _finish(x, n, rec, q1, *cases)

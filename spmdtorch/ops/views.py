@@ -15,6 +15,7 @@ a flat gather; its inverse is ``as_strided_scatter``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,18 +23,21 @@ import torch
 from jax import lax
 
 from spmdtorch._dtypes import to_torch_dtype
-from spmdtorch.ops._util import Array, canon_dim, jdtype
+from spmdtorch.ops._util import Array, Dims, Scalar, canon_dim, jdtype
 from spmdtorch.ops.registry import register, resolve_ops
 
 __all__ = ["VIEW_INVERSES", "register_inverse", "get_inverse"]
 
-VIEW_INVERSES: dict = {}
+# fn(base, new_view_value, *view_args, **view_kwargs) -> new_base
+ViewInverse = Callable[..., Array]
+VIEW_INVERSES: dict[torch._ops.OpOverload, ViewInverse] = {}
+_I = TypeVar("_I", bound=ViewInverse)
 
 
-def register_inverse(*names: str):
+def register_inverse(*names: str) -> Callable[[_I], _I]:
     """Register ``fn(base, new_view, *args, **kwargs) -> new_base`` for views."""
 
-    def deco(fn: Callable):
+    def deco(fn: _I) -> _I:
         for name in names:
             for op in resolve_ops(name):
                 VIEW_INVERSES[op] = fn
@@ -42,7 +46,7 @@ def register_inverse(*names: str):
     return deco
 
 
-def get_inverse(op):
+def get_inverse(op: torch._ops.OpOverload) -> ViewInverse | None:
     """Return the inverse registered for view op ``op``, or None."""
     return VIEW_INVERSES.get(op)
 
@@ -51,7 +55,7 @@ def get_inverse(op):
 # Helpers
 
 
-def _slice_bounds(size: int, start, end, step: int) -> slice:
+def _slice_bounds(size: int, start: int | None, end: int | None, step: int) -> slice:
     """ATen slice semantics: None/huge/negative bounds clamp like Python's."""
     start = 0 if start is None else start
     end = size if end is None else end
@@ -64,11 +68,11 @@ def _slice_bounds(size: int, start, end, step: int) -> slice:
     return slice(start, end, step)
 
 
-def _index_at(ndim: int, dim: int, idx) -> tuple:
+def _index_at(ndim: int, dim: int, idx: int | slice | Array) -> tuple[int | slice | Array, ...]:
     return (slice(None),) * dim + (idx,)
 
 
-def _squeeze_dims(shape, dim) -> tuple[int, ...]:
+def _squeeze_dims(shape: Sequence[int], dim: Dims) -> tuple[int, ...]:
     if dim is None:
         return tuple(i for i, s in enumerate(shape) if s == 1)
     if isinstance(dim, int):
@@ -85,9 +89,9 @@ def _split_sizes_of(size: int, split_size: int) -> list[int]:
     return [min(split_size, size - i * split_size) for i in range(n)]
 
 
-def _expand_shape(shape, size) -> tuple[int, ...]:
+def _expand_shape(shape: Sequence[int], size: Sequence[int]) -> tuple[int, ...]:
     lead = len(size) - len(shape)
-    out = []
+    out: list[int] = []
     for i, s in enumerate(size):
         if i < lead:
             out.append(s)
@@ -96,7 +100,7 @@ def _expand_shape(shape, size) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _strided_indices(size, stride, offset) -> np.ndarray:
+def _strided_indices(size: Sequence[int], stride: Sequence[int], offset: int | None) -> np.ndarray:
     idx = np.full(tuple(size), offset or 0, dtype=np.int64)
     for d, (n, st) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
@@ -131,7 +135,7 @@ def _view_dtype(self: Array, dtype: torch.dtype) -> Array:
     return _view_dtype_raw(self, new)
 
 
-def _view_dtype_raw(self, new):
+def _view_dtype_raw(self: Array, new: np.dtype) -> Array:
     old_bits = jnp.dtype(self.dtype).itemsize
     new_bits = jnp.dtype(new).itemsize
     if old_bits == new_bits:
@@ -213,7 +217,7 @@ def _expand(self: Array, size: Sequence[int], *, implicit: bool = False) -> Arra
     "lift.default",
     "view_as.default",
 )
-def _alias(self: Array, *args) -> Array:
+def _alias(self: Array, *args: object) -> Array:
     return self
 
 
@@ -231,7 +235,9 @@ def _neg_view(self: Array) -> Array:
 
 @register("diagonal.default", "diagonal_copy.default")
 def _diagonal(self: Array, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Array:
-    return jnp.diagonal(self, offset, canon_dim(dim1, self.ndim), canon_dim(dim2, self.ndim))
+    # jnp.diagonal is typed Any.
+    res: Array = jnp.diagonal(self, offset, canon_dim(dim1, self.ndim), canon_dim(dim2, self.ndim))
+    return res
 
 
 @register("unfold.default", "unfold_copy.default")
@@ -317,7 +323,7 @@ def _diagonal_scatter(self: Array, src: Array, offset: int = 0, dim1: int = 0, d
 # Write side
 
 
-def _cast(v, base):
+def _cast(v: Array | Scalar, base: Array) -> Array:
     return jnp.asarray(v).astype(base.dtype)
 
 
@@ -332,23 +338,23 @@ def _cast(v, base):
     "view_copy.default",
     "reshape.default",
 )
-def _inv_reshape(base: Array, v: Array, *args, **kwargs) -> Array:
+def _inv_reshape(base: Array, v: Array, *args: object, **kwargs: object) -> Array:
     return jnp.reshape(_cast(v, base), base.shape)
 
 
 @register_inverse("alias.default", "detach.default", "lift_fresh.default", "view_as.default")
-def _inv_alias(base: Array, v: Array, *args, **kwargs) -> Array:
+def _inv_alias(base: Array, v: Array, *args: object, **kwargs: object) -> Array:
     return jnp.broadcast_to(_cast(v, base), base.shape)
 
 
 @register_inverse("_conj.default")
-def _inv_conj(base: Array, v: Array, *args, **kwargs) -> Array:
+def _inv_conj(base: Array, v: Array, *args: object, **kwargs: object) -> Array:
     v = _cast(v, base)
     return jnp.broadcast_to(jnp.conj(v) if jnp.iscomplexobj(v) else v, base.shape)
 
 
 @register_inverse("_neg_view.default")
-def _inv_neg_view(base: Array, v: Array, *args, **kwargs) -> Array:
+def _inv_neg_view(base: Array, v: Array, *args: object, **kwargs: object) -> Array:
     return jnp.broadcast_to(-_cast(v, base), base.shape)
 
 
