@@ -28,13 +28,27 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 import torch
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel
 
 import spmdtorch
-from spmdtorch import checkpoint, data, debug, fsdp, plan, runtime, sharding
+from spmdtorch import checkpoint, data, debug, dtensor, fsdp, plan, runtime, sharding
 from spmdtorch.launch import free_port
 from spmdtorch.mesh import DeviceRecord, Mesh
 
-SUBPACKAGES = ("mesh", "sharding", "fsdp", "plan", "checkpoint", "data", "runtime", "debug", "launch", "partition")
+SUBPACKAGES = (
+    "mesh",
+    "sharding",
+    "fsdp",
+    "plan",
+    "checkpoint",
+    "data",
+    "runtime",
+    "debug",
+    "launch",
+    "partition",
+    "dtensor",
+)
 
 
 class _Junk:
@@ -73,6 +87,9 @@ NOT_WALKED: dict[str, str] = {
     # Built by the dispatcher from a storage, never by user code.
     "XlaTensor": "internal constructor (user code gets XlaTensors from torch with device='xla')",
     "PerDeviceLoader": "built by ParallelLoader.per_device_loader",
+    "XlaDeviceMesh": "built by spmdtorch.dtensor.init_device_mesh (walked) and by slicing",
+    "XlaDTensor": "built by distribute_tensor / from_local (walked) and by ops",
+    "XlaFSDPModule": "the class fully_shard (walked) gives a module",
     # Torch's auto-wrap policy contract: torch's FSDP (and recursive_wrap) call
     # these with (module, recurse, nonwrapped_numel); users pass them, not call them.
     "lambda_auto_wrap_policy": "auto-wrap policy called by recursive_wrap/FSDPv2",
@@ -145,6 +162,10 @@ REGION_T = object()
 
 def _linear() -> torch.nn.Module:
     return torch.nn.Linear(4, 8)
+
+
+def _dmesh() -> Any:
+    return dtensor.init_device_mesh("xla", (8,), mesh_dim_names=("dp",))
 
 
 def _hf_dir(tmp: str) -> str:
@@ -266,6 +287,22 @@ VALID: dict[str, Case] = {
     "reduce_scatter": Case(lambda tmp: {"t": REGION_T, "axis": "model", "dim": 0}, region=True),
     # fsdp
     "FSDPv2": Case(lambda tmp: {"module": _linear().to("xla"), "mesh": Mesh(np.arange(8), (8,), ("fsdp",))}),
+    # dtensor (torch's DeviceMesh/DTensor/FSDP2 API on an xla mesh)
+    "init_device_mesh": Case(lambda tmp: {"device_type": "xla", "mesh_shape": (2, 4), "mesh_dim_names": ("dp", "tp")}),
+    "distribute_tensor": Case(
+        lambda tmp: {"tensor": torch.zeros(8, 4), "device_mesh": _dmesh(), "placements": [Shard(0)]}
+    ),
+    "from_local": Case(lambda tmp: {"local_tensor": _xt(8, 4), "device_mesh": _dmesh(), "placements": [Shard(0)]}),
+    "distribute_module": Case(lambda tmp: {"module": _linear(), "device_mesh": _dmesh()}),
+    "parallelize_module": Case(
+        lambda tmp: {"module": _linear(), "device_mesh": _dmesh(), "parallelize_plan": ColwiseParallel()}
+    ),
+    "fully_shard": Case(lambda tmp: {"module": _linear(), "mesh": _dmesh()}),
+    "mesh_groups": Case(lambda tmp: {"device_mesh": _dmesh()}),
+    "root_axes": Case(lambda tmp: {"device_mesh": _dmesh()}),
+    "spmd_mesh": Case(lambda tmp: {"device_mesh": _dmesh()}),
+    "partition_spec": Case(lambda tmp: {"mesh": _dmesh(), "placements": [Shard(0)], "ndim": 2}),
+    "placements_of_spec": Case(lambda tmp: {"mesh": _dmesh(), "spec": ("dp", None)}),
     "accumulate_gradients": Case(
         lambda tmp: {
             "model": _linear().to("xla"),
@@ -446,6 +483,9 @@ EXTRA: dict[str, list[tuple[str, Any]]] = {
     "mark_manual_sharding": [("t", torch.zeros(8, 2))],
     "shard_to_full_shape": [("full_shape", (8, 4)), ("full_shape", (8, -2))],
     "FSDPv2": [("mesh", _mesh)],
+    "init_device_mesh": [("mesh_shape", (3, 3)), ("mesh_dim_names", ("a", "a")), ("device_type", "cuda")],
+    "fully_shard": [("reshard_after_forward", 3)],
+    "from_local": [("shape", (4, 4))],
     "accumulate_gradients": [("micro_batches", []), ("micro_batches", [torch.zeros(8, 4)]), ("micro_batches", [3])],
     "MixedPrecision": [("param_dtype", torch.int64)],
     "memory_plan": [("budget_bytes", -1)],

@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils._pytree import tree_map
 
+from spmdtorch import _checks
 from spmdtorch.dtensor._mesh import XlaDeviceMesh, as_xla_mesh, init_device_mesh
 from spmdtorch.dtensor._tensor import _annotate, _spec, distribute_tensor, from_local
 from spmdtorch.dtensor.errors import DTensorError, UnsupportedFSDPError
@@ -493,6 +494,11 @@ def fully_shard(
     _check_reshard(reshard_after_forward, xmesh)
     if shard_placement_fn is not None and not callable(shard_placement_fn):
         raise DTensorError(f"fully_shard: shard_placement_fn must be callable, got {type(shard_placement_fn).__name__}")
+    if ignored_params is not None and (
+        not isinstance(ignored_params, (set, frozenset, list, tuple))
+        or not all(isinstance(p, torch.Tensor) for p in ignored_params)
+    ):
+        _checks.fail(DTensorError, "fully_shard", "ignored_params", "a set of parameters or None", ignored_params)
     ignored = {id(p) for p in (ignored_params or ())}
 
     replaced: dict[int, nn.Parameter] = {}

@@ -29,11 +29,20 @@ import torch
 from torch.distributed._mesh_layout import _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 
-from spmdtorch import runtime
+from spmdtorch import _checks, runtime
 from spmdtorch.dtensor.errors import DeviceMeshError, NoRankError
 from spmdtorch.mesh import Mesh, MeshError
 
-__all__ = ["XlaDeviceMesh", "as_xla_mesh", "init_device_mesh", "mesh_groups", "root_axes", "spans_root", "spmd_mesh"]
+__all__ = [
+    "XlaDeviceMesh",
+    "as_xla_mesh",
+    "check_device_mesh",
+    "init_device_mesh",
+    "mesh_groups",
+    "root_axes",
+    "spans_root",
+    "spmd_mesh",
+]
 
 
 def _no_rank(what: str, hint: str = "") -> NoReturn:
@@ -178,9 +187,10 @@ def init_device_mesh(
         ((4,), [0, 1, 2, 3])
     """
     if not isinstance(device_type, str):
-        if mesh_shape is not None:
+        if mesh_shape is not None or device_type is None:
             raise DeviceMeshError(
-                "init_device_mesh: give the shape once, as init_device_mesh('xla', shape) or init_device_mesh(shape)"
+                f"init_device_mesh: device_type must be 'xla' (or the mesh shape, with no mesh_shape), got "
+                f"{device_type!r}; call init_device_mesh('xla', shape) or init_device_mesh(shape)"
             )
         mesh_shape = device_type
         device_type = "xla"
@@ -192,6 +202,11 @@ def init_device_mesh(
     shape = _check_shape(mesh_shape)
     names = None
     if mesh_dim_names is not None:
+        if isinstance(mesh_dim_names, str) or not isinstance(mesh_dim_names, Sequence):
+            raise DeviceMeshError(
+                f"init_device_mesh: mesh_dim_names must be a tuple of {len(shape)} unique strings, got "
+                f"{mesh_dim_names!r}"
+            )
         names = tuple(mesh_dim_names)
         if len(names) != len(shape) or len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
             raise DeviceMeshError(
@@ -199,7 +214,11 @@ def init_device_mesh(
                 f"{shape}), got {mesh_dim_names!r}"
             )
     count = runtime.global_runtime_device_count()
-    ids = list(range(count)) if device_ids is None else [int(i) for i in device_ids]
+    ids = (
+        list(range(count))
+        if device_ids is None
+        else list(_checks.check_int_sequence(device_ids, "init_device_mesh", "device_ids", DeviceMeshError, minimum=0))
+    )
     size = 1
     for n in shape:
         size *= n
@@ -243,6 +262,20 @@ def as_xla_mesh(device_mesh: Any, what: str = "device_mesh") -> XlaDeviceMesh:
     )
 
 
+def check_device_mesh(device_mesh: Any, func: str, param: str = "device_mesh") -> DeviceMesh:
+    """``device_mesh`` if it is a torch ``DeviceMesh`` over xla devices, else :class:`DeviceMeshError` naming ``param``."""
+    if not isinstance(device_mesh, DeviceMesh) or device_mesh.device_type != "xla":
+        _checks.fail(
+            DeviceMeshError,
+            func,
+            param,
+            "a torch.distributed DeviceMesh over xla devices",
+            device_mesh,
+            "build one with spmdtorch.dtensor.init_device_mesh('xla', shape)",
+        )
+    return device_mesh
+
+
 def root_axes(device_mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
     """For each dim of ``device_mesh``, the dims of its root mesh it spans (several for a flattened dim).
 
@@ -258,6 +291,7 @@ def root_axes(device_mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
     cached = getattr(device_mesh, "_spmdtorch_root_axes", None)
     if cached is not None:
         return cast(tuple[tuple[int, ...], ...], cached)
+    check_device_mesh(device_mesh, "root_axes")
     root = device_mesh._get_root_mesh()
     root_layout = root._layout
     out = []
@@ -297,7 +331,7 @@ def spmd_mesh(device_mesh: DeviceMesh) -> Mesh:
         >>> spmd_mesh(init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp"))["tp"])
         Mesh(device_ids=range(8), mesh_shape=(2, 4), axis_names=('dp', 'tp'))
     """
-    root = device_mesh._get_root_mesh()
+    root = check_device_mesh(device_mesh, "spmd_mesh")._get_root_mesh()
     cached = getattr(root, "_spmdtorch_mesh", None)
     if cached is not None:
         return cast(Mesh, cached)
@@ -318,4 +352,5 @@ def mesh_groups(device_mesh: DeviceMesh) -> torch.Tensor:
         >>> mesh_groups(init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp"))["dp"]).tolist()
         [[0, 4], [1, 5], [2, 6], [3, 7]]
     """
+    check_device_mesh(device_mesh, "mesh_groups")
     return device_mesh._layout.remap_to_tensor(device_mesh._rank_map)

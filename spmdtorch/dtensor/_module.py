@@ -36,8 +36,9 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 
+from spmdtorch import _checks
 from spmdtorch.dtensor._mesh import as_xla_mesh
-from spmdtorch.dtensor._tensor import distribute_tensor, from_local
+from spmdtorch.dtensor._tensor import _check_src_data_rank, distribute_tensor, from_local
 from spmdtorch.dtensor.errors import DTensorError, UnsupportedStyleError
 
 __all__ = ["distribute_module", "parallelize_module"]
@@ -95,6 +96,9 @@ def distribute_module(
     if not isinstance(module, nn.Module):
         raise DTensorError(f"distribute_module: module must be an nn.Module, got {type(module).__name__}")
     mesh = as_xla_mesh(device_mesh, "distribute_module(device_mesh)")
+    for param, fn in (("partition_fn", partition_fn), ("input_fn", input_fn), ("output_fn", output_fn)):
+        if fn is not None:
+            _checks.check_callable(fn, "distribute_module", param, DTensorError)
     for name, sub in module.named_modules():
         if partition_fn is not None:
             partition_fn(name, sub, mesh)
@@ -308,6 +312,7 @@ def parallelize_module(
     if not isinstance(module, nn.Module):
         raise DTensorError(f"parallelize_module: module must be an nn.Module, got {type(module).__name__}")
     mesh = as_xla_mesh(device_mesh, "parallelize_module(device_mesh)")
+    _check_src_data_rank(src_data_rank, "parallelize_module")
     if parallelize_plan is None:
         warnings.warn("parallelize_module: no parallelize_plan given; the module is unchanged", stacklevel=2)
         return module

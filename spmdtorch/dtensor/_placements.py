@@ -19,10 +19,11 @@ from typing import Any
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from spmdtorch.dtensor._mesh import root_axes
+from spmdtorch import _checks
+from spmdtorch.dtensor._mesh import check_device_mesh, root_axes
 from spmdtorch.dtensor.errors import PlacementError, UnsupportedPlacementError
 
-__all__ = ["normalize_placements", "partition_spec", "placements_of_spec"]
+__all__ = ["normalize_placements", "partition_spec", "placements_of_spec", "spec_of"]
 
 
 def normalize_placements(
@@ -66,19 +67,8 @@ def normalize_placements(
     return tuple(out)
 
 
-def partition_spec(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int) -> tuple[Any, ...]:
-    """The partition spec over ``mesh``'s root mesh for already-normalized ``placements``.
-
-    Entries are root axis indices (an int, or a tuple when a tensor dim is
-    split over several), or None.
-
-    Example:
-        >>> from torch.distributed.tensor import Replicate, Shard
-        >>> from spmdtorch.dtensor import init_device_mesh
-        >>> mesh = init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp"))
-        >>> partition_spec(mesh, (Shard(1), Shard(0)), 2), partition_spec(mesh["tp"], (Shard(0),), 2)
-        ((1, 0), (1, None))
-    """
+def spec_of(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int) -> tuple[Any, ...]:
+    """:func:`partition_spec` without the argument checks (for placements already normalized)."""
     axes = root_axes(mesh)
     per_dim: list[list[int]] = [[] for _ in range(ndim)]
     for i, p in enumerate(placements):
@@ -87,18 +77,55 @@ def partition_spec(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int)
     return tuple(None if not a else a[0] if len(a) == 1 else tuple(a) for a in per_dim)
 
 
+def partition_spec(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int) -> tuple[Any, ...]:
+    """The partition spec over ``mesh``'s root mesh that ``placements`` mean for a tensor of rank ``ndim``.
+
+    Entries are root axis indices (an int, or a tuple when a tensor dim is
+    split over several), or None.
+
+    Raises:
+        DeviceMeshError: ``mesh`` is not an xla ``DeviceMesh``.
+        PlacementError, UnsupportedPlacementError: placements that do not fit
+            ``mesh`` and ``ndim`` (as :func:`~spmdtorch.dtensor.distribute_tensor`).
+
+    Example:
+        >>> from torch.distributed.tensor import Replicate, Shard
+        >>> from spmdtorch.dtensor import init_device_mesh
+        >>> mesh = init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp"))
+        >>> partition_spec(mesh, (Shard(1), Shard(0)), 2), partition_spec(mesh["tp"], (Shard(0),), 2)
+        ((1, 0), (1, None))
+    """
+    check_device_mesh(mesh, "partition_spec", "mesh")
+    rank = _checks.check_int(ndim, "partition_spec", "ndim", PlacementError, minimum=0)
+    if placements is None:
+        _checks.fail(PlacementError, "partition_spec", "placements", "one placement per mesh dim", placements)
+    return spec_of(mesh, normalize_placements(placements, mesh, rank, "partition_spec"), rank)
+
+
 def placements_of_spec(mesh: DeviceMesh, spec: Sequence[Any]) -> tuple[Placement, ...]:
     """The placements on ``mesh`` that a partition spec over its root mesh means (the inverse of :func:`partition_spec`).
 
     Root axes ``mesh`` does not span must not be used by ``spec``.
 
+    Entries name root axes by index (what :func:`partition_spec` gives) or by name.
+
     Raises:
-        PlacementError: ``spec`` shards over a root axis ``mesh`` lacks, or
-            over part of a flattened dim of ``mesh``.
+        DeviceMeshError: ``mesh`` is not an xla ``DeviceMesh``.
+        PlacementError: ``spec`` is not a sequence, or shards over a root axis
+            ``mesh`` lacks, or over part of a flattened dim of ``mesh``.
     """
+    check_device_mesh(mesh, "placements_of_spec", "mesh")
+    if isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence):
+        _checks.fail(PlacementError, "placements_of_spec", "spec", "a partition spec (one entry per tensor dim)", spec)
     axes = root_axes(mesh)
+    names = tuple(mesh._get_root_mesh().mesh_dim_names or ())
     placements: list[Placement] = [Replicate() for _ in axes]
     for d, entry in enumerate(spec):
+        # Entries name root axes by index or by name (what spmdtorch.sharding's partition specs take).
+        if isinstance(entry, str) and entry in names:
+            entry = names.index(entry)
+        elif isinstance(entry, tuple):
+            entry = tuple(names.index(a) if isinstance(a, str) and a in names else a for a in entry)
         used = () if entry is None else entry if isinstance(entry, tuple) else (entry,)
         pos = 0
         while pos < len(used):

@@ -38,9 +38,9 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from spmdtorch import fsdp, sharding
+from spmdtorch import _checks, fsdp, sharding
 from spmdtorch.dtensor._mesh import as_xla_mesh, spans_root, spmd_mesh
-from spmdtorch.dtensor._placements import normalize_placements, partition_spec
+from spmdtorch.dtensor._placements import normalize_placements, spec_of
 from spmdtorch.dtensor.errors import DTensorError, InplaceGradError, LocalTensorError, PlacementError
 from spmdtorch.lazy import caches
 from spmdtorch.tensor import is_xla_tensor
@@ -70,7 +70,7 @@ def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> 
     if fsdp.in_local_step():
         # accumulate_gradients' per-device body: t is one device's block, the mesh axes are manual there.
         return t
-    spec_ = partition_spec(spec.mesh, spec.placements, t.dim())
+    spec_ = spec_of(spec.mesh, spec.placements, t.dim())
     mesh = spmd_mesh(spec.mesh)
     try:
         return sharding.mark_sharding(t, mesh, spec_)
@@ -550,6 +550,12 @@ def _wrap_result(
 
 
 # -- constructors ------------------------------------------------------------------------
+def _check_src_data_rank(src_data_rank: Any, func: str) -> None:
+    # Accepted for torch's signature (every block comes from the one global tensor), but checked as torch types it.
+    if src_data_rank is not None and not _checks.is_int(src_data_rank):
+        _checks.fail(DTensorError, func, "src_data_rank", "an int or None", src_data_rank)
+
+
 def distribute_tensor(
     tensor: torch.Tensor,
     device_mesh: DeviceMesh | None = None,
@@ -585,6 +591,7 @@ def distribute_tensor(
     if device_mesh is None:
         raise DTensorError("distribute_tensor: pass device_mesh (an spmdtorch.dtensor.init_device_mesh mesh)")
     mesh = as_xla_mesh(device_mesh, "distribute_tensor(device_mesh)")
+    _check_src_data_rank(src_data_rank, "distribute_tensor")
     if isinstance(tensor, DTensor):
         raise DTensorError(
             f"distribute_tensor: tensor is already a DTensor (placements {tensor.placements}); use "
@@ -635,6 +642,12 @@ def from_local(
     mesh = as_xla_mesh(device_mesh, "from_local(device_mesh)")
     if isinstance(local_tensor, DTensor):
         raise DTensorError("from_local: local_tensor is already a DTensor; use its redistribute(...)")
+    _checks.check_instance(local_tensor, torch.Tensor, "from_local", "local_tensor", DTensorError, "a torch.Tensor")
+    _checks.check_bool(run_check, "from_local", "run_check", DTensorError)
+    if shape is not None:
+        shape = _checks.check_int_sequence(shape, "from_local", "shape", LocalTensorError, minimum=0)
+    if stride is not None:
+        stride = _checks.check_int_sequence(stride, "from_local", "stride", LocalTensorError, minimum=0)
     target = normalize_placements(placements, mesh, local_tensor.dim(), "from_local")
     if shape is not None and tuple(shape) != tuple(local_tensor.shape):
         raise LocalTensorError(
