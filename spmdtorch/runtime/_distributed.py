@@ -97,7 +97,96 @@ def _torchrun_address(env: Mapping[str, str]) -> str:
     return f"{config.read_one('master_addr', env)}:{port}"
 
 
-def resolve_distributed_config(  # noqa: C901, PLR0915  (why: one precedence rule per setting (argument, environment, cluster detection), each checked where it is read)
+# (coordinator address, number of processes, process id) as the environment gives them.
+_Found = tuple[str | None, int | None, int | None]
+
+
+def _from_environment(
+    env: Mapping[str, str], device_ids: tuple[int, ...] | None
+) -> tuple[str, _Found, tuple[int, ...] | None]:
+    """Where the settings not passed as arguments come from: ``(source, found, device ids)``.
+
+    The launcher's ``SPMDTORCH_*`` variables, then torchrun's; with neither,
+    JAX's own cluster detection decides (``source="jax"``, nothing found here).
+    Each variable is parsed only where this order consults it.
+
+    Raises:
+        DistributedInitError: torchrun's ``WORLD_SIZE`` > 1 without its rendezvous variables.
+    """
+
+    def var(field: str) -> Any:  # the field's parsed type (spmdtorch.config's knob table)
+        return config.read_one(field, env)
+
+    if var("coordinator_address"):
+        found: _Found = (var("coordinator_address"), var("num_processes"), var("process_id"))
+        if device_ids is None:
+            device_ids = var("local_device_ids")
+        return "SPMDTORCH_*", found, device_ids
+    if var("master_addr") and var("world_size") is not None and var("rank") is not None:
+        found = (_torchrun_address(env), var("world_size"), var("rank"))
+        local_world = var("local_world_size")
+        if device_ids is None and local_world is not None and local_world > 1:
+            # Several processes on this host: each takes the device of its local rank.
+            local_rank = var("local_rank")
+            device_ids = None if local_rank is None else (local_rank,)
+        return "torchrun", found, device_ids
+    world = var("world_size")
+    if world is not None and world > 1:
+        # torchrun's mark without its rendezvous: joining JAX's way would find nothing
+        # and run this process alone, silently (one of `world` independent jobs).
+        missing = [name for name, field in (("MASTER_ADDR", "master_addr"), ("RANK", "rank")) if not var(field)]
+        missing = missing or ["MASTER_ADDR"]
+        raise DistributedInitError(
+            f"WORLD_SIZE={world} says this process is one of {world} (torchrun's variables), but "
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; set MASTER_ADDR, "
+            "MASTER_PORT and RANK as torchrun does (or the SPMDTORCH_* launcher variables), or unset "
+            "WORLD_SIZE to run as a single process"
+        )
+    return "jax", (None, None, None), device_ids
+
+
+def _check_resolved(
+    source: str, coordinator_address: str | None, num_processes: int | None, process_id: int | None
+) -> None:
+    """The resolved settings are complete (unless JAX detects them) and in range.
+
+    Raises:
+        DistributedInitError: A setting is missing, out of range or malformed (named, with the fix).
+    """
+    if source != "jax" and None in (coordinator_address, num_processes, process_id):
+        missing = [
+            n
+            for n, v in zip(
+                ("coordinator_address", "num_processes", "process_id"), (coordinator_address, num_processes, process_id)
+            )
+            if v is None
+        ]
+        names = {
+            "SPMDTORCH_*": (ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID),
+            "torchrun": ("MASTER_ADDR", "WORLD_SIZE", "RANK"),
+        }.get(source)
+        hint = f" (environment: {', '.join(names)})" if names else ""
+        raise DistributedInitError(
+            f"initialize_distributed: {', '.join(missing)} not given and not found in the "
+            f"environment{hint}; pass them as arguments or set the variables"
+        )
+    if num_processes is not None:
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+            raise DistributedInitError(f"num_processes must be an int >= 1, got {num_processes!r}")
+        if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+            raise DistributedInitError(
+                f"process_id must be an int in 0..{num_processes - 1} (num_processes={num_processes}), "
+                f"got {process_id!r}"
+            )
+    if coordinator_address is not None and (
+        ":" not in coordinator_address or not coordinator_address.rsplit(":", 1)[1].isdigit()
+    ):
+        raise DistributedInitError(
+            f"coordinator_address {coordinator_address!r} must be 'host:port', e.g. '10.0.0.1:8476'"
+        )
+
+
+def resolve_distributed_config(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
@@ -167,75 +256,13 @@ def resolve_distributed_config(  # noqa: C901, PLR0915  (why: one precedence rul
     elif local_device_ids is not None:
         device_ids = tuple(int(i) for i in local_device_ids)
 
-    given = (coordinator_address, num_processes, process_id)
     source = "arguments"
-    if None in given:
-        if var("coordinator_address"):
-            source = "SPMDTORCH_*"
-            found: tuple[str | None, int | None, int | None] = (
-                var("coordinator_address"),
-                var("num_processes"),
-                var("process_id"),
-            )
-            if device_ids is None:
-                device_ids = var("local_device_ids")
-        elif var("master_addr") and var("world_size") is not None and var("rank") is not None:
-            source = "torchrun"
-            found = (_torchrun_address(env), var("world_size"), var("rank"))
-            local_world = var("local_world_size")
-            if device_ids is None and local_world is not None and local_world > 1:
-                # Several processes on this host: each takes the device of its local rank.
-                local_rank = var("local_rank")
-                device_ids = None if local_rank is None else (local_rank,)
-        else:
-            world = var("world_size")
-            if world is not None and world > 1:
-                # torchrun's mark without its rendezvous: joining JAX's way would find nothing
-                # and run this process alone, silently (one of `world` independent jobs).
-                missing = [name for name, field in (("MASTER_ADDR", "master_addr"), ("RANK", "rank")) if not var(field)]
-                missing = missing or ["MASTER_ADDR"]
-                raise DistributedInitError(
-                    f"WORLD_SIZE={world} says this process is one of {world} (torchrun's variables), but "
-                    f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; set MASTER_ADDR, "
-                    "MASTER_PORT and RANK as torchrun does (or the SPMDTORCH_* launcher variables), or unset "
-                    "WORLD_SIZE to run as a single process"
-                )
-            source = "jax"
-            found = (None, None, None)
+    if None in (coordinator_address, num_processes, process_id):
+        source, found, device_ids = _from_environment(env, device_ids)
         coordinator_address = coordinator_address if coordinator_address is not None else found[0]
         num_processes = num_processes if num_processes is not None else found[1]
         process_id = process_id if process_id is not None else found[2]
-    if source != "jax" and None in (coordinator_address, num_processes, process_id):
-        missing = [
-            n
-            for n, v in zip(
-                ("coordinator_address", "num_processes", "process_id"), (coordinator_address, num_processes, process_id)
-            )
-            if v is None
-        ]
-        names = {
-            "SPMDTORCH_*": (ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID),
-            "torchrun": ("MASTER_ADDR", "WORLD_SIZE", "RANK"),
-        }.get(source)
-        hint = f" (environment: {', '.join(names)})" if names else ""
-        raise DistributedInitError(
-            f"initialize_distributed: {', '.join(missing)} not given and not found in the "
-            f"environment{hint}; pass them as arguments or set the variables"
-        )
-    if num_processes is not None:
-        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-            raise DistributedInitError(f"num_processes must be an int >= 1, got {num_processes!r}")
-        if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
-            raise DistributedInitError(
-                f"process_id must be an int in 0..{num_processes - 1} (num_processes={num_processes}), "
-                f"got {process_id!r}"
-            )
-    if coordinator_address is not None and (
-        ":" not in coordinator_address or not coordinator_address.rsplit(":", 1)[1].isdigit()
-    ):
-        raise DistributedInitError(
-            f"coordinator_address {coordinator_address!r} must be 'host:port', e.g. '10.0.0.1:8476'"
-        )
+    _check_resolved(source, coordinator_address, num_processes, process_id)
     return DistributedConfig(
         coordinator_address, num_processes, process_id, device_ids, source, int(heartbeat_timeout_s)
     )
