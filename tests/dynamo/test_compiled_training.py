@@ -214,6 +214,30 @@ def test_stateless_optimizer_loop_is_one_trace_and_one_xla_compile():
     assert debug.counter_value("DynamoRecompiles") == 0
 
 
+def test_a_new_input_sharding_is_no_guard_failure_and_compiles_one_program_per_layout():
+    # Dynamo guards shapes, dtypes and Python state, not layouts: a sharding Dynamo has not seen
+    # re-uses the graph, and only the engine compiles (once per layout, cached like any lazy step).
+    mesh = _mesh()
+    cpu = _mlp()
+    model = copy.deepcopy(cpu).to("xla")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("spmdtorch")
+    fast = torch.compile(model, backend=counter)
+    debug.clear_counters()
+    compiles = []
+    for spec in [("fsdp", None), (None, "fsdp"), None, ("fsdp", None), (None, "fsdp")]:
+        x = torch.randn(8, 16)
+        xx = x.to("xla") if spec is None else mark_sharding(x.to("xla"), mesh, spec)
+        before = debug.counter_value("UncachedCompile")
+        out = fast(xx)
+        spmdtorch.sync()
+        compiles.append(debug.counter_value("UncachedCompile") - before)
+        torch.testing.assert_close(out.cpu(), cpu(x), rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1
+    assert debug.counter_value("DynamoRecompiles") == 0
+    assert all(c >= 1 for c in compiles[:3]), compiles  # three layouts, three programs
+    assert compiles[3:] == [0, 0]  # a layout seen before: the engine's cached program
+
+
 class _Scaled(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
