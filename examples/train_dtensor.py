@@ -72,7 +72,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import spmdtorch
-from spmdtorch import runtime
+from spmdtorch import debug, runtime
 from spmdtorch.dtensor import fully_shard, init_device_mesh, parallelize_module
 from spmdtorch.fsdp import accumulate_gradients
 from spmdtorch.sharding import get_sharding_spec
@@ -184,7 +184,9 @@ def main() -> int:
     for name in ("tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.feed_forward.w2.weight"):
         p = model.get_parameter(name)
         print(f"  {name:34s} {tuple(p.placements)!s:36s} {get_sharding_spec(p.to_local())}")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    # Step counters on the device, so a compiled step replays: spmdtorch.compile makes optimizers over xla
+    # tensors capturable itself, but not yet over DTensor parameters.
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, capturable=args.mode == "compiled")
 
     def train_step(data: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         if args.grad_accum > 1:
@@ -221,6 +223,8 @@ def main() -> int:
             line += f"  eager {float(ref_loss.detach()):.4f}  |diff| {diff:.2e}"
         print(line, flush=True)
     print(f"first -> last loss: {losses[0]:.4f} -> {losses[-1]:.4f}")
+    if args.mode == "compiled":
+        print(f"compiled steps replayed: {debug.counter_value('CompiledReplay') or 0} of {args.steps}")
     if ref_opt is not None:
         print(f"max |loss - eager loss|: {worst:.2e}")
         if worst > 1e-3:
