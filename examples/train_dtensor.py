@@ -184,9 +184,8 @@ def main() -> int:
     for name in ("tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.feed_forward.w2.weight"):
         p = model.get_parameter(name)
         print(f"  {name:34s} {tuple(p.placements)!s:36s} {get_sharding_spec(p.to_local())}")
-    # Step counters on the device, so a compiled step replays: spmdtorch.compile makes optimizers over xla
-    # tensors capturable itself, but not yet over DTensor parameters.
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, capturable=args.mode == "compiled")
+    # Plain AdamW: under spmdtorch.compile its step counters move to the devices by themselves (capturable).
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     def train_step(data: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         if args.grad_accum > 1:

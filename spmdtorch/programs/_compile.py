@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from spmdtorch import config
 from spmdtorch.lazy import (
@@ -118,12 +119,22 @@ class _HPRecording(threading.local):
 _HP_RECORDING = _HPRecording()
 
 
+def _on_xla(p: torch.Tensor) -> bool:
+    """``p`` is an xla tensor, or a tensor subclass that wraps xla tensors (a DTensor over an xla mesh)."""
+    if isinstance(p, XlaTensor):
+        return True
+    if not is_traceable_wrapper_subclass(p):
+        return False
+    inner, _ = p.__tensor_flatten__()
+    return any(isinstance(getattr(p, name), XlaTensor) for name in inner)
+
+
 def _optimizer_pre_hook(optimizer, args, kwargs):
     """While tracing: make torch optimizers capturable, remember their hparams, record float ones."""
     if not _TraceState.active:
         return None
     for group in optimizer.param_groups:
-        if not any(isinstance(p, XlaTensor) for p in group["params"]):
+        if not any(_on_xla(p) for p in group["params"]):
             continue
         if "capturable" in group and not group["capturable"]:
             group["capturable"] = True
