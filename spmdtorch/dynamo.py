@@ -235,9 +235,22 @@ def _install_recompile_hook() -> bool:
     return True
 
 
+_NO_HOOK_WARNED = False  # the missing-hook warning below is given once per process
+
+
 def _note_recompile() -> None:
     """Count (and, when asked, log) the recompile whose first graph the backend was just given."""
+    global _NO_HOOK_WARNED
     pending, _PENDING.reasons = _PENDING.reasons, None
+    if not _RECOMPILE_HOOK and not _NO_HOOK_WARNED and config.settings().log_recompiles:
+        # A torch release without the wrapped function: say so once rather than log nothing silently.
+        _NO_HOOK_WARNED = True
+        _log.warning(
+            f"SPMDTORCH_LOG_RECOMPILES: torch {torch.__version__} has no "
+            "torch._dynamo.convert_frame.get_and_maybe_log_recompilation_reasons, so torch.compile's "
+            "recompiles are neither counted (DynamoRecompiles) nor logged here; TORCH_LOGS=recompiles "
+            "makes torch log them with the failed guard"
+        )
     if pending is None:
         return
     metrics.inc("DynamoRecompiles")

@@ -294,6 +294,19 @@ def test_recompiles_are_counted_but_not_logged_without_the_knob(log_recompiles_e
     assert not [r for r in caplog.records if "Dynamo guard failed" in r.getMessage()]
 
 
+def test_a_torch_without_the_recompile_hook_is_named_once_when_logging_is_asked(log_recompiles_env, caplog):
+    log_recompiles_env.setenv("SPMDTORCH_LOG_RECOMPILES", "1")
+    config.reload()
+    log_recompiles_env.setattr(spmdtorch.dynamo, "_RECOMPILE_HOOK", False)
+    log_recompiles_env.setattr(spmdtorch.dynamo, "_NO_HOOK_WARNED", False)
+    with caplog.at_level(logging.WARNING, logger="spmdtorch.compile"):
+        torch.compile(lambda a: a * 2, backend="spmdtorch")(torch.ones(2).to("xla"))
+        torch.compile(lambda a: a * 3, backend="spmdtorch")(torch.ones(2).to("xla"))
+    lines = [r.getMessage() for r in caplog.records if "get_and_maybe_log_recompilation_reasons" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "TORCH_LOGS=recompiles" in lines[0] and torch.__version__ in lines[0]
+
+
 def test_compiled_model_with_a_checkpoint_module_layer_matches_eager_values_and_gradients():
     from spmdtorch.fsdp import checkpoint_module
 
