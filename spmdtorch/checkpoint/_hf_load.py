@@ -2,11 +2,13 @@
 
 Every parameter is built straight into its sharding with
 ``jax.make_array_from_callback``: the callback reads only the block a device
-owns, through ``safe_open(...).get_slice`` (safetensors reads those bytes of
-the memory-mapped file), so no device and no host buffer ever holds a full
-copy of a sharded parameter. Shard files are opened one at a time and closed
-before the next: host memory beyond the model's own device arrays stays
-around the largest shard file (its mapped pages) plus one parameter's blocks.
+owns, with positioned reads of exactly its bytes (``_st_blocks``: no memory
+map, whose touched pages would stay resident until the whole shard file is
+closed), so no device and no host buffer ever holds a full copy of a sharded
+parameter. Host memory beyond the model's own device arrays stays about one
+parameter's blocks (what ``make_array_from_callback`` gathers before placing
+them), whatever the shard files' size. Headers are validated by
+``safetensors.safe_open`` before anything is read.
 
 Invariants:
 
@@ -27,15 +29,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 import numpy.typing as npt
 import torch
-from safetensors import SafetensorError
 from torch import nn
 
 from spmdtorch import _checks, _dtypes
 from spmdtorch.checkpoint import placement
 from spmdtorch.checkpoint._hf_layout import HfLayout, read_layout
+from spmdtorch.checkpoint._st_blocks import ST_DTYPES, ShardFile, ShardReadError, TensorEntry
 from spmdtorch.checkpoint.errors import (
     CheckpointArgumentTypeError,
     CheckpointCorruptionError,
@@ -56,18 +57,7 @@ from spmdtorch.tensor.xla_tensor import XlaTensor, contiguous_strides
 
 __all__ = ["PretrainedLoad", "UninitializedTensorsError", "load_pretrained"]
 
-_ST_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
+_ST_DTYPES = ST_DTYPES  # safetensors dtype name -> torch dtype (import_state reads it here)
 
 Rules = Mapping[str, Sequence[Any]] | str | None
 
@@ -319,10 +309,11 @@ class _BlockReader:
     (replicated dims) are read once.
     """
 
-    def __init__(self, handle: Any, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self._handle = handle
-        self._key = key
-        self._shape = shape
+    def __init__(self, shard: ShardFile, entry: TensorEntry, dtype: torch.dtype) -> None:
+        self._shard = shard
+        self._entry = entry
+        self._key = entry.key
+        self._shape = entry.shape
         self._dtype = dtype
         self._cache: dict[tuple[tuple[int, int], ...], npt.NDArray[Any]] = {}
 
@@ -334,18 +325,16 @@ class _BlockReader:
         return hit
 
     def _read(self, bounds: tuple[tuple[int, int], ...]) -> npt.NDArray[Any]:
-        if not self._shape:
-            block = self._handle.get_tensor(self._key)
-        else:
-            clipped = tuple(slice(min(a, n), min(b, n)) for (a, b), n in zip(bounds, self._shape))
-            block = self._handle.get_slice(self._key)[clipped]
-        block = block.to(self._dtype)
-        host = transfer.host_numpy(block)
-        want = tuple(b - a for a, b in bounds) if self._shape else ()
-        if host.shape != want:  # the padded tail of an uneven sharding
-            host = np.pad(host, [(0, w - h) for h, w in zip(host.shape, want)])
-        # A private copy: on CPU JAX may alias it, and it must not pin the mapped file.
-        return np.array(host, copy=True)
+        clipped = tuple((min(a, n), min(b, n)) for (a, b), n in zip(bounds, self._shape))
+        block = self._shard.read_block(self._entry, clipped)  # a new buffer, nobody else's
+        want = tuple(b - a for a, b in bounds)
+        if block.dtype != self._dtype or tuple(block.shape) != want:
+            # A cast, or the padded tail of an uneven sharding (zeros), in one copy.
+            out = torch.zeros(want, dtype=self._dtype)
+            out[tuple(slice(0, n) for n in block.shape)] = block
+            block = out
+        # A view of that private buffer (narrowed to the storage dtype): JAX may alias it on CPU.
+        return transfer.host_numpy(block)
 
 
 def _fill_whole(shape: tuple[int, ...]) -> Callable[[tuple[slice, ...]], tuple[slice, ...]]:
@@ -358,13 +347,19 @@ def _fill_whole(shape: tuple[int, ...]) -> Callable[[tuple[slice, ...]], tuple[s
 
 
 def _build(
-    handle: Any,
+    shard: ShardFile,
     src: _SourceInfo,
     dtype: torch.dtype,
     sharding: jax.sharding.Sharding,
     storage_shape: tuple[int, ...],
 ) -> jax.Array:
-    reader = _BlockReader(handle, src.key, src.shape, dtype)
+    entry = shard.entry(src.key)
+    if (entry.dtype, entry.shape) != (src.dtype, src.shape):
+        raise ShardReadError(
+            f"the header now gives {entry.dtype} {entry.shape} where it gave {src.dtype} {src.shape} when the "
+            "load began (the file changed while being loaded)"
+        )
+    reader = _BlockReader(shard, entry, dtype)
     fix = _fill_whole(storage_shape)
     storage_dtype = _dtypes.to_jax_dtype(dtype)
 
@@ -479,12 +474,15 @@ def _by_file(targets: Mapping[int, _Target], sources: Mapping[str, _SourceInfo])
     return out
 
 
-def _open_files(layout: HfLayout, order: Sequence[str]) -> Iterator[tuple[str, Any]]:
+def _open_files(layout: HfLayout, order: Sequence[str]) -> Iterator[tuple[str, ShardFile]]:
     for file in order:
-        # The context closes (unmaps) the file before the next one opens: that
-        # is what bounds host memory by one shard file.
-        with _safe_open(layout.path(file)) as handle:
-            yield file, handle
+        path = layout.path(file)
+        try:
+            shard = ShardFile(path)
+        except (ShardReadError, OSError) as e:
+            raise _corrupt(path, None, e) from e
+        with shard:
+            yield file, shard
 
 
 def _check_load_args(
@@ -612,7 +610,7 @@ def load_pretrained(
                     where = shardings[key]
                     storage_shape = padding.padded_shape(tuple(t.shape), where.sharding) or tuple(t.shape)
                     array = _build(handle, src, t.dtype, where.sharding, tuple(storage_shape))
-                except SafetensorError as e:  # data the header promised cannot be read
+                except ShardReadError as e:  # data the header promised cannot be read
                     raise _corrupt(layout.path(file), src.key, e) from e
                 _replace(target, _new_tensor(array, target, where))
     except BaseException:
