@@ -42,6 +42,7 @@ from spmdtorch.plan import materialize
 from spmdtorch.programs import (
     AssumePureError,
     CallJaxError,
+    CompiledArgumentTypeError,
     CompiledFunction,
     ScanError,
     add_step_closure,
@@ -83,6 +84,7 @@ __all__ = [
     "AssumePureError",
     "CallJaxError",
     "CompileContractError",
+    "CompiledArgumentTypeError",
     "CompiledFunction",
     "RandomGeneratorError",
     "ScanError",

@@ -18,7 +18,7 @@ decoders and ``BARRIER_HOOKS`` for compat's PyTorch/XLA environment.
 """
 
 from spmdtorch.programs._call_jax import CallJaxError, call_jax
-from spmdtorch.programs._compile import CompiledFunction, compile
+from spmdtorch.programs._compile import CompiledArgumentTypeError, CompiledFunction, compile
 from spmdtorch.programs._pure import AssumePureError, AssumePureTypeError, PureFunction, assume_pure
 from spmdtorch.programs._scan import (
     ScanError,
@@ -38,6 +38,7 @@ __all__ = [
     "AssumePureError",
     "AssumePureTypeError",
     "CallJaxError",
+    "CompiledArgumentTypeError",
     "CompiledFunction",
     "PureFunction",
     "ScanError",

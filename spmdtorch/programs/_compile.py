@@ -47,6 +47,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from spmdtorch import config
+from spmdtorch._checks import ArgumentTypeError
 from spmdtorch.lazy import (
     TRACE_HOOK,
     CompileCache,
@@ -87,7 +88,7 @@ from spmdtorch.tensor.device_mode import to_xla
 from spmdtorch.tensor.dispatch import read_value
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
-__all__ = ["compile", "CompiledFunction", "CompileContractError", "tracing"]
+__all__ = ["compile", "CompiledArgumentTypeError", "CompiledFunction", "CompileContractError", "tracing"]
 
 # Consecutive identical traces required before replay. Two: the first call of a
 # training step usually creates optimizer state, the second shows the steady step.
@@ -1098,8 +1099,21 @@ def _res_key(leaf: ResultRecipe) -> tuple:
                 return ("value", repr(value))
 
 
+class CompiledArgumentTypeError(ArgumentTypeError):
+    """A compiled function was called with an argument it cannot take as a program input."""
+
+
 def _to_xla_arg(a):
     if isinstance(a, torch.Tensor) and not isinstance(a, XlaTensor):
+        if _on_xla(a):
+            # A wrapper subclass (a DTensor over an xla mesh) is not a pytree of
+            # tensors the program can take as inputs; its xla tensor is.
+            raise CompiledArgumentTypeError(
+                f"a compiled function got a {type(a).__name__} over xla tensors as an argument; it takes plain "
+                "xla or CPU tensors as inputs: pass the wrapped tensor (a DTensor's to_local()) and rebuild the "
+                "wrapper inside the function (DTensor.from_local(x, mesh, placements)), or keep the DTensor in "
+                "a module or closure the function reads"
+            )
         return to_xla(a)
     return a
 

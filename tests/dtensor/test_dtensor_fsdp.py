@@ -22,6 +22,7 @@ from spmdtorch.dtensor import (
     NoRankError,
     UnsupportedFSDPError,
     XlaDTensor,
+    distribute_tensor,
     fully_shard,
     init_device_mesh,
     parallelize_module,
@@ -176,6 +177,14 @@ def test_compiled_adamw_over_dtensor_parameters_replays(dp_mesh):
         torch.testing.assert_close(
             p.full_tensor().detach().cpu(), ref.get_parameter(name).detach(), rtol=1e-4, atol=1e-5, msg=name
         )
+
+
+def test_a_dtensor_argument_of_a_compiled_function_is_a_named_error(dp_mesh):
+    d = distribute_tensor(torch.ones(8, 2), dp_mesh, [Shard(0)])
+    step = spmdtorch.compile(lambda t: t * 2)
+    with pytest.raises(spmdtorch.CompiledArgumentTypeError, match=r"XlaDTensor.*to_local\(\).*from_local"):
+        step(d)
+    assert step(d.to_local()).sum().item() == 32.0
 
 
 _BF16_CONSTRAINT = re.compile(
