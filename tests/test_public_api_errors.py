@@ -298,6 +298,18 @@ VALID: dict[str, Case] = {
         lambda tmp: {"module": _linear(), "device_mesh": _dmesh(), "parallelize_plan": ColwiseParallel()}
     ),
     "fully_shard": Case(lambda tmp: {"module": _linear(), "mesh": _dmesh()}),
+    "get_model_state_dict": Case(lambda tmp: {"model": _linear()}),
+    "get_optimizer_state_dict": Case(
+        lambda tmp: {"model": (m := _linear()), "optimizers": torch.optim.SGD(m.parameters())}
+    ),
+    "set_model_state_dict": Case(lambda tmp: {"model": _linear(), "model_state_dict": _linear().state_dict()}),
+    "set_optimizer_state_dict": Case(
+        lambda tmp: {
+            "model": (m := _linear()),
+            "optimizers": torch.optim.SGD(m.parameters()),
+            "optim_state_dict": {"state": {}, "param_groups": [{"lr": 1e-3, "params": ["weight", "bias"]}]},
+        }
+    ),
     "mesh_groups": Case(lambda tmp: {"device_mesh": _dmesh()}),
     "root_axes": Case(lambda tmp: {"device_mesh": _dmesh()}),
     "spmd_mesh": Case(lambda tmp: {"device_mesh": _dmesh()}),

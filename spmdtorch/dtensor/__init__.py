@@ -20,6 +20,13 @@ partitioner inserts the collectives.
   (FSDP2's, parameters as ``Shard(0)`` DTensors; modules become
   :class:`XlaFSDPModule`, a torch ``FSDPModule``); gradient accumulation with
   one reduction per step is :func:`spmdtorch.fsdp.accumulate_gradients`;
+* recipes: :func:`parallelize_llama` (torchtitan's FSDP + TP + loss-parallel
+  + activation-checkpointing plan for spmdtorch's and transformers' Llama);
+* checkpoints: :func:`get_model_state_dict`, :func:`get_optimizer_state_dict`,
+  :func:`set_model_state_dict`, :func:`set_optimizer_state_dict` (torch's,
+  with DTensors as their global xla tensors) for
+  ``torch.distributed.checkpoint`` with spmdtorch's ``SPMDSavePlanner`` /
+  ``SPMDLoadPlanner``;
 * errors: :mod:`spmdtorch.dtensor.errors`.
 
 Example:
@@ -32,11 +39,24 @@ Example:
     ((Shard(dim=0),), DeviceMesh((tp=4), 'xla', stride=(1,)))
 """
 
+from spmdtorch.dtensor._checkpoint import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from spmdtorch.dtensor._fsdp import XlaFSDPModule, fully_shard
 from spmdtorch.dtensor._mesh import XlaDeviceMesh, init_device_mesh, mesh_groups, root_axes, spmd_mesh
 from spmdtorch.dtensor._module import distribute_module, parallelize_module
 from spmdtorch.dtensor._placements import partition_spec, placements_of_spec
 from spmdtorch.dtensor._tensor import XlaDTensor, distribute_tensor, from_local
+from spmdtorch.dtensor._titan import (
+    FAMILIES,
+    LlamaFamily,
+    UnknownModelFamilyError,
+    detect_llama_family,
+    parallelize_llama,
+)
 from spmdtorch.dtensor.errors import (
     DeviceMeshError,
     DTensorError,
@@ -44,33 +64,44 @@ from spmdtorch.dtensor.errors import (
     LocalTensorError,
     NoRankError,
     PlacementError,
+    StateDictError,
     UnsupportedFSDPError,
     UnsupportedPlacementError,
     UnsupportedStyleError,
 )
 
 __all__ = [
+    "FAMILIES",
+    "LlamaFamily",
     "DTensorError",
     "DeviceMeshError",
     "InplaceGradError",
     "LocalTensorError",
     "NoRankError",
     "PlacementError",
+    "StateDictError",
     "UnsupportedFSDPError",
     "UnsupportedPlacementError",
+    "UnknownModelFamilyError",
     "UnsupportedStyleError",
     "XlaDTensor",
     "XlaFSDPModule",
     "XlaDeviceMesh",
+    "detect_llama_family",
     "distribute_module",
     "distribute_tensor",
     "from_local",
     "fully_shard",
+    "get_model_state_dict",
+    "get_optimizer_state_dict",
     "init_device_mesh",
     "mesh_groups",
+    "parallelize_llama",
     "parallelize_module",
     "partition_spec",
     "placements_of_spec",
     "root_axes",
+    "set_model_state_dict",
+    "set_optimizer_state_dict",
     "spmd_mesh",
 ]

@@ -129,7 +129,13 @@ class XlaDeviceMesh(DeviceMesh):
 
     def get_coordinate(self) -> tuple[int, ...] | None:
         """Raises :class:`NoRankError` (there is no current rank)."""
-        _no_rank("get_coordinate")
+        # torch.distributed.checkpoint's planners ask this of every DTensor they save or load.
+        _no_rank(
+            "get_coordinate",
+            ". Saving or loading DTensors with torch.distributed.checkpoint: take the state dicts with "
+            "spmdtorch.dtensor.get_model_state_dict / get_optimizer_state_dict (global xla tensors) and pass "
+            "planner=spmdtorch.checkpoint.SPMDSavePlanner() / SPMDLoadPlanner()",
+        )
 
     def get_group(self, mesh_dim: int | str | None = None) -> Any:
         """Raises :class:`NoRankError` (an xla mesh has no process groups)."""

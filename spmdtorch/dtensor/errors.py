@@ -17,6 +17,7 @@ __all__ = [
     "LocalTensorError",
     "NoRankError",
     "PlacementError",
+    "StateDictError",
     "UnsupportedFSDPError",
     "UnsupportedPlacementError",
     "UnsupportedStyleError",
@@ -61,3 +62,7 @@ class UnsupportedStyleError(DTensorError, NotImplementedError):
 
 class UnsupportedFSDPError(DTensorError, NotImplementedError):
     """An FSDP2 option or ``FSDPModule`` method with no single-controller meaning (CPU offload, custom collectives)."""
+
+
+class StateDictError(DTensorError, RuntimeError):
+    """A state dict that does not fit the model or optimizer it is loaded into (keys, shapes), naming the key."""
