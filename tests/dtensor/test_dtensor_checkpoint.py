@@ -11,6 +11,10 @@ with the saved ones (exactly) and training with eager CPU AdamW.
 from __future__ import annotations
 
 import copy
+import io
+import json
+import os
+import pathlib
 import warnings
 
 import pytest
@@ -35,6 +39,7 @@ from spmdtorch.dtensor import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from spmdtorch.launch import launch
 from spmdtorch.sharding import get_sharding_spec
 
 
@@ -244,3 +249,62 @@ def test_torch_state_dict_with_dtensors_names_the_route(meshes, tmp_path):
         dcp.save({"model": sd}, checkpoint_id=str(tmp_path / "ckpt"), planner=SPMDSavePlanner())
     err = info.value.failures[0][0]
     assert isinstance(err, NoRankError) and "spmdtorch.dtensor.get_model_state_dict" in str(err)
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without any launcher's variables (a job's own are set by the launcher)."""
+    launcher = ("SPMDTORCH_", "MASTER_", "JAX_COORDINATOR", "SLURM_", "OMPI_", "PMI_", "TPU_", "MEGASCALE_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(launcher) and k not in ("RANK", "WORLD_SIZE")}
+
+
+JOB_LIMIT_S = 150
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(JOB_LIMIT_S + 60)
+def test_two_processes_restore_a_one_process_checkpoint_and_back(meshes, tmp_path):
+    """Saved by this process on (8,) FSDP; a 2 x 4 job restores it onto (2, 4) FSDP + TP, trains, saves; read back here.
+
+    The launcher kills the job (and its process group) after JOB_LIMIT_S, so a hung collective fails the test.
+    """
+    dp, _ = meshes
+    torch.manual_seed(0)
+    eager = Net()
+    src = _fsdp(copy.deepcopy(eager), dp)
+    eager_opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    src_opt = torch.optim.AdamW(src.parameters(), lr=1e-2)
+    for s in range(2):
+        _step(src, src_opt, s, "xla")
+        _step(eager, eager_opt, s, "cpu")
+    _save(src, src_opt, str(tmp_path / "src"))
+    expected = {
+        "params": {n: _full(p) for n, p in src.named_parameters()},
+        "exp_avg": {n: _full(src_opt.state[p]["exp_avg"]) for n, p in src.named_parameters()},
+        "exp_avg_sq": {n: _full(src_opt.state[p]["exp_avg_sq"]) for n, p in src.named_parameters()},
+    }
+    torch.save(expected, tmp_path / "expected.pt")
+    eager_loss = _step(eager, eager_opt, 2, "cpu")
+
+    job = pathlib.Path(__file__).with_name("dtensor_checkpoint_job.py")
+    out = io.StringIO()
+    args = [str(job), str(tmp_path / "src"), str(tmp_path / "expected.pt"), str(tmp_path / "out")]
+    result = launch(
+        args, nprocs=2, devices_per_proc=4, out=out, timeout_s=JOB_LIMIT_S, grace_period_s=5.0, env=_clean_env()
+    )
+    text = out.getvalue()
+    assert result.returncode == 0, text[-4000:]
+    reports = [json.loads(line.split("] RESULT ", 1)[1]) for line in text.splitlines() if "] RESULT " in line]
+    assert len(reports) == 2, text[-4000:]
+    for rep in reports:
+        assert (rep["process_count"], rep["devices"]) == (2, 8), rep
+        assert rep["params_equal"] and rep["moments_equal"] and rep["steps"] == [2.0], rep
+        assert rep["loss"] == pytest.approx(eager_loss, rel=1e-5), rep
+    assert len(list((tmp_path / "out").glob("*.distcp"))) == 2  # each process wrote its own shards
+
+    torch.manual_seed(2)
+    back = _fsdp(Net(), dp)
+    back_opt = torch.optim.AdamW(back.parameters(), lr=1e-2)
+    _restore(back, back_opt, str(tmp_path / "out"))
+    for (name, p), (_, q) in zip(eager.named_parameters(), back.named_parameters(), strict=True):
+        torch.testing.assert_close(_full(q), p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+    assert _step(back, back_opt, 3, "xla") == pytest.approx(_step(eager, eager_opt, 3, "cpu"), rel=1e-5)
