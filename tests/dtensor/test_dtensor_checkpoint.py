@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+import spmdtorch
 from spmdtorch.checkpoint import SPMDLoadPlanner, SPMDSavePlanner
 from spmdtorch.dtensor import (
     NoRankError,
@@ -184,6 +185,49 @@ def test_reshard_fsdp_to_fsdp_tp_and_back_trains_like_eager(meshes, tmp_path):
     _assert_same_state(tp, tp_opt, back, back_opt)
     assert _step(back, back_opt, 3, "xla") == pytest.approx(_step(eager, eager_opt, 3, "cpu"), rel=1e-5)
     for (name, p), (_, q) in zip(eager.named_parameters(), back.named_parameters(), strict=True):
+        torch.testing.assert_close(_full(q), p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _compiled_step(model: nn.Module, opt: torch.optim.Optimizer):
+    @spmdtorch.compile
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def run(seed: int) -> float:
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(16, 4, 16, generator=g), torch.randn(16, 4, 8, generator=g)
+        return step(x.to("xla"), y.to("xla")).item()
+
+    return run
+
+
+def test_compiled_training_resumes_on_another_mesh_like_eager(meshes, tmp_path):
+    """Under spmdtorch.compile AdamW is capturable (its step count an xla tensor); that state saves and restores too."""
+    dp, dp_tp = meshes
+    torch.manual_seed(0)
+    eager = Net()
+    src = _fsdp(copy.deepcopy(eager), dp)
+    eager_opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    src_opt = torch.optim.AdamW(src.parameters(), lr=1e-2)
+    step = _compiled_step(src, src_opt)
+    for s in range(3):
+        assert step(s) == pytest.approx(_step(eager, eager_opt, s, "cpu"), rel=1e-5)
+    assert src_opt.param_groups[0]["capturable"]  # the step counts live on the devices
+    _save(src, src_opt, str(tmp_path / "ckpt"))
+
+    torch.manual_seed(1)
+    tp = _fsdp_tp(Net(), dp_tp)
+    tp_opt = torch.optim.AdamW(tp.parameters(), lr=1e-2)
+    _restore(tp, tp_opt, str(tmp_path / "ckpt"))
+    _assert_same_state(src, src_opt, tp, tp_opt)
+    step = _compiled_step(tp, tp_opt)
+    for s in range(3, 6):
+        assert step(s) == pytest.approx(_step(eager, eager_opt, s, "cpu"), rel=1e-5)
+    for (name, p), (_, q) in zip(eager.named_parameters(), tp.named_parameters(), strict=True):
         torch.testing.assert_close(_full(q), p.detach(), rtol=1e-5, atol=1e-6, msg=name)
 
 
