@@ -96,20 +96,20 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, XlaDTensor) else t).cpu()
 
 
-def _save(model: nn.Module, opt: torch.optim.Optimizer, path: str) -> None:
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+def _save(model: nn.Module, opt: torch.optim.Optimizer, path: str, options: StateDictOptions | None = None) -> None:
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # DCP: "assuming the intent is to save in a single process"
         dcp.save(state, checkpoint_id=path, planner=SPMDSavePlanner())
 
 
-def _restore(model: nn.Module, opt: torch.optim.Optimizer, path: str) -> None:
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+def _restore(model: nn.Module, opt: torch.optim.Optimizer, path: str, options: StateDictOptions | None = None) -> None:
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, checkpoint_id=path, planner=SPMDLoadPlanner())
     set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, opt, state["optim"])
+    set_optimizer_state_dict(model, opt, state["optim"], options=options)
 
 
 def _assert_same_state(src: nn.Module, src_opt, dst: nn.Module, dst_opt) -> None:
@@ -134,7 +134,9 @@ def meshes(devices8):
     )
 
 
-def test_save_restore_same_mesh(meshes, tmp_path):
+@pytest.mark.parametrize("flatten", [False, True], ids=["nested", "flattened_optimizer_state"])
+def test_save_restore_same_mesh(meshes, tmp_path, flatten):
+    options = StateDictOptions(flatten_optimizer_state_dict=flatten)
     dp, _ = meshes
     torch.manual_seed(0)
     src = _fsdp(Net(), dp)
@@ -142,12 +144,12 @@ def test_save_restore_same_mesh(meshes, tmp_path):
     for s in range(2):
         _step(src, src_opt, s, "xla")
     specs = {n: get_sharding_spec(p.to_local()) for n, p in src.named_parameters()}
-    _save(src, src_opt, str(tmp_path / "ckpt"))
+    _save(src, src_opt, str(tmp_path / "ckpt"), options)
 
     torch.manual_seed(1)  # other initial values: the restore must overwrite every one
     dst = _fsdp(Net(), dp)
     dst_opt = torch.optim.AdamW(dst.parameters(), lr=1e-2)
-    _restore(dst, dst_opt, str(tmp_path / "ckpt"))
+    _restore(dst, dst_opt, str(tmp_path / "ckpt"), options)
     _assert_same_state(src, src_opt, dst, dst_opt)
     assert {n: get_sharding_spec(p.to_local()) for n, p in dst.named_parameters()} == specs
     assert all(dst_opt.state[p]["step"].item() == 2 for p in dst.parameters())
