@@ -32,7 +32,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel
 
 import spmdtorch
-from spmdtorch import checkpoint, data, debug, dtensor, fsdp, plan, runtime, sharding
+from spmdtorch import checkpoint, data, debug, dtensor, fsdp, models, plan, runtime, sharding
 from spmdtorch.launch import free_port
 from spmdtorch.mesh import DeviceRecord, Mesh
 
@@ -298,6 +298,12 @@ VALID: dict[str, Case] = {
         lambda tmp: {"module": _linear(), "device_mesh": _dmesh(), "parallelize_plan": ColwiseParallel()}
     ),
     "fully_shard": Case(lambda tmp: {"module": _linear(), "mesh": _dmesh()}),
+    "parallelize_llama": Case(
+        lambda tmp: {
+            "model": models.LlamaForCausalLM(models.LlamaConfig(vocab_size=16, dim=16, n_heads=2, ffn_dim=16)),
+            "mesh": dtensor.init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp")),
+        }
+    ),
     "get_model_state_dict": Case(lambda tmp: {"model": _linear()}),
     "get_optimizer_state_dict": Case(
         lambda tmp: {"model": (m := _linear()), "optimizers": torch.optim.SGD(m.parameters())}

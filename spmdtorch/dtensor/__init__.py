@@ -20,6 +20,8 @@ partitioner inserts the collectives.
   (FSDP2's, parameters as ``Shard(0)`` DTensors; modules become
   :class:`XlaFSDPModule`, a torch ``FSDPModule``); gradient accumulation with
   one reduction per step is :func:`spmdtorch.fsdp.accumulate_gradients`;
+* recipes: :func:`parallelize_llama` (torchtitan's FSDP + TP + loss-parallel
+  + activation-checkpointing plan for spmdtorch's and transformers' Llama);
 * checkpoints: :func:`get_model_state_dict`, :func:`get_optimizer_state_dict`,
   :func:`set_model_state_dict`, :func:`set_optimizer_state_dict` (torch's,
   with DTensors as their global xla tensors) for
@@ -48,6 +50,7 @@ from spmdtorch.dtensor._mesh import XlaDeviceMesh, init_device_mesh, mesh_groups
 from spmdtorch.dtensor._module import distribute_module, parallelize_module
 from spmdtorch.dtensor._placements import partition_spec, placements_of_spec
 from spmdtorch.dtensor._tensor import XlaDTensor, distribute_tensor, from_local
+from spmdtorch.dtensor._titan import UnknownModelFamilyError, parallelize_llama
 from spmdtorch.dtensor.errors import (
     DeviceMeshError,
     DTensorError,
@@ -71,6 +74,7 @@ __all__ = [
     "StateDictError",
     "UnsupportedFSDPError",
     "UnsupportedPlacementError",
+    "UnknownModelFamilyError",
     "UnsupportedStyleError",
     "XlaDTensor",
     "XlaFSDPModule",
@@ -83,6 +87,7 @@ __all__ = [
     "get_optimizer_state_dict",
     "init_device_mesh",
     "mesh_groups",
+    "parallelize_llama",
     "parallelize_module",
     "partition_spec",
     "placements_of_spec",

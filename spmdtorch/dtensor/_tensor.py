@@ -356,6 +356,17 @@ _ON_WRAPPER = {
 }
 
 
+def _backward(
+    self: torch.Tensor,
+    gradient: torch.Tensor | None = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Any = None,
+) -> None:
+    """``Tensor.backward``'s body (torch.autograd.backward), which has no torch-function check to recurse into."""
+    torch.autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+
 class XlaDTensor(DTensor):
     """A ``torch.distributed.tensor.DTensor`` over an xla mesh, driven by this one process.
 
@@ -472,6 +483,11 @@ class XlaDTensor(DTensor):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if func is torch.Tensor.backward:
+            # Not under DisableTorchFunctionSubclass: the engine would run the whole backward so, an
+            # activation-checkpointed layer's recomputation included, where xla tensors' own torch-function
+            # routing (fused SDPA) is off and SDPA falls to its math path (MetaFactoryLeak).
+            return _backward(*args, **kwargs)
         if func in _ON_WRAPPER or func in _NO_WRAP or name in ("__get__", "__set__", "__delete__"):
             if name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.data:
                 return args[0].detach()
