@@ -346,7 +346,6 @@ _ON_WRAPPER = {
     torch.Tensor.retain_grad,
     torch.Tensor.register_hook,
     torch.Tensor.register_post_accumulate_grad_hook,
-    torch.Tensor.backward,
     torch.Tensor.__reduce_ex__,
     torch.Tensor.__deepcopy__,
     torch.Tensor.dim,
