@@ -28,6 +28,8 @@ TABLES = {
     ("runtime/faults.py", "_ACTIVITIES"): "what each thread is doing now, for the watchdog's report",
     ("checkpoint/manager.py", "_held"): "writer locks this process holds",
     ("compat/_dynamo.py", "_TORCH_FNS"): "torch's own backends, put back by uninstall()",
+    ("dtensor/_fsdp.py", "_FSDP_CLASSES"): "one FSDP<Class> per module class (as torch's FSDP2 keeps): "
+    "evicting one would make a second class of the same name, and isinstance between the two would fail",
     ("compat/_metrics.py", "_DATA_SINCE"): "PyTorch/XLA's metric baselines since the last clear_metrics()",
     ("lazy/metrics.py", "timers"): "the metrics themselves",
     ("lazy/metrics.py", "samples"): "the metrics themselves",

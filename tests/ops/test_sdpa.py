@@ -50,7 +50,8 @@ def _compare(q, k, v, tol=1e-5, prepare=None, **kw):
     prepare = prepare or (lambda t: t)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out = F.scaled_dot_product_attention(*leaves, **kw)
-    grad = torch.randn_like(out)
+    # Seeded: the test must not depend on what drew from torch's global generator before it.
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
     out.backward(grad)
     xleaves = [t.to("xla").requires_grad_() for t in (q, k, v)]
     xkw = {n: a.to("xla") if isinstance(a, torch.Tensor) else a for n, a in kw.items()}
@@ -59,7 +60,11 @@ def _compare(q, k, v, tol=1e-5, prepare=None, **kw):
     assert xout.dtype == out.dtype and xout.shape == out.shape
     torch.testing.assert_close(xout.cpu(), out.detach(), rtol=tol, atol=tol)
     for name, x, t in zip("qkv", xleaves, leaves):
-        torch.testing.assert_close(x.grad.cpu(), t.grad, rtol=tol, atol=tol, msg=lambda m, n=name: f"grad {n}: {m}")
+        # In 16-bit floats a gradient sums many rounded products (over query
+        # positions and grouped heads), so its rounding error grows with its
+        # magnitude: the absolute tolerance is relative to the largest entry.
+        gtol = tol * max(1.0, t.grad.abs().max().item()) if t.dtype in (torch.bfloat16, torch.float16) else tol
+        torch.testing.assert_close(x.grad.cpu(), t.grad, rtol=tol, atol=gtol, msg=lambda m, n=name: f"grad {n}: {m}")
 
 
 def _bool_mask(lq=8, lk=6, seed=1):
