@@ -143,6 +143,12 @@ PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 ALL_MODES = ("jax", "lazy", "lazy_pure", "compiled", "compiled_pure", "dynamo", "dtensor", "compiled_dtensor", "ptxla")
 MODES = ALL_MODES  # the driver narrows it with --modes ("jax" always runs)
 PTXLA_PYTHON: str | None = None  # --ptxla-python
+# --baseline: another checkout of spmdtorch (e.g. `git worktree add /tmp/base
+# <commit>`); each spmdtorch mode M also runs as "M@base", its worker started
+# from that checkout's own benchmarks/train_step.py with that checkout first
+# on PYTHONPATH, so a change is timed before/after in one alternating run.
+BASELINE: Path | None = None
+BASE_SUFFIX = "@base"
 TARGETS = {"compiled": 1.00, "compiled_pure": 1.00, "lazy": 1.25, "lazy_pure": 1.25, "first": 1.1}  # issue 19
 TARGETS["dynamo"] = 1.10  # issue 46, item 4
 # Issue 19: a lazy step at most half of PyTorch/XLA's (both ratios to the same round's twin).
@@ -556,10 +562,18 @@ class Worker:
     ):
         self.mode, self.timeout = mode, timeout
         self._err = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and stall the worker
+        env = dict(os.environ)
         if mode == "ptxla":
             if PTXLA_PYTHON is None:
                 raise ValueError("mode 'ptxla' needs --ptxla-python: an interpreter with torch_xla")
             cmd = [PTXLA_PYTHON, str(Path(__file__).with_name("_ptxla_worker.py")), "--worker", mode]
+        elif mode.endswith(BASE_SUFFIX):
+            if BASELINE is None:
+                raise ValueError(f"mode {mode!r} needs --baseline: a checkout of spmdtorch to time beside this one")
+            cmd = [sys.executable, str(BASELINE / "benchmarks" / "train_step.py"), "--worker"]
+            cmd.append(mode.removesuffix(BASE_SUFFIX))
+            # Ahead of site-packages, so the checkout's spmdtorch wins over an editable install of this one.
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(BASELINE), env.get("PYTHONPATH"))))
         else:
             cmd = [sys.executable, __file__, "--worker", mode]
         cmd += ["--config", config]
@@ -571,7 +585,6 @@ class Worker:
             cmd += ["--dtype", dtype]
         # Every mode's process lives on the same accelerator at once: each
         # takes an equal part of its memory instead of JAX's default 75%.
-        env = dict(os.environ)
         env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / len(MODES):.2f}")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1, env=env
@@ -682,6 +695,18 @@ def run_round(
 _MODE_LABELS = {"jax": "JAX twin", "ptxla": "PyTorch/XLA 2.9 lazy"}
 
 
+def mode_label(mode: str, prefix: str = "") -> str:
+    """A mode's row label: ``prefix`` before spmdtorch's modes; ``--baseline``'s rows name the checkout."""
+    if mode in _MODE_LABELS:
+        return _MODE_LABELS[mode]
+    if mode.endswith(BASE_SUFFIX):
+        return f"{prefix}{mode.removesuffix(BASE_SUFFIX)} (baseline {BASELINE_NAME})"
+    return prefix + mode
+
+
+BASELINE_NAME = "baseline"  # --baseline's commit (git rev-parse --short HEAD there), set by main
+
+
 def block_ratios(runs: list[dict], base: list[dict]) -> list[float]:
     """Per round, the median over blocks of a block's time over ``base``'s block beside it."""
     return [statistics.median(b / t for b, t in zip(r["blocks_ms"], j["blocks_ms"])) for r, j in zip(runs, base)]
@@ -754,7 +779,7 @@ def markdown_table(raw: dict) -> str:
             vs = "1.00" if mode == "ptxla" else "–" if st.vs_ptxla is None else med(st.vs_ptxla)
             ops = f"{r['aten_ops']:.0f}, {r['host_ms'] * 1e3 / r['aten_ops']:.1f}" if r["aten_ops"] else "–"
             lines.append(
-                f"| {cfg} | {_MODE_LABELS.get(mode, mode)} | {r['step_ms']:.1f} | {ratio} | {vs} | {first} "
+                f"| {cfg} | {mode_label(mode)} | {r['step_ms']:.1f} | {ratio} | {vs} | {first} "
                 f"| {r['host_ms']:.2f} | {idle_text(r, '–')} | {ops} | {r['cpu_ms']:.0f} ({statistics.median(st.cpu):.2f}) "
                 f"| {r['compiles']} |"
             )
@@ -818,6 +843,19 @@ def ratio_cell(rounds: list[float], target: float | None) -> str:
     return f"{median:.2f}x (<= {target}) {mark}"
 
 
+def _set_baseline(p: argparse.ArgumentParser, checkout: Path) -> None:
+    """Check ``--baseline``'s checkout and add its ``M@base`` twin after every spmdtorch mode ``M``."""
+    global MODES, BASELINE, BASELINE_NAME
+    script = checkout / "benchmarks" / "train_step.py"
+    if not script.is_file() or not (checkout / "spmdtorch" / "__init__.py").is_file():
+        p.error(f"--baseline {checkout}: not a spmdtorch checkout (no {script} or spmdtorch/__init__.py)")
+    BASELINE = checkout.resolve()
+    rev = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    BASELINE_NAME = rev.stdout.strip() if rev.returncode == 0 else checkout.name
+    ours = [m for m in MODES if m not in ("jax", "ptxla")]
+    MODES = (*MODES, *(m + BASE_SUFFIX for m in ours))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -867,6 +905,13 @@ def main(argv=None) -> int:
     p.add_argument(
         "--from-json", metavar="PATH", help="print the Markdown table of an earlier run's --json results and exit"
     )
+    p.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="another checkout of spmdtorch (e.g. `git worktree add /tmp/base <commit>`): each spmdtorch mode "
+        "also runs from it, alternating with this tree's, and a line per mode gives this tree's step over the "
+        "baseline's",
+    )
     p.add_argument("--worker", choices=ALL_MODES[:-1], help=argparse.SUPPRESS)
     p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
@@ -890,6 +935,8 @@ def main(argv=None) -> int:
         p.error(f"--ptxla-python {args.ptxla_python}: no such executable (a Python with torch_xla 2.9)")
     MODES = ("jax", *(m for m in ALL_MODES[1:] if m in modes))
     PTXLA_PYTHON = args.ptxla_python
+    if args.baseline:
+        _set_baseline(p, Path(args.baseline))
 
     from rich.console import Console
     from rich.table import Table
@@ -964,7 +1011,7 @@ def main(argv=None) -> int:
             st = stats[mode]
             r = st.shown
             table.add_row(
-                _MODE_LABELS.get(mode, f"spmdtorch {mode}"),
+                mode_label(mode, "spmdtorch "),
                 f"{r['step_ms']:.1f}",
                 "1.00x" if mode == "jax" else ratio_cell(st.ratios, TARGETS.get(mode)),
                 rounds_text(st.ratios),
@@ -984,6 +1031,13 @@ def main(argv=None) -> int:
                 f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}",
             )
         console.print(table)
+        for mode in MODES:
+            if mode + BASE_SUFFIX in runs:
+                vs = block_ratios(runs[mode], runs[mode + BASE_SUFFIX])
+                console.print(
+                    f"  {mode}: this tree's step / the baseline's ({BASELINE_NAME}), same blocks: "
+                    f"{statistics.median(vs):.3f} [{' '.join(f'{x:.3f}' for x in vs)}]"
+                )
         raw[cfg] = runs
         summary.append((cfg, stats))
     if len(summary) > 1:

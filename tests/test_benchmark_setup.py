@@ -96,6 +96,26 @@ def test_markdown_table_ratios_against_the_twin_and_pytorch_xla():
     assert rows["JAX twin"].startswith("| tiny | JAX twin | 20.0 | 1.00 | – |")  # equal ratios: the later round
 
 
+def test_baseline_checkout_adds_a_row_per_mode_and_refuses_a_non_checkout(tmp_path, capsys, monkeypatch):
+    # --baseline: before/after timing of a change in one alternating run (issue 44).
+    import train_step
+
+    with pytest.raises(SystemExit):
+        train_step.main(["--configs", "tiny", "--modes", "lazy", "--baseline", str(tmp_path)])
+    assert f"--baseline {tmp_path}: not a spmdtorch checkout" in capsys.readouterr().err
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setattr(train_step, "MODES", ("jax", "lazy", "compiled"))
+    monkeypatch.setattr(train_step, "BASELINE", None)
+    monkeypatch.setattr(train_step, "BASELINE_NAME", "baseline")
+    train_step._set_baseline(None, repo)  # this checkout is a valid one
+    assert train_step.MODES == ("jax", "lazy", "compiled", "lazy@base", "compiled@base")
+    assert train_step.mode_label("lazy@base", "spmdtorch ").startswith("spmdtorch lazy (baseline ")
+    assert train_step.mode_label("jax") == "JAX twin" and train_step.mode_label("lazy") == "lazy"
+    with pytest.raises(ValueError, match="needs --baseline"):
+        monkeypatch.setattr(train_step, "BASELINE", None)
+        train_step.Worker("lazy@base", "tiny", timeout=1)
+
+
 def test_an_unreadable_trace_leaves_the_idle_column_empty_and_says_why(tmp_path, capsys):
     import train_step
 
