@@ -102,7 +102,7 @@ def _clear_all() -> None:
 
 
 caches.register(
-    "_pure.recordings",
+    "programs.pure.recordings",
     _clear_all,
     size=lambda: sum(f.cache_size() for f in list(_LIVE)),
     bound=f"at most {_MAX_ENTRIES} recordings per live assume_pure function, dropped with it",
