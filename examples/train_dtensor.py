@@ -10,7 +10,9 @@ one process drives every device, each placement is a GSPMD annotation, and XLA
 inserts every all-gather, reduce-scatter and all-reduce (docs/dtensor.md).
 
 On a CPU-only machine the script simulates 8 CPU devices, so the same code
-path as on a TPU/GPU host runs. The data is a synthetic learnable token
+path as on a TPU/GPU host runs. Under a multi-process launcher every process
+runs this script (SPMD): importing spmdtorch joins the job, the mesh spans
+all processes' devices, and every process prints the same (global) losses. The data is a synthetic learnable token
 stream (each token is followed by the next one, modulo the vocabulary), so
 the loss drops within a few steps; the script exits non-zero if it does not.
 
@@ -21,6 +23,8 @@ Usage:
     python examples/train_dtensor.py --grad-accum 4        # 4 micro-batches per step, one gradient reduction
     python examples/train_dtensor.py --compare-eager       # also train an eager CPU copy and compare losses
     PJRT_DEVICE=TPU python examples/train_dtensor.py       # real accelerators (no CPU simulation)
+    python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 examples/train_dtensor.py   # 2 processes x 4
+    SPMDTORCH_CPU_DEVICES=4 torchrun --nproc-per-node 2 examples/train_dtensor.py         # the same, torchrun
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
+# Importing spmdtorch joins the job when a launcher started this process as one of several.
+from spmdtorch import runtime
+from spmdtorch.runtime.cpu_devices import requested_cpu_devices, simulate_cpu_devices
 
 DEFAULT_CPU_DEVICES = 8
 
@@ -46,7 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare-eager", action="store_true", help="train an eager CPU copy too and compare losses")
-    p.add_argument("--cpu-devices", type=int, default=DEFAULT_CPU_DEVICES, help="simulated CPU devices")
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help=f"simulated CPU devices of a single-process run (default {DEFAULT_CPU_DEVICES}); a multi-process "
+        "job's come from its launcher (--devices-per-proc, or SPMDTORCH_CPU_DEVICES under torchrun)",
+    )
     args = p.parse_args(argv)
     try:
         dims = tuple(int(d) for d in args.mesh.split(","))
@@ -62,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 args = parse_args()
 # XLA is configured here, before torch and spmdtorch start it (E402 is ignored for examples/).
-simulate_cpu_devices(args.cpu_devices, unless_accelerator=True)
+if args.cpu_devices is not None or not (runtime.is_distributed_initialized() or requested_cpu_devices()):
+    simulate_cpu_devices(args.cpu_devices or DEFAULT_CPU_DEVICES, unless_accelerator=True)
 
 import copy
 
@@ -72,7 +85,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import spmdtorch
-from spmdtorch import debug, runtime
+from spmdtorch import debug
 from spmdtorch.dtensor import fully_shard, init_device_mesh, parallelize_module
 from spmdtorch.fsdp import accumulate_gradients
 from spmdtorch.sharding import get_sharding_spec
@@ -167,7 +180,7 @@ def batches(step: int, count: int, rows: int, seq: int) -> list[tuple[torch.Tens
 
 def main() -> int:
     dp, tp = args.mesh_shape
-    devices = spmdtorch.device_count()
+    devices = runtime.global_runtime_device_count()
     if dp * tp != devices:
         print(f"--mesh {args.mesh}: dp*tp must be the device count {devices}", file=sys.stderr)
         return 2
@@ -175,7 +188,9 @@ def main() -> int:
         print(f"--batch {args.batch}: must be a multiple of the device count {devices}", file=sys.stderr)
         return 2
     mesh = init_device_mesh("xla", (dp, tp), mesh_dim_names=("dp", "tp"))
-    print(f"devices: {devices} x {runtime.device_type()}")
+    procs = runtime.process_count()
+    where = f" over {procs} processes (this is process {runtime.process_index()})" if procs > 1 else ""
+    print(f"devices: {devices} x {runtime.device_type()}{where}")
     print(f"mesh: dp={dp} x tp={tp}, mode: {args.mode}, micro-batches per step: {args.grad_accum}")
 
     torch.manual_seed(args.seed)
@@ -222,6 +237,8 @@ def main() -> int:
             line += f"  eager {float(ref_loss.detach()):.4f}  |diff| {diff:.2e}"
         print(line, flush=True)
     print(f"first -> last loss: {losses[0]:.4f} -> {losses[-1]:.4f}")
+    # Every digit of the float32 losses (9 significant digits round-trip): runs compare them exactly.
+    print("losses: " + " ".join(f"{v:.9g}" for v in losses))
     if args.mode == "compiled":
         print(f"compiled steps replayed: {debug.counter_value('CompiledReplay') or 0} of {args.steps}")
     if ref_opt is not None:

@@ -10,7 +10,10 @@ Example:
 """
 
 from spmdtorch import runtime as runtime
+from spmdtorch.runtime import cpu_devices as _cpu_devices
 
+# SPMDTORCH_CPU_DEVICES (torchrun on a CPU-only machine): before JAX starts and before joining fixes the count.
+_cpu_devices.apply_cpu_devices_setting()
 runtime._apply_pjrt_device_env()
 # Started as one of several processes (spmdtorch.launch, torchrun, Slurm, MPI, a TPU slice)?
 # Join the job now, before anything below or in the user's script queries a device.

@@ -32,6 +32,8 @@ Variable                          Settings field     Default     Meaning
 ``SPMDTORCH_PEER_WATCH``          peer_watch         True        a lost peer ends the others at once (exit 75)
 ``SPMDTORCH_LAUNCH_FINISHED_DIR`` launch_finished_d. None        set by spmdtorch.launch: where scripts note a
                                                                  clean end (to name a hung rank)
+``SPMDTORCH_CPU_DEVICES``         cpu_devices        None        simulated CPU devices of this process, set by
+                                                                 ``import spmdtorch`` before it joins a job
 ``SPMDTORCH_ATTENTION_KERNEL``    attention_kernel   auto        SDPA's kernel: auto (Pallas flash attention on
                                                                  TPU where it applies, else XLA's), xla, pallas
 ``MASTER_ADDR`` ... (torchrun)    master_addr ...    None        torchrun's rendezvous: see :data:`KNOBS`
@@ -509,6 +511,16 @@ KNOBS: tuple[Knob, ...] = (
         "(docs/reliability.md); 0 leaves it to JAX.",
     ),
     Knob(
+        "cpu_devices",
+        "SPMDTORCH_CPU_DEVICES",
+        _whole(1),
+        None,
+        f"{_COUNT} >= 1",
+        "Run this process on that many simulated CPU devices (spmdtorch.runtime.cpu_devices): import spmdtorch "
+        "sets XLA_FLAGS, NPROC and the CPU platform before it joins a multi-process job, so each torchrun "
+        "worker gets its devices (python -m spmdtorch.launch sets it from --devices-per-proc).",
+    ),
+    Knob(
         "attention_kernel",
         "SPMDTORCH_ATTENTION_KERNEL",
         _attention_kernel,
@@ -620,6 +632,7 @@ class Settings:
     launch_finished_dir: str | None = None
     connect_timeout_s: int | None = None
     peer_watch: bool = True
+    cpu_devices: int | None = None
     attention_kernel: str = "auto"
     torchelastic_agent_store: bool = False
     pt_xla_debug_level: int | None = None

@@ -63,6 +63,7 @@ GOOD = {
     "SPMDTORCH_LAUNCH_FINISHED_DIR": [("/tmp/spmdtorch-launch-x", "/tmp/spmdtorch-launch-x")],
     "SPMDTORCH_CONNECT_TIMEOUT": [("5", 5)],
     "SPMDTORCH_PEER_WATCH": [("0", False), ("yes", True)],
+    "SPMDTORCH_CPU_DEVICES": [("4", 4), (" 1 ", 1)],
     "SPMDTORCH_ATTENTION_KERNEL": [("auto", "auto"), ("XLA", "xla"), ("pallas", "pallas")],
 }
 
@@ -106,6 +107,7 @@ BAD = {
     "SPMDTORCH_JOINED_PID": [("me", ConfigError, "is not an integer")],
     "SPMDTORCH_CONNECT_TIMEOUT": [("0", DistributedInitError, "must be >= 1")],
     "SPMDTORCH_PEER_WATCH": [("sometimes", ConfigError, "is not a boolean")],
+    "SPMDTORCH_CPU_DEVICES": [("0", ConfigError, "must be >= 1"), ("four", ConfigError, "is not an integer")],
     "SPMDTORCH_ATTENTION_KERNEL": [("flash", ConfigError, "is not an attention kernel")],
 }
 

@@ -299,8 +299,10 @@ def test_bad_command():
 
 def test_child_env_replaces_the_device_count_and_keeps_other_flags():
     base = {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8", "NPROC": "4", "KEEP": "1"}
+    base["SPMDTORCH_CPU_DEVICES"] = "8"  # the caller's own: import spmdtorch would apply it over XLA_FLAGS
     env = child_env(1, 2, 12, "10.0.0.1:5000", 5001, heartbeat_timeout_s=7, base=base)
     assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=12"
+    assert env["SPMDTORCH_CPU_DEVICES"] == "12"
     assert env["NPROC"] == "24"  # at least 2 x devices (docs/design.md, hazard "CPU collective deadlock")
     assert env["KEEP"] == "1" and env["SPMDTORCH_HEARTBEAT_TIMEOUT"] == "7"
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["SPMDTORCH_COORDINATOR_ADDRESS"]) == (

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TextIO
 
 from spmdtorch import _checks, runtime
+from spmdtorch.runtime import cpu_devices
 
 __all__ = ["LaunchError", "LaunchResult", "RankResult", "child_env", "describe_exit", "free_port", "launch"]
 
@@ -141,8 +142,9 @@ def child_env(
     ``MASTER_ADDR`` / ``MASTER_PORT`` / ``RANK`` / ``WORLD_SIZE`` /
     ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (for code that reads them; the port
     differs from the coordinator's so ``torch.distributed`` can use it), CPU
-    as the platform with ``devices_per_proc`` devices (``XLA_FLAGS``) and
-    enough XLA threads (``NPROC``), and unbuffered Python output. With
+    as the platform with ``devices_per_proc`` devices (``XLA_FLAGS`` and
+    ``SPMDTORCH_CPU_DEVICES``) and enough XLA threads (``NPROC``), and
+    unbuffered Python output. With
     ``finished_dir``, ``SPMDTORCH_LAUNCH_FINISHED_DIR``: where the process
     notes that its script finished (``RankResult.finished_script``).
 
@@ -180,6 +182,8 @@ def child_env(
             "LOCAL_WORLD_SIZE": str(nprocs),
             "JAX_PLATFORMS": "cpu",
             "PJRT_DEVICE": "CPU",
+            # What import spmdtorch applies; also replaces a count inherited from the caller's environment.
+            cpu_devices.ENV_CPU_DEVICES: str(devices_per_proc),
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -9,6 +9,12 @@ hazard "CPU collective deadlock"). ``cpu_device_env`` computes such an
 environment for a child process; ``simulate_cpu_devices`` applies it to this
 process, and refuses once JAX's backend has started, when it could no longer
 take effect.
+
+``SPMDTORCH_CPU_DEVICES=N`` asks for the same from outside the script:
+``import spmdtorch`` applies it (:func:`apply_cpu_devices_setting`) before it
+joins a multi-process job, which fixes the device count. That is how each
+worker of ``torchrun --nproc-per-node 2`` gets N devices on a CPU-only machine;
+``python -m spmdtorch.launch`` sets it from ``--devices-per-proc``.
 """
 
 from __future__ import annotations
@@ -18,13 +24,25 @@ import re
 import sys
 from collections.abc import Mapping
 
-__all__ = ["CPU_REMAT_XLA_FLAG", "SimulatedDevicesError", "cpu_device_env", "simulate_cpu_devices"]
+from spmdtorch import config
+
+__all__ = [
+    "CPU_REMAT_XLA_FLAG",
+    "ENV_CPU_DEVICES",
+    "SimulatedDevicesError",
+    "apply_cpu_devices_setting",
+    "cpu_device_env",
+    "requested_cpu_devices",
+    "simulate_cpu_devices",
+]
 
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
 #: The ``XLA_FLAGS`` entry that keeps optimisation barriers on XLA:CPU, so
 #: rematerialisation lowers memory there too (docs/design.md, hazard
 #: "optimisation barriers on XLA:CPU").
 CPU_REMAT_XLA_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
+#: Simulated CPU devices of this process, applied by ``import spmdtorch`` (:func:`apply_cpu_devices_setting`).
+ENV_CPU_DEVICES = "SPMDTORCH_CPU_DEVICES"
 
 
 class SimulatedDevicesError(RuntimeError):
@@ -99,10 +117,48 @@ def _backend_started() -> bool:
     return _jax_private.backends_initialized()
 
 
+def _other_platform(env: Mapping[str, str]) -> str | None:
+    """``NAME='value'`` of ``PJRT_DEVICE`` or ``JAX_PLATFORMS`` when it asks for a platform other than CPU."""
+    pjrt = env.get("PJRT_DEVICE", "").strip()
+    if pjrt and pjrt.upper() != "CPU":
+        return f"PJRT_DEVICE={pjrt!r}"
+    platforms = env.get("JAX_PLATFORMS", "").strip()
+    if platforms and platforms.split(",")[0].strip().lower() != "cpu":
+        return f"JAX_PLATFORMS={platforms!r}"
+    return None
+
+
 def _other_platform_requested() -> bool:
-    pjrt = os.environ.get("PJRT_DEVICE", "").strip().upper()
-    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
-    return bool(pjrt and pjrt != "CPU") or bool(platforms and platforms.split(",")[0].strip() != "cpu")
+    return _other_platform(os.environ) is not None
+
+
+def requested_cpu_devices(env: Mapping[str, str] | None = None) -> int | None:
+    """The simulated CPU devices ``SPMDTORCH_CPU_DEVICES`` asks for, or None when it is unset or empty.
+
+    Args:
+        env: the environment to read (default: ``os.environ``).
+
+    Raises:
+        spmdtorch.config.ConfigError: the value is not a whole number >= 1, or
+            ``PJRT_DEVICE`` / ``JAX_PLATFORMS`` ask for another platform
+            (the two cannot both hold; unset one).
+
+    Example:
+        >>> requested_cpu_devices({"SPMDTORCH_CPU_DEVICES": "4"}), requested_cpu_devices({})
+        (4, None)
+    """
+    env = os.environ if env is None else env
+    n: int | None = config.read_one("cpu_devices", env)
+    other = None if n is None else _other_platform(env)
+    if other is not None:
+        raise config.ConfigError(
+            ENV_CPU_DEVICES,
+            env[ENV_CPU_DEVICES],
+            f"asks for simulated CPU devices but {other} asks for another platform",
+            "a whole number >= 1 on the CPU platform",
+            f"unset {ENV_CPU_DEVICES} to run on that platform, or unset {other.split('=')[0]} to simulate CPU devices",
+        )
+    return n
 
 
 def simulate_cpu_devices(n: int = 8, *, keep_remat_barriers: bool = False, unless_accelerator: bool = False) -> None:
@@ -141,3 +197,34 @@ def simulate_cpu_devices(n: int = 8, *, keep_remat_barriers: bool = False, unles
         import jax
 
         jax.config.update("jax_platforms", "cpu")
+
+
+def apply_cpu_devices_setting() -> int | None:
+    """Runs this process on ``SPMDTORCH_CPU_DEVICES`` simulated CPU devices, if it is set.
+
+    ``import spmdtorch`` calls it before joining a multi-process job (after
+    which the device count is fixed), so a script needs no
+    :func:`simulate_cpu_devices` call of its own under torchrun:
+    ``SPMDTORCH_CPU_DEVICES=4 torchrun --nproc-per-node 2 train.py`` gives a
+    job of 8 devices.
+
+    Returns:
+        The device count applied, or None when the variable is unset.
+
+    Raises:
+        spmdtorch.config.ConfigError: the value is malformed or conflicts with
+            ``PJRT_DEVICE`` / ``JAX_PLATFORMS`` (:func:`requested_cpu_devices`).
+        SimulatedDevicesError: JAX's backend already started with another
+            platform or device count (import spmdtorch before using JAX).
+    """
+    n = requested_cpu_devices()
+    if n is None:
+        return None
+    try:
+        simulate_cpu_devices(n)
+    except SimulatedDevicesError as e:
+        raise SimulatedDevicesError(
+            f"{ENV_CPU_DEVICES}={n} cannot take effect: {e}. Import spmdtorch before anything uses JAX, "
+            f"or unset {ENV_CPU_DEVICES}"
+        ) from e
+    return n

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from spmdtorch.config import ConfigError
 from spmdtorch.runtime.cpu_devices import (
     CPU_REMAT_XLA_FLAG,
+    ENV_CPU_DEVICES,
     SimulatedDevicesError,
+    apply_cpu_devices_setting,
     cpu_device_env,
+    requested_cpu_devices,
     simulate_cpu_devices,
 )
 
@@ -44,3 +48,41 @@ def test_simulate_after_the_backend_started(devices8):
     simulate_cpu_devices(8)  # what is running already: nothing to do
     with pytest.raises(SimulatedDevicesError, match="already started with 8 cpu device"):
         simulate_cpu_devices(4)
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({}, None),
+        ({ENV_CPU_DEVICES: " "}, None),  # empty means unset, as for every knob
+        ({ENV_CPU_DEVICES: "4"}, 4),
+        ({ENV_CPU_DEVICES: "4", "PJRT_DEVICE": "cpu", "JAX_PLATFORMS": "cpu"}, 4),
+        ({"PJRT_DEVICE": "TPU"}, None),  # no request: the other platform is none of its business
+    ],
+)
+def test_requested_cpu_devices(env, expected):
+    assert requested_cpu_devices(env) == expected
+
+
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({ENV_CPU_DEVICES: "0"}, "SPMDTORCH_CPU_DEVICES='0' must be >= 1"),
+        ({ENV_CPU_DEVICES: "four"}, "SPMDTORCH_CPU_DEVICES='four' is not an integer"),
+        ({ENV_CPU_DEVICES: "4", "PJRT_DEVICE": "TPU"}, "PJRT_DEVICE='TPU' asks for another platform.*unset"),
+        ({ENV_CPU_DEVICES: "4", "JAX_PLATFORMS": "cuda,cpu"}, "JAX_PLATFORMS='cuda,cpu' asks for another platform"),
+    ],
+)
+def test_requested_cpu_devices_rejects(env, match):
+    with pytest.raises(ConfigError, match=match):
+        requested_cpu_devices(env)
+
+
+def test_apply_cpu_devices_setting_in_this_running_process(devices8, monkeypatch):
+    monkeypatch.delenv(ENV_CPU_DEVICES, raising=False)
+    assert apply_cpu_devices_setting() is None
+    monkeypatch.setenv(ENV_CPU_DEVICES, "8")
+    assert apply_cpu_devices_setting() == 8  # what is running already: nothing to do
+    monkeypatch.setenv(ENV_CPU_DEVICES, "4")
+    with pytest.raises(SimulatedDevicesError, match="SPMDTORCH_CPU_DEVICES=4 cannot take effect.*already started"):
+        apply_cpu_devices_setting()
