@@ -48,6 +48,7 @@ PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").
 # Blocks marked `<!-- skip-test: reason -->`, per page. Change a count only with the marker.
 SKIPPED = {
     "README.md": 5,  # the two Quickstart commands, the other-stack script, the compat launcher, the site build
+    "docs/dtensor.md": 1,  # the training script in one process and under both launchers
     "docs/index.md": 1,  # the site build
     "docs/migrating-from-torch-xla.md": 4,  # the compat launcher (alone, twice, and under spmdtorch.launch), the xla suite
     "docs/multihost.md": 4,  # the launcher (twice), the TPU pod and torchrun recipes
