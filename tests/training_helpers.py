@@ -38,3 +38,58 @@ def assert_adamw_params_close(got, ref_model, *, lr, steps, atol=3e-4, rtol=1e-5
             f"(largest {diff.max().item():.3g})"
         )
         assert diff.max().item() <= lr * steps, f"{name}: an element is {diff.max().item():.3g} away from eager"
+
+
+def compiled_beside_eager(make_opt, make_sched, steps, *, make_ref_opt=None, hook=None, zero_grad_first=False):
+    """A small model trained by a ``spmdtorch.compile``d step beside its eager CPU twin.
+
+    Args:
+        make_opt: parameters -> the xla model's optimizer.
+        make_sched: optimizer -> its scheduler (stepped after every step, on both sides).
+        steps: training steps.
+        make_ref_opt: parameters -> the CPU twin's optimizer (default ``make_opt``; differs
+            where the xla side takes a tensor hyperparameter the CPU side takes as a float).
+        hook: called as ``hook(step_index, opt, ref_opt)`` before each step.
+        zero_grad_first: the compiled step starts with ``opt.zero_grad()`` instead of ending with it.
+
+    Returns:
+        (compiled losses, eager losses, xla model, CPU model).
+    """
+    import copy
+
+    import torch
+
+    import spmdtorch
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = copy.deepcopy(ref).to("xla")
+    opt, ref_opt = make_opt(model.parameters()), (make_ref_opt or make_opt)(ref.parameters())
+    sched, ref_sched = make_sched(opt), make_sched(ref_opt)
+    x, y = torch.randn(4, 6), torch.randn(4, 2)
+    xx, yy = x.to("xla"), y.to("xla")
+
+    @spmdtorch.compile
+    def step(x, y):
+        if zero_grad_first:
+            opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        if not zero_grad_first:
+            opt.zero_grad()
+        return loss
+
+    losses, ref_losses = [], []
+    for i in range(steps):
+        if hook is not None:
+            hook(i, opt, ref_opt)
+        losses.append(step(xx, yy).item())
+        sched.step()
+        loss = (ref(x) - y).pow(2).mean()
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_sched.step()
+        ref_losses.append(loss.item())
+    return losses, ref_losses, model, ref

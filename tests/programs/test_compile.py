@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from training_helpers import compiled_beside_eager
 
 import spmdtorch
 from spmdtorch import debug
@@ -486,31 +487,13 @@ def test_host_made_constant_that_changes_is_not_replayed_stale():
 
 def _adamw_lambda_lr_run(lr, steps=8):
     """Train a small model for ``steps`` compiled steps under a LambdaLR schedule; eager CPU twin beside it."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    model = copy.deepcopy(ref).to("xla")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
-    ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda s: 1 / (1 + s))
-    x, y = torch.randn(4, 6), torch.randn(4, 2)
-    xx, yy = x.to("xla"), y.to("xla")
-
-    @spmdtorch.compile
-    def step(x, y):
-        opt.zero_grad()
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        return loss
-
-    for _ in range(steps):
-        step(xx, yy)
-        sched.step()
-        ref_opt.zero_grad()
-        (ref(x) - y).pow(2).mean().backward()
-        ref_opt.step()
-        ref_sched.step()
+    _, _, model, ref = compiled_beside_eager(
+        lambda ps: torch.optim.AdamW(ps, lr=lr),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s)),
+        steps,
+        make_ref_opt=lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+        zero_grad_first=True,
+    )
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-5, atol=1e-6)
 
@@ -553,34 +536,14 @@ def test_a_returned_state_tensor_replaced_between_calls_runs_the_step_once():
 
 def _one_cycle_run(cycle_momentum, steps=6):
     """AdamW with a tensor lr under OneCycleLR, compiled, beside its eager CPU twin; the losses of both."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    model = copy.deepcopy(ref).to("xla")
-    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="xla"))
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=20, cycle_momentum=cycle_momentum)
-    ref_sched = torch.optim.lr_scheduler.OneCycleLR(ref_opt, max_lr=1e-2, total_steps=20, cycle_momentum=cycle_momentum)
-    x, y = torch.randn(4, 6), torch.randn(4, 2)
-    xx, yy = x.to("xla"), y.to("xla")
-
-    @spmdtorch.compile
-    def step(x, y):
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    losses, ref_losses = [], []
-    for _ in range(steps):
-        losses.append(step(xx, yy).item())
-        sched.step()
-        loss = (ref(x) - y).pow(2).mean()
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_sched.step()
-        ref_losses.append(loss.item())
+    losses, ref_losses, _, _ = compiled_beside_eager(
+        lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(1e-3, device="xla")),
+        lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=1e-2, total_steps=20, cycle_momentum=cycle_momentum
+        ),
+        steps,
+        make_ref_opt=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+    )
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
 
 

@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+from training_helpers import compiled_beside_eager
 
 import spmdtorch
 from spmdtorch import debug
@@ -23,35 +24,7 @@ STEPS = 6
 
 def _run(make_opt, make_sched, steps=STEPS, *, hook=None):
     """The compiled step beside its eager CPU twin; (compiled losses, eager losses, models)."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    model = copy.deepcopy(ref).to("xla")
-    opt, ref_opt = make_opt(model.parameters()), make_opt(ref.parameters())
-    sched, ref_sched = make_sched(opt), make_sched(ref_opt)
-    x, y = torch.randn(4, 6), torch.randn(4, 2)
-    xx, yy = x.to("xla"), y.to("xla")
-
-    @spmdtorch.compile
-    def step(x, y):
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    losses, ref_losses = [], []
-    for i in range(steps):
-        if hook is not None:
-            hook(i, opt, ref_opt)
-        losses.append(step(xx, yy).item())
-        sched.step()
-        loss = (ref(x) - y).pow(2).mean()
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_sched.step()
-        ref_losses.append(loss.item())
-    return losses, ref_losses, model, ref
+    return compiled_beside_eager(make_opt, make_sched, steps, hook=hook)
 
 
 def _one_cycle(opt):
