@@ -117,6 +117,20 @@ def _backend_started() -> bool:
     return _jax_private.backends_initialized()
 
 
+def _joined() -> bool:
+    """Whether this process joined a multi-process job: XLA read its flags then, so the device count is fixed."""
+    if "jax" not in sys.modules:
+        return False
+    from spmdtorch import _jax_private  # imports jax: only once something else has
+
+    return _jax_private.distributed_is_initialized()
+
+
+def _count_in(flags: str) -> int | None:
+    found = re.findall(rf"{_COUNT_FLAG}=(\d+)", flags)
+    return int(found[-1]) if found else None
+
+
 def _other_platform(env: Mapping[str, str]) -> str | None:
     """``NAME='value'`` of ``PJRT_DEVICE`` or ``JAX_PLATFORMS`` when it asks for a platform other than CPU."""
     pjrt = env.get("PJRT_DEVICE", "").strip()
@@ -176,21 +190,37 @@ def simulate_cpu_devices(n: int = 8, *, keep_remat_barriers: bool = False, unles
             ``JAX_PLATFORMS`` asks for another platform (benchmarks and
             examples that also run on GPU/TPU).
 
+    In a multi-process job, ``n`` is this process's count, and joining the
+    job (``import spmdtorch`` under a launcher) already fixed it: set
+    ``SPMDTORCH_CPU_DEVICES`` (or the launcher's ``--devices-per-proc``)
+    instead; a call asking for that same count does nothing.
+
     Raises:
         SimulatedDevicesError: JAX's backend already started with another
-            platform or device count.
+            platform or device count, or this process joined a job with
+            another device count.
     """
     if unless_accelerator and _other_platform_requested():
         return
     if _backend_started():
         import jax
 
-        devs = jax.devices()
+        devs = jax.local_devices()  # this process's: in a job, jax.devices() spans every process
         if len(devs) == n and all(d.platform == "cpu" for d in devs):
             return
         raise SimulatedDevicesError(
-            f"simulate_cpu_devices({n}): JAX already started with {len(devs)} {devs[0].platform} device(s); "
-            "call it at the top of the script, before anything queries devices or creates an xla tensor"
+            f"simulate_cpu_devices({n}): JAX already started with {len(devs)} {devs[0].platform} device(s) in "
+            "this process; call it at the top of the script, before anything queries devices or creates an "
+            f"xla tensor (in a multi-process job, set {ENV_CPU_DEVICES} or the launcher's --devices-per-proc)"
+        )
+    if _joined():
+        fixed = _count_in(os.environ.get("XLA_FLAGS", ""))
+        if fixed == n:
+            return
+        has = f"{fixed} CPU device(s)" if fixed is not None else "XLA's default CPU device count"
+        raise SimulatedDevicesError(
+            f"simulate_cpu_devices({n}): this process joined a multi-process job with {has}, and joining "
+            f"fixed the count; set {ENV_CPU_DEVICES}={n} (or the launcher's --devices-per-proc {n}) instead"
         )
     os.environ.update(cpu_device_env(n, keep_remat_barriers=keep_remat_barriers))
     if "jax" in sys.modules:  # imported already: its platform setting was read from the environment then

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spmdtorch.config import ConfigError
+from spmdtorch.runtime import cpu_devices
 from spmdtorch.runtime.cpu_devices import (
     CPU_REMAT_XLA_FLAG,
     ENV_CPU_DEVICES,
@@ -86,3 +87,16 @@ def test_apply_cpu_devices_setting_in_this_running_process(devices8, monkeypatch
     monkeypatch.setenv(ENV_CPU_DEVICES, "4")
     with pytest.raises(SimulatedDevicesError, match="SPMDTORCH_CPU_DEVICES=4 cannot take effect.*already started"):
         apply_cpu_devices_setting()
+
+
+def test_simulate_after_joining_a_job_before_the_backend_started(monkeypatch):
+    # A job's process: joining made XLA read its flags (4 devices), no device was used yet.
+    monkeypatch.setattr(cpu_devices, "_backend_started", lambda: False)
+    monkeypatch.setattr(cpu_devices, "_joined", lambda: True)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=4")
+    simulate_cpu_devices(4)  # what the job has: nothing to do
+    with pytest.raises(SimulatedDevicesError, match="joined a multi-process job with 4 CPU.*SPMDTORCH_CPU_DEVICES=8"):
+        simulate_cpu_devices(8)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    with pytest.raises(SimulatedDevicesError, match="with XLA's default CPU device count"):
+        simulate_cpu_devices(8)
