@@ -2,7 +2,7 @@
 
 A decoder of N layers (``LlamaConfig.tiny()`` sizes, ffn_dim 176 so 8 divides
 it, batch 8x64) under FSDPv2 on 8 simulated CPU devices (one wrapper per
-decoder layer), trained with AdamW. Four implementations:
+decoder layer), trained with AdamW. The implementations:
 
 * ``spmdtorch unrolled``: the model's Python loop over its layers (lazy mode);
 * ``spmdtorch scan``: the same model after ``spmdtorch.models.scan_decoder_layers``
@@ -10,16 +10,26 @@ decoder layer), trained with AdamW. Four implementations:
 * ``spmdtorch stacked``: ``scan_decoder_layers(..., stack_parameters=True)``:
   the layers' weights are stacked ``Parameter`` objects (one per weight kind),
   so AdamW updates 9 stacked arrays instead of 9 per layer, as the twin does;
+* ``spmdtorch scan_layers``: the decoder as a PyTorch/XLA user writes it, its
+  ``forward`` calling ``spmdtorch.scan_layers(self.layers, h, layer_args=(cos,
+  sin))``; its layers keep their own parameters, so AdamW updates 9 per layer;
 * ``jax unrolled``: the decoder in ``jax.numpy`` (``benchmarks/step_time.py``),
   a Python loop over the layers, optax AdamW, one ``jax.jit`` step;
 * ``jax scan``: the same layer under ``jax.lax.scan`` over stacked weights
   (the twin keeps its parameters stacked, sharded like one layer's plus a
   replicated leading dim).
 
+The spmdtorch step runs in lazy mode (``with spmdtorch.step():``), or with
+``--compiled`` as ``spmdtorch.compile(train_step)`` (which traces the first
+two calls: the first creates AdamW's state, the second records the steady
+step; replays follow).
+
 Columns (host wall-clock): ``first step s`` = the first step, trace + compile
 + run until the loss is on the host (what depth makes slow); ``compile s`` =
 the part of it spent lowering and compiling the XLA program (spmdtorch's
-``CompileTime`` timer; the twin's ``lower`` + ``compile``); ``step ms`` = the
+``CompileTime`` timer; the twin's ``lower`` + ``compile``); ``2nd step s`` =
+the second step (a second trace and compile under ``--compiled``; the twin
+only runs); ``step ms`` = the
 median steady-state step (after 3 warm-up steps, each step waited for);
 ``x unrolled`` = the step time over the same framework's unrolled step (issue
 18's target: spmdtorch's ratio no larger than the twin's).
@@ -34,6 +44,8 @@ Usage:
     python benchmarks/scan_depth.py                  # depths 2, 8, 32, 1 round (a few minutes)
     python benchmarks/scan_depth.py --rounds 3
     python benchmarks/scan_depth.py --layers 2 8     # other depths
+    python benchmarks/scan_depth.py --compiled --layers 32 --rounds 3 \
+        --impls "spmdtorch scan_layers" "spmdtorch stacked" "jax scan"
 """
 
 from __future__ import annotations
@@ -56,7 +68,14 @@ import subprocess
 import time
 from pathlib import Path
 
-IMPLS = ("spmdtorch unrolled", "spmdtorch scan", "spmdtorch stacked", "jax unrolled", "jax scan")
+IMPLS = (
+    "spmdtorch unrolled",
+    "spmdtorch scan",
+    "spmdtorch stacked",
+    "spmdtorch scan_layers",
+    "jax unrolled",
+    "jax scan",
+)
 BATCH, SEQ = 8, 64
 WARMUP, STEPS = 3, 5
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW defaults
@@ -66,19 +85,28 @@ def now() -> float:
     return time.perf_counter()
 
 
-def setup(n_layers: int):
+def setup(n_layers: int, scan_layers: bool = False):
     import torch
 
-    from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM
+    import spmdtorch
+    from spmdtorch.models.llama import LlamaConfig, LlamaForCausalLM, rope_tables
+
+    class ScanLayersLlama(LlamaForCausalLM):
+        """The same decoder, its layer loop written with PyTorch/XLA's ``scan_layers``."""
+
+        def forward(self, tokens):
+            cos, sin = rope_tables(self.cfg, tokens.shape[1], device=tokens.device)
+            h = spmdtorch.scan_layers(self.layers, self.tok_embeddings(tokens), layer_args=(cos, sin))
+            return self.output(self.norm(h))
 
     cfg = dataclasses.replace(LlamaConfig.tiny(), n_layers=n_layers, ffn_dim=176)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    model = (ScanLayersLlama if scan_layers else LlamaForCausalLM)(cfg)
     tokens = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     return cfg, model, tokens
 
 
-def run_spmdtorch(n_layers: int, scanned: bool, stacked: bool = False) -> dict:
+def run_spmdtorch(impl: str, n_layers: int, compiled: bool) -> dict:
     import numpy as np
     import torch
 
@@ -89,22 +117,30 @@ def run_spmdtorch(n_layers: int, scanned: bool, stacked: bool = False) -> dict:
     from spmdtorch.models.llama import DecoderLayer, causal_lm_loss
     from spmdtorch.partition import FSDPv2, mark_sharding, transformer_auto_wrap_policy
 
-    _, model, tokens = setup(n_layers)
+    _, model, tokens = setup(n_layers, scan_layers=impl == "spmdtorch scan_layers")
     mesh = Mesh(np.arange(_NUM_DEVICES), (_NUM_DEVICES,), ("fsdp",))
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
     model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
-    if scanned:
-        scan_decoder_layers(model.module, stack_parameters=stacked)
+    if impl in ("spmdtorch scan", "spmdtorch stacked"):
+        scan_decoder_layers(model.module, stack_parameters=impl == "spmdtorch stacked")
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     tok = mark_sharding(tokens.to("xla"), mesh, ("fsdp", None))
     spmdtorch.sync(wait=True)
 
+    def train_step(tokens):
+        opt.zero_grad()
+        loss = causal_lm_loss(model(tokens), tokens)
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled_step = spmdtorch.compile(train_step)
+
     def step() -> float:
+        if compiled:
+            return compiled_step(tok).item()
         with spmdtorch.step():
-            opt.zero_grad()
-            loss = causal_lm_loss(model(tok), tok)
-            loss.backward()
-            opt.step()
+            loss = train_step(tok)
         return loss.item()
 
     debug.clear_timers()
@@ -112,14 +148,23 @@ def run_spmdtorch(n_layers: int, scanned: bool, stacked: bool = False) -> dict:
     loss0 = step()
     first = now() - t0
     compile_s = (debug.metric_data("CompileTime") or (0, 0.0, 0.0))[1]
-    for _ in range(WARMUP):
+    t0 = now()
+    step()
+    second = now() - t0
+    for _ in range(WARMUP - 1):
         step()
     times = []
     for _ in range(STEPS):
         t0 = now()
         step()
         times.append(now() - t0)
-    return {"first_s": first, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times), "loss": loss0}
+    return {
+        "first_s": first,
+        "compile_s": compile_s,
+        "second_s": second,
+        "step_ms": 1e3 * statistics.median(times),
+        "loss": loss0,
+    }
 
 
 def run_jax(n_layers: int, scanned: bool) -> dict:
@@ -172,7 +217,11 @@ def run_jax(n_layers: int, scanned: bool) -> dict:
     params, opt_state, loss = compiled(params, opt_state, tok)
     loss0 = float(loss)
     first = now() - t0
-    for _ in range(WARMUP):
+    t0 = now()
+    params, opt_state, loss = compiled(params, opt_state, tok)
+    float(loss)
+    second = now() - t0
+    for _ in range(WARMUP - 1):
         params, opt_state, loss = compiled(params, opt_state, tok)
         float(loss)
     times = []
@@ -181,7 +230,13 @@ def run_jax(n_layers: int, scanned: bool) -> dict:
         params, opt_state, loss = compiled(params, opt_state, tok)
         float(loss)
         times.append(now() - t0)
-    return {"first_s": first, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times), "loss": loss0}
+    return {
+        "first_s": first,
+        "compile_s": compile_s,
+        "second_s": second,
+        "step_ms": 1e3 * statistics.median(times),
+        "loss": loss0,
+    }
 
 
 def scanned_loss(cfg, act, jax, jnp, math, jax_linear, jax_cross_entropy):
@@ -230,17 +285,16 @@ def scanned_loss(cfg, act, jax, jnp, math, jax_linear, jax_cross_entropy):
     return loss_fn
 
 
-def worker(impl: str, n_layers: int) -> None:
-    scanned = impl.endswith(("scan", "stacked"))
+def worker(impl: str, n_layers: int, compiled: bool) -> None:
     if impl.startswith("spmdtorch"):
-        result = run_spmdtorch(n_layers, scanned, stacked=impl.endswith("stacked"))
+        result = run_spmdtorch(impl, n_layers, compiled)
     else:
-        result = run_jax(n_layers, scanned)
+        result = run_jax(n_layers, impl == "jax scan")
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_one(impl: str, n_layers: int, timeout: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", impl, "--layers", str(n_layers)]
+def run_one(impl: str, n_layers: int, timeout: int, compiled: bool) -> dict:
+    cmd = [sys.executable, __file__, "--worker", impl, "--layers", str(n_layers)] + (["--compiled"] if compiled else [])
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])
     )
@@ -257,25 +311,31 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS, metavar="IMPL")
     p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--compiled", action="store_true", help="spmdtorch steps under spmdtorch.compile (default: lazy)")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.layers[0])
+        worker(args.worker, args.layers[0], args.compiled)
         return 0
     results: dict = {}
     for r in range(args.rounds):
         for n in args.layers:
             k = (r + args.layers.index(n)) % len(args.impls)
             for impl in args.impls[k:] + args.impls[:k]:  # rotated: each impl goes first in turn
-                res = run_one(impl, n, args.timeout)
+                res = run_one(impl, n, args.timeout, args.compiled)
                 results.setdefault((impl, n), []).append(res)
-                print(f"  round {r + 1} {impl:>18} {n:>3} layers: first step {res['first_s']:.2f} s "
-                      f"(compile {res['compile_s']:.2f} s), step {res['step_ms']:.1f} ms",
+                print(f"  round {r + 1} {impl:>21} {n:>3} layers: first step {res['first_s']:.2f} s "
+                      f"(compile {res['compile_s']:.2f} s), 2nd step {res['second_s']:.2f} s, "
+                      f"step {res['step_ms']:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
+    mode = "under spmdtorch.compile" if args.compiled else "lazy"
     print(f"\nFirst step (trace + compile + run) and steady step, FSDPv2 on {_NUM_DEVICES} devices, "
-          f"median of {args.rounds} round(s)\n")  # fmt: skip
-    print("| layers | implementation | first step s | x jax scan | compile s | step ms | x jax scan | x unrolled |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+          f"spmdtorch steps {mode}, median of {args.rounds} round(s)\n")  # fmt: skip
+    print(
+        "| layers | implementation | first step s | x jax scan | compile s | 2nd step s | step ms | x jax scan "
+        "| x unrolled |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 
     def med(impl: str, n: int, field: str) -> float | None:
         rs = results.get((impl, n))
@@ -285,11 +345,14 @@ def main(argv=None) -> int:
         bf, bs = med("jax scan", n, "first_s"), med("jax scan", n, "step_ms")
         for impl in args.impls:
             f, c, s = med(impl, n, "first_s"), med(impl, n, "compile_s"), med(impl, n, "step_ms")
+            if f is None:
+                continue
+            s2 = med(impl, n, "second_s")
             unrolled = med(impl.split()[0] + " unrolled", n, "step_ms")
             fr = f"{f / bf:.2f}" if bf else "-"
             sr = f"{s / bs:.2f}" if bs else "-"
             ur = f"{s / unrolled:.2f}" if unrolled else "-"
-            print(f"| {n} | {impl} | {f:.2f} | {fr} | {c:.2f} | {s:.1f} | {sr} | {ur} |")
+            print(f"| {n} | {impl} | {f:.2f} | {fr} | {c:.2f} | {s2:.2f} | {s:.1f} | {sr} | {ur} |")
     return 0
 
 
