@@ -27,7 +27,7 @@ with the parameter's placements.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from spmdtorch import _checks, fsdp, sharding
+from spmdtorch.dtensor import _optim
 from spmdtorch.dtensor._mesh import as_xla_mesh, spans_root, spmd_mesh
 from spmdtorch.dtensor._placements import normalize_placements, spec_of
 from spmdtorch.dtensor.errors import DTensorError, InplaceGradError, LocalTensorError, PlacementError
@@ -49,8 +50,32 @@ __all__ = ["XlaDTensor", "distribute_tensor", "from_local"]
 
 
 # -- specs and annotations ------------------------------------------------------
+# (id(mesh), mesh, placements, shape, stride, dtype) -> the DTensorSpec of that layout, one object shared
+# by every tensor with it (torch builds a spec in ~30 us and never changes one once made; torch's own
+# dispatch shares its cached output specs the same way). The mesh is held, so its id is never reused.
+_SPECS = caches.bounded("dtensor.specs", maxsize=4096)
+
+
+def _meta(t: torch.Tensor) -> tuple[torch.Size, tuple[int, ...], torch.dtype]:
+    # Read past the tensor's torch-function override (xla tensors route every attribute through theirs).
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.shape, t.stride(), t.dtype
+
+
 def _spec(mesh: DeviceMesh, placements: Sequence[Placement], t: torch.Tensor) -> DTensorSpec:
-    return DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
+    placements = tuple(placements)
+    shape, stride, dtype = _meta(t)
+    key = (id(mesh), mesh, placements, shape, stride, dtype)
+    spec = _SPECS.get(key)
+    if spec is None:
+        spec = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(shape, stride, dtype))
+        _SPECS.put(key, spec)
+    return spec
+
+
+# (id(mesh), mesh, placements, rank, creating) -> (spmdtorch Mesh, partition spec) to annotate with, or None
+# when the layout leaves root axes open (see _annotate).
+_LAYOUTS = caches.bounded("dtensor.layouts", maxsize=1024)
 
 
 def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> torch.Tensor:
@@ -65,13 +90,21 @@ def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> 
     and ``redistribute`` on such a mesh are left to GSPMD's propagation, which
     keeps e.g. a batch dim split over dp.
     """
-    if not creating and not spans_root(spec.mesh):
-        return t
     if fsdp.in_local_step():
         # accumulate_gradients' per-device body: t is one device's block, the mesh axes are manual there.
         return t
-    spec_ = spec_of(spec.mesh, spec.placements, t.dim())
-    mesh = spmd_mesh(spec.mesh)
+    rank = len(_meta(t)[0])
+    key = (id(spec.mesh), spec.mesh, spec.placements, rank, creating)
+    layout = _LAYOUTS.get(key, _MISSING)
+    if layout is _MISSING:
+        if not creating and not spans_root(spec.mesh):
+            layout = None
+        else:
+            layout = (spmd_mesh(spec.mesh), spec_of(spec.mesh, spec.placements, rank))
+        _LAYOUTS.put(key, layout)
+    if layout is None:
+        return t
+    mesh, spec_ = layout
     try:
         return sharding.mark_sharding(t, mesh, spec_)
     except sharding.ShardingError:
@@ -502,20 +535,37 @@ class XlaDTensor(DTensor):
                 )
         specs: dict[int, Any] = {}
         originals: dict[int, XlaDTensor] = {}
+        parts: list[Any] = [func, grad]
 
-        def unwrap(x: Any) -> Any:
-            if not isinstance(x, XlaDTensor):
-                return x
+        def unwrap(x: XlaDTensor) -> torch.Tensor:
             g = _ToGlobal.apply(x, None) if grad and x.requires_grad else x._local_tensor
             specs[id(g)] = (g, x._spec)
             originals[id(g)] = x
             return g
 
-        u_args, u_kwargs = tree_map(unwrap, (tuple(args), kwargs))
+        u_args = _unwrap_tree(tuple(args), unwrap, parts)
+        u_kwargs = _unwrap_tree(kwargs, unwrap, parts)
+        mesh = next(iter(specs.values()))[1].mesh if specs else None
+        if _is_inplace(func, kwargs):
+            # Its results are its inputs, which keep their placements: nothing to propagate.
+            out = func(*u_args, **u_kwargs)
+            return _map_tree(out, lambda o: _wrap_inplace_result(o, specs, originals, mesh, grad))
+        key = _hashable(parts)
+        layouts = None if key is None else _OP_LAYOUTS.get(key)
+        if layouts is not None:
+            # Seen before with these input layouts: the ATen ops it runs need no propagation again.
+            out = func(*u_args, **u_kwargs)
+            found = iter(layouts)
+            return _map_tree(out, lambda o: _wrap_known(o, found, originals, grad))
         with _Propagate(specs):
             out = func(*u_args, **u_kwargs)
-        mesh = next(iter(specs.values()))[1].mesh if specs else None
-        return tree_map(lambda o: _wrap_result(o, specs, originals, mesh, grad), out)
+        recorded: list[Any] = []
+        result = _map_tree(out, lambda o: _wrap_result(o, specs, originals, mesh, grad, recorded))
+        if key is not None:
+            _OP_LAYOUTS.put(key, tuple(recorded))
+        else:
+            _OP_LAYOUTS.bypasses += 1
+        return result
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
@@ -525,15 +575,20 @@ class XlaDTensor(DTensor):
         specs: dict[int, Any] = {}
         originals: dict[int, XlaDTensor] = {}
 
-        def unwrap(x: Any) -> Any:
-            if not isinstance(x, XlaDTensor):
-                return x
+        def unwrap(x: XlaDTensor) -> torch.Tensor:
             specs[id(x._local_tensor)] = (x._local_tensor, x._spec)
             originals[id(x._local_tensor)] = x
             return x._local_tensor
 
-        u_args, u_kwargs = tree_map(unwrap, (tuple(args), kwargs))
+        parts: list[Any] = [func, "aten"]
+        u_args = _unwrap_tree(tuple(args), unwrap, parts)
+        u_kwargs = _unwrap_tree(kwargs, unwrap, parts)
         out = func(*u_args, **u_kwargs)
+        key = _hashable(parts)
+        layouts = None if key is None else _OP_LAYOUTS.get(key)
+        if layouts is not None:
+            found = iter(layouts)
+            return _map_tree(out, lambda o: _wrap_known(o, found, originals, False))
         spec = _propagated_spec(func, u_args, u_kwargs, specs)
         outs, _ = tree_flatten(out)
         spec_list = spec if isinstance(spec, (list, tuple)) else [spec] * len(outs)
@@ -541,27 +596,157 @@ class XlaDTensor(DTensor):
             if isinstance(o, torch.Tensor) and isinstance(s, DTensorSpec):
                 specs[id(o)] = (o, _spec(s.mesh, s.placements, o))
         mesh = next(iter(specs.values()))[1].mesh if specs else None
-        return tree_map(lambda o: _wrap_result(o, specs, originals, mesh, False), out)
+        recorded: list[Any] = []
+        result = _map_tree(out, lambda o: _wrap_result(o, specs, originals, mesh, False, recorded))
+        if key is not None:
+            _OP_LAYOUTS.put(key, tuple(recorded))
+        else:
+            _OP_LAYOUTS.bypasses += 1
+        return result
+
+
+_optim.install(XlaDTensor)  # optimizers over XlaDTensor parameters take their foreach path
 
 
 def _wrap_result(
-    o: Any, specs: dict[int, Any], originals: dict[int, XlaDTensor], mesh: DeviceMesh | None, grad: bool
+    o: Any,
+    specs: dict[int, Any],
+    originals: dict[int, XlaDTensor],
+    mesh: DeviceMesh | None,
+    grad: bool,
+    recorded: list[Any] | None = None,
 ) -> Any:
+    """An op's result ``o`` as an ``XlaDTensor`` with the placements propagation recorded in ``specs``.
+
+    ``recorded`` (when given) gets, per tensor result, the ``(mesh, placements)``
+    it was given, or None for one returned as it is (:func:`_wrap_known` replays them).
+    """
     if not isinstance(o, torch.Tensor) or isinstance(o, XlaDTensor):
+        if recorded is not None and isinstance(o, torch.Tensor):
+            recorded.append(None)
         return o
     if id(o) in originals:  # an in-place op's result is its input
+        if recorded is not None:
+            recorded.append(None)
         return originals[id(o)]
     if mesh is None or not is_xla_tensor(o):
+        if recorded is not None:
+            recorded.append(None)
         return o  # a host result (.cpu(), .numpy() inputs): the global values, as a plain tensor
     entry = specs.get(id(o))
     spec = entry[1] if entry is not None else None
     if spec is None or len(spec.placements) != spec.mesh.ndim:
         spec = _spec(mesh, [Replicate()] * mesh.ndim, o)
-    spec = _spec(spec.mesh, spec.placements, o)
+    if recorded is not None:
+        recorded.append((spec.mesh, spec.placements))
+    return _wrap_as(o, _spec(spec.mesh, spec.placements, o), grad)
+
+
+def _wrap_as(o: torch.Tensor, spec: DTensorSpec, grad: bool) -> XlaDTensor:
     o = _annotate(o, spec)
     if grad and o.requires_grad:
-        return _FromGlobal.apply(o, spec)
+        out: XlaDTensor = _FromGlobal.apply(o, spec)
+        return out
     return XlaDTensor._make(o, spec)
+
+
+def _wrap_known(o: Any, found: Iterator[Any], originals: dict[int, XlaDTensor], grad: bool) -> Any:
+    """:func:`_wrap_result` for an op seen before: ``found`` yields what it recorded, per tensor result."""
+    if not isinstance(o, torch.Tensor):
+        return o
+    layout = next(found, None)
+    if isinstance(o, XlaDTensor):
+        return o
+    if id(o) in originals:
+        return originals[id(o)]
+    if layout is None or not is_xla_tensor(o):
+        return o
+    return _wrap_as(o, _spec(layout[0], layout[1], o), grad)
+
+
+def _wrap_inplace_result(
+    o: Any, specs: dict[int, Any], originals: dict[int, XlaDTensor], mesh: DeviceMesh | None, grad: bool
+) -> Any:
+    """:func:`_wrap_result` for an in-place op, run without propagation: its results are its inputs.
+
+    A tensor result that is not an input (no in-place op torch has returns one)
+    gets the placements of the first input of its shape, else is replicated.
+    """
+    if not isinstance(o, torch.Tensor) or isinstance(o, XlaDTensor):
+        return o
+    if id(o) in originals:
+        return originals[id(o)]
+    if mesh is None or not is_xla_tensor(o):
+        return o
+    shape = _meta(o)[0]
+    like = next((spec for _, spec in specs.values() if spec.shape == shape), None)
+    placements = like.placements if like is not None else (Replicate(),) * mesh.ndim
+    return _wrap_as(o, _spec(mesh if like is None else like.mesh, placements, o), grad)
+
+
+# -- argument and result trees ------------------------------------------------------------
+# (the torch function, grad mode, every argument's layout or value) -> per tensor result, the
+# (mesh, placements) propagation gave it or None (see _wrap_result). An op seen before runs
+# without the propagating mode: torch's rules depend only on what the key holds.
+_OP_LAYOUTS = caches.bounded("dtensor.op_layouts", maxsize=4096)
+
+
+def _unwrap_tree(obj: Any, unwrap: Any, parts: list[Any] | None) -> Any:
+    """``obj`` (an argument tree) with every ``XlaDTensor`` replaced by ``unwrap(it)``.
+
+    ``parts`` (when given) gets what torch's sharding rules read of each leaf:
+    a DTensor's spec (its mesh, placements, shape, stride, dtype), another
+    tensor's shape, stride, dtype and device type, any other value with its
+    type (so ``1``, ``1.0`` and ``True`` differ). Containers add their type
+    and length, so the flat parts also say the tree.
+    """
+    t = type(obj)
+    if t is XlaDTensor:
+        if parts is not None:
+            parts.append(obj._spec)
+        return unwrap(obj)
+    if t is tuple or t is list:
+        if parts is not None:
+            parts.append((t, len(obj)))
+        return t(_unwrap_tree(x, unwrap, parts) for x in obj)
+    if t is dict:
+        if parts is not None:
+            parts.append((dict, tuple(obj)))
+        return {k: _unwrap_tree(v, unwrap, parts) for k, v in obj.items()}
+    if isinstance(obj, torch.Tensor):
+        if isinstance(obj, XlaDTensor):  # (a subclass of it)
+            if parts is not None:
+                parts.append((t, obj._spec))
+            return unwrap(obj)
+        if parts is not None:
+            shape, stride, dtype = _meta(obj)
+            parts.append((t, shape, stride, dtype, obj.device.type))
+        return obj
+    if parts is not None:
+        parts.append((t, (obj.start, obj.stop, obj.step)) if t is slice else (t, obj))
+    return obj
+
+
+def _hashable(parts: list[Any]) -> tuple[Any, ...] | None:
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument: not cached
+        return None
+    return key
+
+
+def _map_tree(obj: Any, fn: Any) -> Any:
+    """``fn`` applied to every leaf of an op's result (tuples, lists, dicts and torch's named result tuples)."""
+    t = type(obj)
+    if t is tuple or t is list:
+        return t(_map_tree(x, fn) for x in obj)
+    if t is dict:
+        return {k: _map_tree(v, fn) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        items = [_map_tree(x, fn) for x in obj]
+        return t(*items) if hasattr(t, "_fields") else t(items)  # a namedtuple, or a structseq (torch.return_types)
+    return fn(obj)
 
 
 # -- constructors ------------------------------------------------------------------------
