@@ -140,7 +140,9 @@ class _Call:
         self, forward: Callable[..., Any], arg_leaves: list[Any], arg_spec: pytree.TreeSpec, tensor_pos: list[int]
     ) -> None:
         self.forward = forward
-        self.arg_leaves = arg_leaves  # non-tensor leaves stay here
+        # Non-tensor leaves only: ``run`` puts the tensors in. Kept, the tensors
+        # would outlive their saved-for-backward copies for as long as the graph.
+        self.arg_leaves = [None if i in tensor_pos else a for i, a in enumerate(arg_leaves)]
         self.arg_spec = arg_spec
         self.tensor_pos = tensor_pos
         self.rng_state: Any = None  # the RNG state the forward started from
@@ -265,6 +267,12 @@ def checkpoint_module(module: torch.nn.Module) -> torch.nn.Module:
         result = list(call.out_leaves)
         for i, t in zip(call.out_pos, outs):
             result[i] = t
+        # The outputs' grad_fn holds ``call``: held by it too, they would be a
+        # reference cycle, freed only by a garbage collection, not when the step
+        # drops them. Meanwhile each block's output stays on the device, and a
+        # compiled step (which traces with the collector paused) finds it alive,
+        # keeps it as state, and traces again on every call once it is gone.
+        call.out_leaves = []
         return pytree.tree_unflatten(result, call.out_spec)
 
     module.forward = checkpointed

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import hashlib
 import threading
 import warnings
@@ -719,6 +720,13 @@ class CompiledFunction:
                     r.detach() if isinstance(r, torch.Tensor) and r.grad_fn is not None else r for r in res_flat
                 ]
                 result = pytree.tree_unflatten(res_flat, res_spec)
+            # Cyclic garbage fn made (a custom autograd Function that keeps its
+            # output on ctx, which the output's grad_fn holds) outlives fn while
+            # the collector is paused: a tensor in it would look like state fn
+            # kept, so the program would write it, and every replay after the
+            # next collection would find it gone and trace again. It is all in
+            # the youngest generation (nothing was collected since it was made).
+            gc.collect(0)
             created = {id(r()) for r in _TraceState.created if r() is not None}
             replaced = dict(_TraceState.replaced)
             TRACE_HOOK[0] = None
