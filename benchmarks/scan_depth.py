@@ -25,7 +25,9 @@ two calls: the first creates AdamW's state, the second records the steady
 step; replays follow).
 
 Columns (host wall-clock): ``first step s`` = the first step, trace + compile
-+ run until the loss is on the host (what depth makes slow); ``compile s`` =
++ run until the loss is on the host (what depth makes slow); ``CPU s`` = the
+CPU time the process spent in it, all threads (XLA compiles on several):
+steadier than wall-clock on a loaded machine; ``compile s`` =
 the part of it spent lowering and compiling the XLA program (spmdtorch's
 ``CompileTime`` timer; the twin's ``lower`` + ``compile``); ``2nd step s`` =
 the second step (a second trace and compile under ``--compiled``; the twin
@@ -144,9 +146,9 @@ def run_spmdtorch(impl: str, n_layers: int, compiled: bool) -> dict:
         return loss.item()
 
     debug.clear_timers()
-    t0 = now()
+    c0, t0 = time.process_time(), now()
     loss0 = step()
-    first = now() - t0
+    first, first_cpu = now() - t0, time.process_time() - c0
     compile_s = (debug.metric_data("CompileTime") or (0, 0.0, 0.0))[1]
     t0 = now()
     step()
@@ -160,6 +162,7 @@ def run_spmdtorch(impl: str, n_layers: int, compiled: bool) -> dict:
         times.append(now() - t0)
     return {
         "first_s": first,
+        "first_cpu_s": first_cpu,
         "compile_s": compile_s,
         "second_s": second,
         "step_ms": 1e3 * statistics.median(times),
@@ -211,12 +214,12 @@ def run_jax(n_layers: int, scanned: bool) -> dict:
         return optax.apply_updates(params, updates), opt_state, loss
 
     jitted = jax.jit(step, donate_argnums=(0, 1), out_shardings=(p_sh, None, replicated))
-    t0 = now()
+    c0, t0 = time.process_time(), now()
     compiled = jitted.lower(params, opt_state, tok).compile()
     compile_s = now() - t0
     params, opt_state, loss = compiled(params, opt_state, tok)
     loss0 = float(loss)
-    first = now() - t0
+    first, first_cpu = now() - t0, time.process_time() - c0
     t0 = now()
     params, opt_state, loss = compiled(params, opt_state, tok)
     float(loss)
@@ -232,6 +235,7 @@ def run_jax(n_layers: int, scanned: bool) -> dict:
         times.append(now() - t0)
     return {
         "first_s": first,
+        "first_cpu_s": first_cpu,
         "compile_s": compile_s,
         "second_s": second,
         "step_ms": 1e3 * statistics.median(times),
@@ -325,34 +329,35 @@ def main(argv=None) -> int:
                 res = run_one(impl, n, args.timeout, args.compiled)
                 results.setdefault((impl, n), []).append(res)
                 print(f"  round {r + 1} {impl:>21} {n:>3} layers: first step {res['first_s']:.2f} s "
-                      f"(compile {res['compile_s']:.2f} s), 2nd step {res['second_s']:.2f} s, "
+                      f"(CPU {res['first_cpu_s']:.2f} s, compile {res['compile_s']:.2f} s), 2nd step {res['second_s']:.2f} s, "
                       f"step {res['step_ms']:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
     mode = "under spmdtorch.compile" if args.compiled else "lazy"
     print(f"\nFirst step (trace + compile + run) and steady step, FSDPv2 on {_NUM_DEVICES} devices, "
           f"spmdtorch steps {mode}, median of {args.rounds} round(s)\n")  # fmt: skip
     print(
-        "| layers | implementation | first step s | x jax scan | compile s | 2nd step s | step ms | x jax scan "
-        "| x unrolled |"
+        "| layers | implementation | first step s | x jax scan | CPU s | x jax scan | compile s | 2nd step s "
+        "| step ms | x jax scan | x unrolled |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def med(impl: str, n: int, field: str) -> float | None:
         rs = results.get((impl, n))
         return statistics.median(r[field] for r in rs) if rs else None
 
     for n in args.layers:
-        bf, bs = med("jax scan", n, "first_s"), med("jax scan", n, "step_ms")
+        bf, bs, bc = med("jax scan", n, "first_s"), med("jax scan", n, "step_ms"), med("jax scan", n, "first_cpu_s")
         for impl in args.impls:
             f, c, s = med(impl, n, "first_s"), med(impl, n, "compile_s"), med(impl, n, "step_ms")
             if f is None:
                 continue
-            s2 = med(impl, n, "second_s")
+            s2, fc = med(impl, n, "second_s"), med(impl, n, "first_cpu_s")
+            cr = f"{fc / bc:.2f}" if bc else "-"
             unrolled = med(impl.split()[0] + " unrolled", n, "step_ms")
             fr = f"{f / bf:.2f}" if bf else "-"
             sr = f"{s / bs:.2f}" if bs else "-"
             ur = f"{s / unrolled:.2f}" if unrolled else "-"
-            print(f"| {n} | {impl} | {f:.2f} | {fr} | {c:.2f} | {s2:.2f} | {s:.1f} | {sr} | {ur} |")
+            print(f"| {n} | {impl} | {f:.2f} | {fr} | {fc:.2f} | {cr} | {c:.2f} | {s2:.2f} | {s:.1f} | {sr} | {ur} |")
     return 0
 
 

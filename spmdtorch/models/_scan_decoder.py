@@ -78,7 +78,11 @@ class _ScanAllLayers:
 
 
 class _ScannedList:
-    """Mixin for an ``nn.ModuleList`` class: iteration yields one scan over all the layers."""
+    """Mixin for an ``nn.ModuleList`` class: iteration yields one scan over all the layers.
+
+    ``spmdtorch.scan_layers`` of such a list (a model written the PyTorch/XLA
+    way) runs its layers, over the stacked parameters if any.
+    """
 
     _scan_remat: bool | None = None
 
@@ -86,6 +90,10 @@ class _ScannedList:
         layers = list(self._modules.values())  # type: ignore[attr-defined]
         stacked = _stacked_parameters(self)  # type: ignore[arg-type]
         return iter([_ScanAllLayers(layers, self._scan_remat, stacked)] if layers else [])
+
+    def _spmdtorch_scan_layers(self) -> tuple[list[nn.Module], dict[str, nn.Parameter] | None]:
+        """For ``spmdtorch.scan_layers(self, ...)`` (``programs.SCAN_LAYERS_HOOK``): layers, stacked parameters."""
+        return list(self._modules.values()), _stacked_parameters(self)  # type: ignore[attr-defined,arg-type]
 
     def __getitem__(self, idx: Any) -> Any:
         # HF loops over ``self.layers[: config.num_hidden_layers]``: a new list, which would

@@ -21,6 +21,7 @@ from spmdtorch.programs._call_jax import CallJaxError, call_jax
 from spmdtorch.programs._compile import CompiledArgumentTypeError, CompiledFunction, compile
 from spmdtorch.programs._pure import AssumePureError, AssumePureTypeError, PureFunction, assume_pure
 from spmdtorch.programs._scan import (
+    SCAN_LAYERS_HOOK,
     ScanError,
     ScanTypeError,
     check_same_structure,
@@ -35,6 +36,7 @@ from spmdtorch.programs._step import BARRIER_HOOKS, add_step_closure, mark_step,
 
 __all__ = [
     "BARRIER_HOOKS",
+    "SCAN_LAYERS_HOOK",
     "AssumePureError",
     "AssumePureTypeError",
     "CallJaxError",

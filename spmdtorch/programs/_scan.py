@@ -80,7 +80,15 @@ from spmdtorch.tensor import storage_of, subgraph, view_chain
 from spmdtorch.tensor.dispatch import read_value, record
 from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 
-__all__ = ["ScanError", "scan", "scan_layers"]
+__all__ = ["SCAN_LAYERS_HOOK", "ScanError", "scan", "scan_layers"]
+
+# A layer list may define this method to tell ``scan_layers`` what it holds:
+# ``list._spmdtorch_scan_layers() -> (layers, stacked)``, the layer modules and,
+# when their parameters were replaced by stacked ones
+# (``spmdtorch.models.scan_decoder_layers(stack_parameters=True)``), a dict
+# ``per-layer tensor name -> stacked Parameter`` (else None). Such a list's own
+# iteration yields one callable standing for every layer, not the modules.
+SCAN_LAYERS_HOOK = "_spmdtorch_scan_layers"
 
 
 class ScanError(ValueError):
@@ -721,6 +729,11 @@ def scan_layers(
         ignore_attributes: attribute names that may differ between layers
             without changing what they compute (HF's ``layer_idx``, used only by caches).
 
+    ``layers`` may be a list made by ``spmdtorch.models.scan_decoder_layers``;
+    with ``stack_parameters=True`` the loop runs over its stacked parameters
+    (one per weight kind, the layers along the leading dim), so a model written
+    with ``scan_layers`` gets the stacked form's small optimizer step too.
+
     Returns:
         The last layer's output. A layer returning a tuple whose first element
         is the hidden state (older Hugging Face layers) has that element carried.
@@ -740,6 +753,10 @@ def scan_layers(
         _checks.fail(ScanTypeError, "scan_layers", "layers", "an iterable of identical modules (nn.ModuleList)", layers)
     if not isinstance(layers, Iterable):
         _checks.fail(ScanTypeError, "scan_layers", "layers", "an iterable of identical modules (nn.ModuleList)", layers)
+    hook = getattr(layers, SCAN_LAYERS_HOOK, None)
+    stacked: dict[str, torch.Tensor] | None = None
+    if hook is not None:  # a list scan_decoder_layers made: its iteration yields no modules
+        layers, stacked = hook()
     layers = list(layers)
     for i, layer in enumerate(layers):
         if not isinstance(layer, nn.Module):
@@ -763,8 +780,21 @@ def scan_layers(
     ignore_attributes = tuple(ignore_attributes)
     for name in ignore_attributes:
         _checks.check_str(name, "scan_layers", "ignore_attributes", ScanTypeError)
+    if remat is None:
+        remat = True if _wants_remat(partition_fn) else None
     if not layers:
         return input_data
+    if stacked is not None:
+        # Their structure was checked when the parameters were stacked; the layers hold none now.
+        return run_layers(
+            layers[0],
+            list(stacked),
+            input_data,
+            stacked=list(stacked.values()),
+            layer_args=layer_args,
+            layer_kwargs=layer_kwargs,
+            remat=is_checkpointed(layers[0]) if remat is None else remat,
+        )
     check_same_structure(layers, frozenset(ignore_attributes))
     template = layers[0]
     pnames = [n for n, _ in template.named_parameters()]
@@ -780,7 +810,7 @@ def scan_layers(
         per_layer=per_layer,
         layer_args=layer_args,
         layer_kwargs=layer_kwargs,
-        remat=(_wants_remat(partition_fn) or is_checkpointed(template)) if remat is None else remat,
+        remat=is_checkpointed(template) if remat is None else remat,
     )
 
 
