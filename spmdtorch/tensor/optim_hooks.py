@@ -17,6 +17,14 @@ possible: ``fused``, ``differentiable``, or ``capturable`` (torch refuses
 capturable foreach on xla), and while ``spmdtorch.compile`` traces (it makes
 optimizers capturable; a compiled step's Python runs only while tracing).
 
+Adam and AdamW go one further from their second step on: their group gets
+``fused=True`` for the step instead (restored the same way), so torch calls
+``_fused_adam_`` / ``_fused_adamw_`` once per dtype, which
+``spmdtorch.tensor.dispatch._fused_adam`` records as one node with the foreach
+path's arithmetic. The foreach step costs ~100 µs of Python per parameter in
+lazy mode (eight ``_foreach_*`` ops, each walking every list element); the
+fused call a few µs. ``fused_adam_by_default = False`` keeps foreach.
+
 Example:
     >>> import torch, spmdtorch
     >>> p = torch.nn.Parameter(torch.ones(3, device="xla"))
@@ -44,21 +52,29 @@ from spmdtorch.tensor.xla_tensor import XlaTensor
 
 __all__ = ["foreach_by_default", "install"]
 
-# optimizer -> the param groups this module switched to foreach for its
+# optimizer -> the (param group, key) pairs this module switched on for its
 # current step (restored by the post-hook, or by the next pre-hook when the
 # step raised and the post-hook never ran).
-_SWITCHED: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[dict[str, Any]]] = weakref.WeakKeyDictionary()
+_SWITCHED: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[tuple[dict[str, Any], str]]] = (
+    weakref.WeakKeyDictionary()
+)
 _HANDLES: list[torch.utils.hooks.RemovableHandle] = []
 
 # When False the hooks leave every optimizer as it is (for comparisons).
 foreach_by_default = True
+# When False an eligible Adam/AdamW keeps the foreach path instead of the fused one (for comparisons).
+fused_adam_by_default = True
+
+# The optimizers whose fused step spmdtorch records as one node (tensor.dispatch._fused_adam):
+# these exact classes, whose step() is torch's (a subclass may override it).
+_FUSED_ADAM = (torch.optim.Adam, torch.optim.AdamW)
 
 
 def _restore(optimizer: torch.optim.Optimizer) -> None:
-    groups = _SWITCHED.pop(optimizer, None)
-    if groups:
-        for group in groups:
-            group["foreach"] = None
+    switched = _SWITCHED.pop(optimizer, None)
+    if switched:
+        for group, key in switched:
+            group[key] = None
 
 
 def _wants_foreach(group: dict[str, Any]) -> bool:
@@ -75,13 +91,56 @@ def _wants_foreach(group: dict[str, Any]) -> bool:
     return bool(params) and all(isinstance(p, XlaTensor) for p in params)
 
 
+def _under_dynamo() -> bool:
+    """Whether this step runs inside a ``torch.compile``d function (between two of its graphs).
+
+    Dynamo runs this module's hooks eagerly (spmdtorch.dynamo skips the
+    engine's files) and then traces the rest of ``step()``: a fused group
+    would make it move the CPU step counters to the device for good, which
+    the foreach path it traces afterwards cannot take. torch has no public
+    question for this; without the private one, assume yes (foreach, as before).
+    """
+    get = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    get = getattr(get, "get_eval_frame_callback", None)
+    return get is None or bool(get())
+
+
+def _wants_fused(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    """Whether a group that may take the foreach path may take torch's fused Adam path instead.
+
+    torch refuses ``fused=True`` for xla parameters when it creates their
+    state, so only groups whose every parameter already has state with a CPU
+    ``step`` (what the foreach path creates) qualify: from the second step on.
+    Numbers only (a tensor lr or beta keeps foreach), real floating
+    parameters, and not inside a ``torch.compile``d function (see
+    :func:`_under_dynamo`).
+    """
+    if not fused_adam_by_default or type(optimizer) not in _FUSED_ADAM or group.get("fused", False) is not None:
+        return False
+    if torch.compiler.is_compiling() or _under_dynamo():
+        return False
+    beta1, beta2 = group["betas"]
+    if not all(type(x) is float or type(x) is int for x in (group["lr"], beta1, beta2)):
+        return False
+    state = optimizer.state
+    for p in group["params"]:
+        st = state.get(p)
+        step = None if not st else st.get("step")
+        if type(step) is not torch.Tensor or step.device.type != "cpu" or not p._mk.dtype.is_floating_point:
+            return False
+    return True
+
+
 def _pre_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     _restore(optimizer)
     if not foreach_by_default:
         return
-    switched = [g for g in optimizer.param_groups if _wants_foreach(g)]
-    for group in switched:
-        group["foreach"] = True
+    switched = []
+    for group in optimizer.param_groups:
+        if _wants_foreach(group):
+            key = "fused" if _wants_fused(optimizer, group) else "foreach"
+            group[key] = True
+            switched.append((group, key))
     if switched:
         _SWITCHED[optimizer] = switched
     return

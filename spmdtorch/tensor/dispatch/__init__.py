@@ -33,6 +33,7 @@ from spmdtorch.tensor.dispatch._factories import CAPTURE_FUNCS, capture_meta_fac
 from spmdtorch.tensor.dispatch._fallback import cpu_fallback
 from spmdtorch.tensor.dispatch._foreach import foreach
 from spmdtorch.tensor.dispatch._functions import FUNCTION_OVERRIDES, under_saved_tensor_hooks
+from spmdtorch.tensor.dispatch._fused_adam import fused_adam
 from spmdtorch.tensor.dispatch._meta import META_CACHE, MetaSpec, TensorSpec, meta_outputs
 from spmdtorch.tensor.dispatch._paths import write
 from spmdtorch.tensor.dispatch._special import copy_, local_scalar_dense
@@ -60,6 +61,7 @@ __all__ = [
     "facts_of",
     "factory_kernel",
     "foreach",
+    "fused_adam",
     "functional_twin",
     "local_scalar_dense",
     "meta_outputs",
