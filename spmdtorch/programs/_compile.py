@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import gc
 import hashlib
+import logging
 import threading
 import warnings
 import weakref
@@ -94,6 +95,8 @@ __all__ = ["compile", "CompiledArgumentTypeError", "CompiledFunction", "CompileC
 # Consecutive identical traces required before replay. Two: the first call of a
 # training step usually creates optimizer state, the second shows the steady step.
 _STABLE_AFTER = 2
+
+_log = logging.getLogger("spmdtorch.compile")
 
 
 _TraceState = TraceState
@@ -583,10 +586,11 @@ class CompiledFunction:
                 # zero_grad() outside fn: after a switch of modes (a layer frozen,
                 # then not), the other program's run dropped it.
                 out = self._replay(rec, flat, warn=rec is entry.ran)
-                if out is not _RETRACE:
+                if type(out) is not _Retrace:
                     metrics.inc("CompiledReplay")
                     entry.ran = rec
                     return out
+                self._log_retrace(out.reason)
                 entry.stable.remove(rec)
                 entry.streak = 0
                 break
@@ -887,6 +891,11 @@ class CompiledFunction:
             stacklevel=3,
         )
 
+    def _log_retrace(self, reason: str) -> None:
+        """With ``SPMDTORCH_LOG_RECOMPILES`` (or INFO on ``spmdtorch.compile``): why a replayable step traces again."""
+        if _log.isEnabledFor(logging.INFO) or config.settings().log_recompiles:
+            _log.warning(f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): traced again ({reason})")
+
     def _warn_mutated_modules(self, mutated: tuple) -> None:
         """Warn once when fn changes a called module's attribute while traced, so no trace repeats the last."""
         if getattr(self, "_warned_modules", False):
@@ -956,24 +965,25 @@ class CompiledFunction:
         for key, (ref, hp) in rec.optimizers.items():
             opt = ref()
             if opt is None:
-                return _RETRACE
+                return _Retrace("the optimizer the trace ran was deleted")
             now = _hparams(opt)
             # Proven float hyperparameters by type (their values are inputs), the rest by value.
             if now != hp if rec.hp_masked is None else _masked(now, rec.hp_proven, key) != rec.hp_masked[key]:
                 self._warn_changing_hparams(opt, hp, now, lifted=_hp.liftable(opt))
-                return _RETRACE
+                return _Retrace(f"a hyperparameter of {type(opt).__name__} changed")
         if rec.hp_masked is not None:  # else every hyperparameter is as traced
 
             def lookup(leaf):
                 return _hp.read_leaf(rec.optimizers, leaf)
 
             if not _hp.guards_hold(rec.hp_guards, lookup):
-                return _RETRACE  # a hyperparameter crossed a branch the trace took
+                return _Retrace("a hyperparameter crossed a branch the trace took")
             hp_values = [(pos, Scalar(_hp.evaluate(expr, lookup))) for pos, expr in rec.hp_inputs]
         else:
             hp_values = []
         if any(type(leaf) is AliasResult and leaf.storage() is None for leaf in rec.result_leaves):
-            return _RETRACE  # checked first: a re-trace after running would run the step twice
+            # Checked first: a re-trace after running would run the step twice.
+            return _Retrace("a tensor the traced result aliases was freed")
         args: list[Any] = []
         outs: list[Any] = []
         targets: list[Storage | None] = []  # None: a fresh output (FreshOutput)
@@ -985,12 +995,14 @@ class CompiledFunction:
                 if type(role) is StorageInput:
                     st = role.storage()
                     if st is None or isinstance(st.value, LazyRef):
-                        return _RETRACE
+                        return _Retrace(
+                            "state the program reads (a parameter, buffer or optimizer state) was freed or holds a pending value"
+                        )
                     value = st.value
                     for other in role.co_holders:  # storages that shared this input when traced
                         o = other()
                         if o is not None and o.value is not value:
-                            return _RETRACE
+                            return _Retrace("tensors that shared one array when traced hold different ones now")
                     args.append(value)
                 elif type(role) is ArgInput:
                     # Concrete: a call's pending inputs are synced before its signature is taken.
@@ -1012,7 +1024,7 @@ class CompiledFunction:
                         # write the value nowhere, so fn must run again.
                         if warn:
                             self._warn_dropped_state()
-                        return _RETRACE
+                        return _Retrace("a tensor fn made and kept outside its result (a gradient) was dropped")
                     targets.append(st)  # a dead pre-existing storage just drops its output
                 else:  # FreshOutput
                     targets.append(None)
@@ -1023,9 +1035,9 @@ class CompiledFunction:
             try:
                 recycled = executor.recycled_buffers(rec.prog, targets, args) if rec.prog.recycle else ()
                 outs = executor.execute(rec.prog, args, recycled)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError) as e:
                 # Placement/shape of some state changed outside fn: trace again.
-                return _RETRACE
+                return _Retrace(f"the program rejected its inputs ({type(e).__name__}: {e})")
         for target, arr in zip(targets, outs):
             if target is not None:
                 target.set(arr)
@@ -1048,7 +1060,13 @@ class CompiledFunction:
         return pytree.tree_unflatten(res, rec.result_spec)
 
 
-_RETRACE = object()
+class _Retrace:
+    """What ``_replay`` returns when the program cannot run for this call: why (logged), then fn is traced."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 def _role_key(role: InputRole) -> tuple | InputRole:

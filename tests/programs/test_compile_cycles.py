@@ -122,3 +122,26 @@ def test_fsdpv2_decoder_with_checkpointed_layers_replays(devices8):
         torch.testing.assert_close(got.cpu(), step(ref, opts[0], tokens), atol=2e-5, rtol=2e-5)
     now_traces, now_replays = _counts()
     assert now_traces - traces <= 2 and now_replays - replays >= CALLS - 2, (now_traces - traces, now_replays - replays)
+
+
+def test_log_recompiles_says_why_a_replayable_step_traces_again(devices8, caplog):
+    """With the recompile log on, a replay that cannot run names its reason (here a gradient zero_grad dropped)."""
+    lin = torch.nn.Linear(4, 4).to("xla")
+
+    @spmdtorch.compile
+    def step(x):
+        lin(x).sum().backward()
+        return lin.weight.grad.sum().detach()
+
+    x = torch.ones(2, 4, device="xla")
+    debug.log_recompiles(True)
+    try:
+        with caplog.at_level("INFO", logger="spmdtorch.compile"), pytest.warns(RuntimeWarning, match="zero_grad"):
+            for _ in range(3):
+                lin.zero_grad()  # drops the gradient the program writes: the next call cannot replay
+                step(x)
+    finally:
+        debug.log_recompiles(False)
+    msgs = [r.getMessage() for r in caplog.records if "traced again" in r.getMessage()]
+    assert msgs and "kept outside its result (a gradient) was dropped" in msgs[0], msgs
+    torch.testing.assert_close(lin.weight.grad.cpu(), torch.full((4, 4), 2.0))
