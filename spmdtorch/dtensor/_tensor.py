@@ -93,7 +93,8 @@ def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> 
     if fsdp.in_local_step():
         # accumulate_gradients' per-device body: t is one device's block, the mesh axes are manual there.
         return t
-    rank = len(_meta(t)[0])
+    # (every caller's spec was made from t or a tensor of its shape)
+    rank = len(spec.tensor_meta.shape) if spec.tensor_meta is not None else len(_meta(t)[0])
     key = (id(spec.mesh), spec.mesh, spec.placements, rank, creating)
     layout = _LAYOUTS.get(key, _MISSING)
     if layout is _MISSING:
@@ -127,24 +128,33 @@ def _to_xla(t: torch.Tensor) -> torch.Tensor:
 
 # -- autograd joints ----------------------------------------------------------------
 class _ToGlobal(torch.autograd.Function):
-    """``XlaDTensor`` -> its global xla tensor; the gradient comes back as an ``XlaDTensor``."""
+    """``XlaDTensor`` -> its global xla tensor; the gradient comes back as an ``XlaDTensor``.
+
+    ``grad_spec``: the gradient's placements (default: ``d``'s). ``constrain``:
+    the gradient is also annotated with them (``to_local``, and a parameter's
+    gradient); an op's input that is an activation leaves its gradient's layout
+    to GSPMD, as torch's DTensor leaves it to the backward ops' own rules.
+    """
 
     @staticmethod
-    def forward(ctx: Any, d: XlaDTensor, grad_spec: DTensorSpec | None) -> torch.Tensor:
+    def forward(ctx: Any, d: XlaDTensor, grad_spec: DTensorSpec | None, constrain: bool = True) -> torch.Tensor:
         ctx.grad_spec = grad_spec if grad_spec is not None else d._spec
         # A leaf (a parameter made by distribute_tensor) gets its gradient laid
         # out as itself, on a sub-mesh too (see _annotate's `creating`).
         ctx.leaf = d.is_leaf
+        ctx.constrain = constrain or ctx.leaf
         # An alias of the global tensor that autograd does not treat as a view
         # (a view of a Function's input could not be written in place).
         return d._local_tensor.detach()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         if isinstance(grad, XlaDTensor):
             grad = grad._local_tensor
         spec = _grad_spec(ctx.grad_spec, grad)
-        return XlaDTensor._make(_annotate(grad, spec, creating=ctx.leaf), spec), None
+        if ctx.constrain:
+            grad = _annotate(grad, spec, creating=ctx.leaf)
+        return XlaDTensor._make(grad, spec), None, None
 
 
 class _FromGlobal(torch.autograd.Function):
@@ -526,7 +536,8 @@ class XlaDTensor(DTensor):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         grad = torch.is_grad_enabled()
-        if grad and _is_inplace(func, kwargs):
+        inplace = _is_inplace(func, kwargs)
+        if grad and inplace:
             target = args[0] if args else kwargs.get("out")
             if isinstance(target, XlaDTensor) and target.requires_grad:
                 raise InplaceGradError(
@@ -538,7 +549,7 @@ class XlaDTensor(DTensor):
         parts: list[Any] = [func, grad]
 
         def unwrap(x: XlaDTensor) -> torch.Tensor:
-            g = _ToGlobal.apply(x, None) if grad and x.requires_grad else x._local_tensor
+            g = _ToGlobal.apply(x, None, False) if grad and x.requires_grad else x._local_tensor
             specs[id(g)] = (g, x._spec)
             originals[id(g)] = x
             return g
@@ -546,7 +557,7 @@ class XlaDTensor(DTensor):
         u_args = _unwrap_tree(tuple(args), unwrap, parts)
         u_kwargs = _unwrap_tree(kwargs, unwrap, parts)
         mesh = next(iter(specs.values()))[1].mesh if specs else None
-        if _is_inplace(func, kwargs):
+        if inplace:
             # Its results are its inputs, which keep their placements: nothing to propagate.
             out = func(*u_args, **u_kwargs)
             return _map_tree(out, lambda o: _wrap_inplace_result(o, specs, originals, mesh, grad))

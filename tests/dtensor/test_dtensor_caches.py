@@ -140,7 +140,7 @@ def test_gradients_through_cached_ops_match_eager(mesh2):
 
 
 @pytest.mark.parametrize("opt_cls", [torch.optim.AdamW, torch.optim.SGD])
-def test_optimizers_over_dtensor_parameters_take_their_foreach_path(mesh2, opt_cls, monkeypatch):
+def test_optimizers_over_dtensor_parameters_take_their_foreach_and_fused_paths(mesh2, opt_cls, monkeypatch):
     torch.manual_seed(0)
     ref = torch.nn.Linear(8, 8)
     model = copy.deepcopy(ref).to("xla")
@@ -148,14 +148,19 @@ def test_optimizers_over_dtensor_parameters_take_their_foreach_path(mesh2, opt_c
         model.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh2, [Shard(0), Replicate()])))
     kwargs = {"lr": 0.1, "momentum": 0.9} if opt_cls is torch.optim.SGD else {"lr": 0.1, "weight_decay": 0.01}
     opt, ref_opt = opt_cls(model.parameters(), **kwargs), opt_cls(ref.parameters(), **kwargs)
-    seen = []
-    real = torch._foreach_add_
+    seen: list[tuple[str, type]] = []
 
-    def spy(*args, **kw):
-        seen.append(type(args[0][0]))
-        return real(*args, **kw)
+    def spy(name):
+        real = getattr(torch, name)
 
-    monkeypatch.setattr(torch, "_foreach_add_", spy)
+        def call(*args, **kw):
+            seen.append((name, type(args[0][0])))
+            return real(*args, **kw)
+
+        return call
+
+    for name in ("_foreach_add_", "_fused_adamw_"):
+        monkeypatch.setattr(torch, name, spy(name))
     for step in range(3):
         x = torch.randn(4, 8)
         opt.zero_grad()
@@ -168,4 +173,7 @@ def test_optimizers_over_dtensor_parameters_take_their_foreach_path(mesh2, opt_c
         for p, q in zip(model.parameters(), ref.parameters()):
             assert p.placements == (Shard(0), Replicate())
             torch.testing.assert_close(_full(p), q, rtol=1e-5, atol=1e-5, msg=f"step {step}")
-    assert dtensor_impl.XlaDTensor in seen  # (AdamW also counts its host step tensors with one)
+    # foreach over the DTensors (AdamW's first step too); AdamW fused from its second step
+    assert ("_foreach_add_", dtensor_impl.XlaDTensor) in seen
+    fused = [t for name, t in seen if name == "_fused_adamw_"]
+    assert fused == ([dtensor_impl.XlaDTensor] * 2 if opt_cls is torch.optim.AdamW else [])
