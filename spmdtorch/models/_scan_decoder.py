@@ -91,9 +91,10 @@ class _ScannedList:
         stacked = _stacked_parameters(self)  # type: ignore[arg-type]
         return iter([_ScanAllLayers(layers, self._scan_remat, stacked)] if layers else [])
 
-    def _spmdtorch_scan_layers(self) -> tuple[list[nn.Module], dict[str, nn.Parameter] | None]:
-        """For ``spmdtorch.scan_layers(self, ...)`` (``programs.SCAN_LAYERS_HOOK``): layers, stacked parameters."""
-        return list(self._modules.values()), _stacked_parameters(self)  # type: ignore[attr-defined,arg-type]
+    def _spmdtorch_scan_layers(self) -> tuple[list[nn.Module], dict[str, nn.Parameter] | None, bool | None]:
+        """For ``spmdtorch.scan_layers(self, ...)`` (``programs.SCAN_LAYERS_HOOK``): layers, stacked, remat."""
+        layers = list(self._modules.values())  # type: ignore[attr-defined]
+        return layers, _stacked_parameters(self), self._scan_remat  # type: ignore[arg-type]
 
     def __getitem__(self, idx: Any) -> Any:
         # HF loops over ``self.layers[: config.num_hidden_layers]``: a new list, which would

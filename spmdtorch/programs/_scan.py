@@ -83,11 +83,13 @@ from spmdtorch.tensor.xla_tensor import XlaTensor, new_base
 __all__ = ["SCAN_LAYERS_HOOK", "ScanError", "scan", "scan_layers"]
 
 # A layer list may define this method to tell ``scan_layers`` what it holds:
-# ``list._spmdtorch_scan_layers() -> (layers, stacked)``, the layer modules and,
-# when their parameters were replaced by stacked ones
+# ``list._spmdtorch_scan_layers() -> (layers, stacked, remat)``: the layer
+# modules; when their parameters were replaced by stacked ones
 # (``spmdtorch.models.scan_decoder_layers(stack_parameters=True)``), a dict
-# ``per-layer tensor name -> stacked Parameter`` (else None). Such a list's own
-# iteration yields one callable standing for every layer, not the modules.
+# ``per-layer tensor name -> stacked Parameter`` (else None); and the list's
+# rematerialisation choice (None: decide as for any layers), which a
+# ``remat``/``partition_fn`` given to ``scan_layers`` overrides. Such a list's
+# own iteration yields one callable standing for every layer, not the modules.
 SCAN_LAYERS_HOOK = "_spmdtorch_scan_layers"
 
 
@@ -755,8 +757,9 @@ def scan_layers(
         _checks.fail(ScanTypeError, "scan_layers", "layers", "an iterable of identical modules (nn.ModuleList)", layers)
     hook = getattr(layers, SCAN_LAYERS_HOOK, None)
     stacked: dict[str, torch.Tensor] | None = None
+    list_remat: bool | None = None
     if hook is not None:  # a list scan_decoder_layers made: its iteration yields no modules
-        layers, stacked = hook()
+        layers, stacked, list_remat = hook()
     layers = list(layers)
     for i, layer in enumerate(layers):
         if not isinstance(layer, nn.Module):
@@ -781,7 +784,7 @@ def scan_layers(
     for name in ignore_attributes:
         _checks.check_str(name, "scan_layers", "ignore_attributes", ScanTypeError)
     if remat is None:
-        remat = True if _wants_remat(partition_fn) else None
+        remat = True if _wants_remat(partition_fn) else list_remat
     if not layers:
         return input_data
     if stacked is not None:

@@ -16,9 +16,11 @@ from training_helpers import assert_adamw_params_close
 
 import spmdtorch
 from spmdtorch import debug
+from spmdtorch.lazy import executor
 from spmdtorch.models import LlamaConfig, LlamaForCausalLM, scan_decoder_layers
 from spmdtorch.models.llama import causal_lm_loss, rope_tables
 from spmdtorch.programs import SCAN_LAYERS_HOOK
+from spmdtorch.tensor.dispatch import read_value
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 LR = 1e-2
@@ -123,3 +125,24 @@ def test_scan_layers_checks_its_arguments_for_a_scanned_list(devices8):
         spmdtorch.scan_layers(model.layers, "not a tensor")
     with pytest.raises(spmdtorch.ScanError, match="layer_args"):
         spmdtorch.scan_layers(model.layers, torch.ones(1, 8, 64, device="xla"), layer_args="x")
+
+
+@pytest.mark.parametrize("stack_parameters", [False, True])
+def test_scan_layers_follows_the_lists_remat_unless_told(devices8, stack_parameters):
+    def lowered(list_remat, **scan_kwargs):
+        model, _ = make(2)
+        model = model.to("xla")
+        scan_decoder_layers(model, layers=model.layers, remat=list_remat, stack_parameters=stack_parameters)
+        tokens = batches(1)[0].to("xla")
+        cos, sin = rope_tables(model.cfg, tokens.shape[1], device=tokens.device)
+        h = spmdtorch.scan_layers(model.layers, model.tok_embeddings(tokens), layer_args=(cos, sin), **scan_kwargs)
+        h.square().sum().backward()
+        grads = [p.grad for p in model.layers.parameters()]
+        text = executor.lower([read_value(t) for t in [h, *grads]]).as_text()
+        spmdtorch.sync()
+        return text
+
+    barrier = "optimization_barrier"  # jax.checkpoint's, inside the loop
+    assert barrier not in lowered(None)
+    assert barrier in lowered(True)
+    assert barrier not in lowered(True, remat=False)
