@@ -169,6 +169,8 @@ def fused_adam(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: O
         interned_scalar(1 - beta2, (ctx, "1-b2")),
         interned_scalar(eps, (ctx, "eps")),
     ]
+    last_step: float | None = None
+    corrections: tuple[Any, ...] = ()
     avals: list[tuple[tuple[int, ...], Any]] = []  # each written tensor's value keeps its shape and dtype
     for i in range(n):
         pv, mv, vv = _value(params[i]), _value(exp_avgs[i]), _value(exp_avg_sqs[i])
@@ -181,8 +183,13 @@ def fused_adam(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: O
         # torch's non-capturable foreach step: Python-float bias corrections from the step count
         # (a CPU tensor; an xla one, as Dynamo leaves it when it traced the optimizer, is read as there).
         step = steps[i].item()
-        inputs.append(interned_scalar((lr / (1 - beta1**step)) * -1, (ctx, "step_size")))
-        inputs.append(interned_scalar((1 - beta2**step) ** 0.5, (ctx, "bc2_sqrt")))
+        if step != last_step:  # the parameters of a group usually share one count: compute the pair once
+            last_step = step
+            corrections = (
+                interned_scalar((lr / (1 - beta1**step)) * -1, (ctx, "step_size")),
+                interned_scalar((1 - beta2**step) ** 0.5, (ctx, "bc2_sqrt")),
+            )
+        inputs += corrections
     name = ("spmdtorch.fused_adam", decoupled, decay, amsgrad, maximize, branch, n)
     template, sig = _node_kind(len(inputs), name)
     refs = record(_AdamUpdate(n, decoupled, decay, amsgrad, maximize, branch), name, template, inputs, avals, sig=sig)
