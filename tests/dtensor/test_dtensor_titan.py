@@ -210,16 +210,7 @@ def _torch_checkpointed(model: nn.Module, use_reentrant: bool) -> nn.Module:
     "use_reentrant",
     [
         pytest.param(True, marks=pytest.mark.slow),  # ~20 s
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=RuntimeError,
-                reason="known gap (docs/dtensor.md): backward runs with subclass torch-function off, so the "
-                "non-reentrant recomputation records on DTensors and saves them where the forward saved xla "
-                "tensors (DeviceMismatchError in aten.mm), in lazy mode too",
-            ),
-        ),
+        pytest.param(False, marks=pytest.mark.slow),  # torchtitan's default
     ],
 )
 def test_compiled_training_with_torch_checkpoint_replays(mesh, use_reentrant):

@@ -33,11 +33,9 @@ def under_saved_tensor_hooks() -> bool:
     """Whether saved-tensor hooks are active (``torch.utils.checkpoint``'s non-reentrant forward).
 
     The overrides below must not change what a checkpointed region saves:
-    its recomputation runs inside a backward pass, which this package enters
-    with subclass torch functions disabled (``device_mode.torch_function``),
-    so it takes torch's own path, and torch refuses recomputed tensors whose
-    shapes differ from the saved ones. Under such hooks the overrides step
-    aside and both passes take torch's path.
+    its recomputation runs inside a backward pass, and torch refuses
+    recomputed tensors whose shapes differ from the saved ones. Under such
+    hooks the overrides step aside, so both passes take torch's path.
     """
     return torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
 
