@@ -405,7 +405,12 @@ def _backward(
     create_graph: bool = False,
     inputs: Any = None,
 ) -> None:
-    """``Tensor.backward``'s body (torch.autograd.backward), which has no torch-function check to recurse into."""
+    """``Tensor.backward``'s body, ``torch.autograd.backward``, without ``Tensor.backward``'s own dispatch.
+
+    That function dispatches on its tensors in turn: this class's handler runs it on the global xla tensors,
+    whose handler starts the engine with subclass torch-function handling on, as the forward ran (a
+    non-reentrant checkpoint's recomputation must record on the same tensor types as the forward did).
+    """
     torch.autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
 
