@@ -73,9 +73,9 @@ def _spec(mesh: DeviceMesh, placements: Sequence[Placement], t: torch.Tensor) ->
     return spec
 
 
-# (id(mesh), mesh, placements, rank, creating) -> (spmdtorch Mesh, partition spec) to annotate with, or None
-# when the layout leaves root axes open (see _annotate).
-_LAYOUTS = caches.bounded("dtensor.layouts", maxsize=1024)
+# (spec, id(its mesh), creating) -> (spmdtorch Mesh, partition spec) to annotate with, or None when the
+# layout leaves root axes open (see _annotate). Specs hash once (torch caches it) and are shared (_SPECS).
+_LAYOUTS = caches.bounded("dtensor.layouts", maxsize=4096)
 
 
 def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> torch.Tensor:
@@ -95,7 +95,7 @@ def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> 
         return t
     # (every caller's spec was made from t or a tensor of its shape)
     rank = len(spec.tensor_meta.shape) if spec.tensor_meta is not None else len(_meta(t)[0])
-    key = (id(spec.mesh), spec.mesh, spec.placements, rank, creating)
+    key = (spec, id(spec.mesh), rank, creating)
     layout = _LAYOUTS.get(key, _MISSING)
     if layout is _MISSING:
         if not creating and not spans_root(spec.mesh):
@@ -634,8 +634,8 @@ def _wrap_result(
 ) -> Any:
     """An op's result ``o`` as an ``XlaDTensor`` with the placements propagation recorded in ``specs``.
 
-    ``recorded`` (when given) gets, per tensor result, the ``(mesh, placements)``
-    it was given, or None for one returned as it is (:func:`_wrap_known` replays them).
+    ``recorded`` (when given) gets, per tensor result, the spec it was given,
+    or None for one returned as it is (:func:`_wrap_known` replays them).
     """
     if not isinstance(o, torch.Tensor) or isinstance(o, XlaDTensor):
         if recorded is not None and isinstance(o, torch.Tensor):
@@ -653,9 +653,10 @@ def _wrap_result(
     spec = entry[1] if entry is not None else None
     if spec is None or len(spec.placements) != spec.mesh.ndim:
         spec = _spec(mesh, [Replicate()] * mesh.ndim, o)
+    spec = _spec(spec.mesh, spec.placements, o)
     if recorded is not None:
-        recorded.append((spec.mesh, spec.placements))
-    return _wrap_as(o, _spec(spec.mesh, spec.placements, o), grad)
+        recorded.append(spec)
+    return _wrap_as(o, spec, grad)
 
 
 def _wrap_as(o: torch.Tensor, spec: DTensorSpec, grad: bool) -> XlaDTensor:
@@ -677,7 +678,9 @@ def _wrap_known(o: Any, found: Iterator[Any], originals: dict[int, XlaDTensor], 
         return originals[id(o)]
     if layout is None or not is_xla_tensor(o):
         return o
-    return _wrap_as(o, _spec(layout[0], layout[1], o), grad)
+    if _meta(o) != layout.tensor_meta:  # (the same inputs give the same result metadata; checked, not assumed)
+        layout = _spec(layout.mesh, layout.placements, o)
+    return _wrap_as(o, layout, grad)
 
 
 def _wrap_inplace_result(
@@ -702,7 +705,7 @@ def _wrap_inplace_result(
 
 # -- argument and result trees ------------------------------------------------------------
 # (the torch function, grad mode, every argument's layout or value) -> per tensor result, the
-# (mesh, placements) propagation gave it or None (see _wrap_result). An op seen before runs
+# spec propagation gave it or None (see _wrap_result). An op seen before runs
 # without the propagating mode: torch's rules depend only on what the key holds.
 _OP_LAYOUTS = caches.bounded("dtensor.op_layouts", maxsize=4096)
 
@@ -724,7 +727,7 @@ def _unwrap_tree(obj: Any, unwrap: Any, parts: list[Any] | None) -> Any:
     if t is tuple or t is list:
         if parts is not None:
             parts.append((t, len(obj)))
-        return t(_unwrap_tree(x, unwrap, parts) for x in obj)
+        return t([_unwrap_tree(x, unwrap, parts) for x in obj])
     if t is dict:
         if parts is not None:
             parts.append((dict, tuple(obj)))
@@ -756,7 +759,7 @@ def _map_tree(obj: Any, fn: Any) -> Any:
     """``fn`` applied to every leaf of an op's result (tuples, lists, dicts and torch's named result tuples)."""
     t = type(obj)
     if t is tuple or t is list:
-        return t(_map_tree(x, fn) for x in obj)
+        return t([_map_tree(x, fn) for x in obj])
     if t is dict:
         return {k: _map_tree(v, fn) for k, v in obj.items()}
     if isinstance(obj, tuple):
