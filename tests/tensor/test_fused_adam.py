@@ -221,3 +221,32 @@ def test_compiled_model_lazy_step_takes_the_fused_path():
     assert debug.counter_value("FusedOptimizerSteps") - fused0 == 3
     for t_xla, t_cpu in zip(_state(xla, opt_xla), _state(cpu, opt_cpu)):
         torch.testing.assert_close(t_xla, t_cpu, rtol=1e-5, atol=1e-6)
+
+
+def test_parameters_sharing_one_storage_take_the_foreach_ops(monkeypatch):
+    """Views of one buffer as parameters: one node cannot write a storage twice; the foreach ops can."""
+    from spmdtorch.tensor.dispatch import _fused_adam
+
+    fallbacks = []
+    inner = _fused_adam._foreach_step
+    monkeypatch.setattr(_fused_adam, "_foreach_step", lambda a, decoupled: fallbacks.append(1) or inner(a, decoupled))
+    buf = torch.randn(10, generator=torch.Generator().manual_seed(4))
+    results = []
+    for device in ("cpu", "xla"):
+        base = buf.clone().to(device)
+        params = [torch.nn.Parameter(base[:4]), torch.nn.Parameter(base[4:])]
+        if device == "xla":
+            assert params[0]._st is params[1]._st
+        opt = torch.optim.AdamW(params, lr=0.1, weight_decay=0.1)
+        fused0 = debug.counter_value("FusedOptimizerSteps")
+        for step in range(3):
+            for p in params:
+                p.grad = torch.full_like(p, 0.5 + step)
+            opt.step()
+            if device == "xla":
+                spmdtorch.sync()
+        assert debug.counter_value("FusedOptimizerSteps") == fused0  # no one-node step
+        results.append([p.detach().cpu() for p in params] + [base.cpu()])
+    assert len(fallbacks) == 2  # the fused call from the second step on, computed by the foreach ops
+    for t_xla, t_cpu in zip(results[1], results[0]):
+        torch.testing.assert_close(t_xla, t_cpu, rtol=1e-5, atol=1e-6)

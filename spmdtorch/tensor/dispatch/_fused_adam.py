@@ -14,10 +14,11 @@ order as the foreach path (``_multi_tensor_adam``, not capturable) with each
 intermediate rounded to its tensor's dtype as a node output would be, and
 the same Python-float bias corrections from each (CPU) ``step`` tensor, so a
 lazy step gives the values the foreach path gives (and eager CPU's within
-rounding). Calls the fast path does not cover (a ``grad_scale`` or
-``found_inf``, a tensor learning rate, complex or non-xla tensors, aliased
-state) go to torch's decomposition, which has none: the router's named
-``NotImplementedError`` says so.
+rounding). Tensors that share a storage (parameters that are views of one
+buffer) take the foreach ops instead, element by element as torch orders
+them. Calls neither covers (a ``grad_scale`` or ``found_inf``, a tensor
+learning rate, complex or non-xla tensors) go to torch's decomposition,
+which has none: the router's named ``NotImplementedError`` says so.
 """
 
 from __future__ import annotations
@@ -130,6 +131,31 @@ def _value(t: XlaTensor) -> Any:
     return st.value if not t._chain and st.logical_shape is None else read_value(t)
 
 
+def _foreach_step(a: dict[str, Any], decoupled: bool) -> None:
+    """The same step as torch's foreach ops on the lists (the path for tensors that share storage)."""
+    params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps = (a[k] for k in _LIST_ARGS)
+    lr, beta1, beta2, weight_decay, eps = a["lr"], a["beta1"], a["beta2"], a["weight_decay"], a["eps"]
+    if a["maximize"]:
+        grads = torch._foreach_neg(grads)
+    if weight_decay != 0:
+        if decoupled:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    counts = [s.item() for s in steps]
+    if a["amsgrad"]:
+        torch._foreach_maximum_(max_sqs, exp_avg_sqs)
+        denom = torch._foreach_sqrt(max_sqs)
+    else:
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, [(1 - beta2**c) ** 0.5 for c in counts])
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, [(lr / (1 - beta1**c)) * -1 for c in counts])
+
+
 @special("_fused_adam_", "_fused_adamw_")
 def fused_adam(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: OpFacts) -> Any:
     """Record torch's fused Adam(W) step over xla tensor lists as one node (see the module docstring)."""
@@ -150,7 +176,9 @@ def fused_adam(func: Op, args: tuple[Any, ...], kwargs: dict[str, Any], facts: O
         return decompose(func, args, kwargs)
     written = {id(t._st) for lst in lists[:1] + lists[2:] for t in lst}
     if len(written) != n * (len(lists) - 1) or any(id(g._st) in written for g in grads):
-        return decompose(func, args, kwargs)  # aliased state: the per-element order would matter
+        # Tensors sharing a storage (parameters that are views of one buffer): one node would write
+        # each storage once; the foreach ops, each element in turn, give torch's order.
+        return _foreach_step(a, func._schema.name == "aten::_fused_adamw_")
     if n == 0:
         return None
     for t in params:
