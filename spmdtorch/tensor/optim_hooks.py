@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ from torch.optim.optimizer import (
 from spmdtorch.lazy.contract import TraceState
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
-__all__ = ["foreach_by_default", "install"]
+__all__ = ["foreach_by_default", "install", "register_parameter_type"]
 
 # optimizer -> the (param group, key) pairs this module switched on for its
 # current step (restored by the post-hook, or by the next pre-hook when the
@@ -64,6 +65,17 @@ _HANDLES: list[torch.utils.hooks.RemovableHandle] = []
 foreach_by_default = True
 # When False an eligible Adam/AdamW keeps the foreach path instead of the fused one (for comparisons).
 fused_adam_by_default = True
+
+# Parameter types beside XlaTensor whose groups the hooks switch too (a group's
+# parameters all of one such exact type), each with its "is a real floating
+# dtype" question: register_parameter_type (spmdtorch.dtensor registers XlaDTensor).
+_OTHER_TYPES: dict[type[torch.Tensor], Callable[[torch.Tensor], bool]] = {}
+
+
+def _xla_floating(p: torch.Tensor) -> bool:
+    dtype: torch.dtype = p._mk.dtype  # type: ignore[attr-defined]  # XlaTensor's meta: no torch-function round trip
+    return dtype.is_floating_point
+
 
 # The optimizers whose fused step spmdtorch records as one node (tensor.dispatch._fused_adam):
 # these exact classes, whose step() is torch's (a subclass may override it).
@@ -87,8 +99,17 @@ def _wants_foreach(group: dict[str, Any]) -> bool:
         # it snapshots param_groups to detect hyper-parameter changes, which
         # a temporary foreach=True would make differ at every replay.
         return False
-    params = group["params"]
-    return bool(params) and all(isinstance(p, XlaTensor) for p in params)
+    return _floating_check(group["params"]) is not None
+
+
+def _floating_check(params: list[torch.Tensor]) -> Callable[[torch.Tensor], bool] | None:
+    """The dtype question for a group's parameters: None unless all are xla tensors or all one registered type."""
+    if not params:
+        return None
+    if all(isinstance(p, XlaTensor) for p in params):
+        return _xla_floating
+    check = _OTHER_TYPES.get(type(params[0]))
+    return check if check is not None and all(type(p) is type(params[0]) for p in params) else None
 
 
 def _under_dynamo() -> bool:
@@ -123,10 +144,13 @@ def _wants_fused(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> boo
     if not all(type(x) is float or type(x) is int for x in (group["lr"], beta1, beta2)):
         return False
     state = optimizer.state
+    floating = _floating_check(group["params"])
+    if floating is None:
+        return False
     for p in group["params"]:
         st = state.get(p)
         step = None if not st else st.get("step")
-        if type(step) is not torch.Tensor or step.device.type != "cpu" or not p._mk.dtype.is_floating_point:
+        if type(step) is not torch.Tensor or step.device.type != "cpu" or not floating(p):
             return False
     return True
 
@@ -148,6 +172,18 @@ def _pre_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: d
 
 def _post_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     _restore(optimizer)
+
+
+def register_parameter_type(cls: type[torch.Tensor], is_floating: Callable[[torch.Tensor], bool]) -> None:
+    """Let groups whose parameters are all of the exact type ``cls`` take the foreach and fused paths too.
+
+    Args:
+        cls: a tensor subclass whose ``_foreach_*`` and ``_fused_adam(w)_``
+            calls spmdtorch records (``spmdtorch.dtensor``'s ``XlaDTensor``).
+        is_floating: whether a parameter of that type has a real floating dtype
+            (the fused Adam path takes only those).
+    """
+    _OTHER_TYPES[cls] = is_floating
 
 
 def install() -> None:

@@ -46,7 +46,7 @@ TABLES = {
     ("tensor/dispatch/_functions.py", "FUNCTION_OVERRIDES"): "the torch-function override table",
     ("tensor/multihost.py", "_HOST_PLACED"): "arrays placed from host data, weakly held until freed",
     ("tensor/optim_hooks.py", "_SWITCHED"): "optimizers whose step was switched, weakly held",
-    ("dtensor/_optim.py", "_SWITCHED"): "optimizers whose step was switched, weakly held",
+    ("tensor/optim_hooks.py", "_OTHER_TYPES"): "parameter types registered at import (XlaDTensor), one entry each",
     ("tensor/xla_tensor.py", "_STAND_INS"): "storage stand-ins: identity must hold while the storage lives",
     ("lazy/rewrite.py", "_INPUT_VIEWS"): "registered with a bound (weakly held per live input)",
     ("compat/_spmd.py", "_OP_SHARDINGS"): "registered with maxsize (PyTorch/XLA's per-mesh cache)",
