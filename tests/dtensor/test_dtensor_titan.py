@@ -163,12 +163,8 @@ def test_lazy_training_equals_eager(mesh, family):
     _check_params(model, ref)
 
 
-@pytest.mark.parametrize("activation_checkpoint", [True, False])
-def test_compiled_training_equals_eager(mesh, activation_checkpoint):
-    build, forward = FAMILIES["spmdtorch"]
-    torch.manual_seed(1)
-    ref = build()
-    model = parallelize_llama(copy.deepcopy(ref), mesh, activation_checkpoint=activation_checkpoint)
+def _compiled_training_replays(mesh, model: nn.Module, ref: nn.Module, forward) -> None:
+    """Six compiled AdamW steps of ``model`` equal eager ``ref``'s; three traces at most, then replays."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     @spmdtorch.compile
@@ -197,6 +193,15 @@ def test_compiled_training_equals_eager(mesh, activation_checkpoint):
     _check_params(model, ref)
 
 
+@pytest.mark.parametrize("activation_checkpoint", [True, False])
+def test_compiled_training_equals_eager(mesh, activation_checkpoint):
+    build, forward = FAMILIES["spmdtorch"]
+    torch.manual_seed(1)
+    ref = build()
+    model = parallelize_llama(copy.deepcopy(ref), mesh, activation_checkpoint=activation_checkpoint)
+    _compiled_training_replays(mesh, model, ref, forward)
+
+
 def _torch_checkpointed(model: nn.Module, use_reentrant: bool) -> nn.Module:
     """Each decoder layer under torch.utils.checkpoint, as torchtitan's checkpoint_wrapper runs it."""
     for layer in model.layers:
@@ -218,29 +223,7 @@ def test_compiled_training_with_torch_checkpoint_replays(mesh, use_reentrant):
     torch.manual_seed(1)
     ref = build()
     model = _torch_checkpointed(parallelize_llama(copy.deepcopy(ref), mesh, activation_checkpoint=False), use_reentrant)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-    @spmdtorch.compile
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with loss_parallel():
-            loss = _ce(forward(model, x), y)
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.full_tensor().detach()
-
-    traces = debug.counter_value("CompiledTrace") or 0
-    replays = debug.counter_value("CompiledReplay") or 0
-    losses = []
-    for i in range(6):
-        x, y = _batch(i)
-        losses.append(float(step(_on_xla(mesh, x), y.to("xla")).cpu()))
-        gc.collect()
-    torch.testing.assert_close(losses, _eager_losses(ref, forward, 6), atol=2e-5, rtol=2e-5)
-    traced = (debug.counter_value("CompiledTrace") or 0) - traces
-    replayed = (debug.counter_value("CompiledReplay") or 0) - replays
-    assert traced <= 3 and replayed >= 3, (traced, replayed)
-    _check_params(model, ref)
+    _compiled_training_replays(mesh, model, ref, forward)
 
 
 _COLLECTIVE = re.compile(
