@@ -294,13 +294,23 @@ def test_a_save_failing_in_orbax_leaves_no_thread_waiting_for_fingerprints(tmp_p
         raise OSError("disk full")
 
     monkeypatch.setattr(ocp.PyTreeCheckpointHandler, "async_save", fail)
+    # The writer threads started during the save, recorded at their start: one
+    # may already have ended by the time the save's error reaches this test.
+    writers: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def recording_start(self):
+        if self.name == "spmdtorch_meta_save":
+            writers.append(self)
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
     with CheckpointManager(tmp_path, save_on_preemption=False) as mgr:
         with pytest.raises(checkpoint.CheckpointSaveError, match="disk full") as info:
             mgr.save(0, {"w": torch.ones(3, device="xla")})
         assert isinstance(info.value.__cause__, OSError)
         # The record's write had started (Orbax starts the item saves together);
         # told that the save failed, it ends instead of waiting for fingerprints.
-        writers = [t for t in threading.enumerate() if t.name == "spmdtorch_meta_save"]
         assert writers
         for t in writers:
             threading.Thread.join(t, timeout=30)  # (Orbax's own join re-raises the thread's error)
