@@ -10,8 +10,6 @@ Everything is compared with the same model trained eagerly on CPU.
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 from training_helpers import assert_adamw_params_close
@@ -104,9 +102,10 @@ def test_scan_layers_of_a_scanned_list_trains_like_eager(devices8, stack_paramet
 
 def test_scan_layers_of_a_stacked_list_keeps_the_program_flat_in_depth(devices8):
     def program_inputs(n_layers):
-        # Earlier tests' unsynced tensors (cyclic garbage included) would join this step's program: settle them first.
-        gc.collect()
+        # last_executable() is the program spmdtorch compiled last: an earlier test's identical
+        # 2-layer step would be a compile-cache hit and leave another program there.
         spmdtorch.sync(wait=True)
+        debug.clear_caches()
         model, _ = make(n_layers)
         model = model.to("xla")
         scan_decoder_layers(model, layers=model.layers, stack_parameters=True)
