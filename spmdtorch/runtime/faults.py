@@ -61,6 +61,13 @@ PEER_LOST_EXIT_STATUS = 75
 #: Key-value store key under which process 0 publishes its watch port.
 _PORT_KEY = "spmdtorch/peer_watch/port"
 
+#: Seconds an uncaught error that a lost peer may have caused (a JAX runtime error, a closed
+#: connection) waits for the peer watch before it counts as this process's own failure. A
+#: SIGKILLed peer's collective connection can close a moment before its watch connection:
+#: without the wait the survivor's error won that race and the launcher named the survivor,
+#: not the killed process, as the job's cause (CI, stop 51).
+LOSS_WAIT_S = 2.0
+
 
 class PeerLostError(RuntimeError):
     """Another process of the multi-process job died or failed, so this one cannot go on.
@@ -249,12 +256,21 @@ class _Watch:
         self.leaving = False  # this process is exiting normally: ends are no longer losses
         self.failing: str | None = None  # an uncaught exception's type name, or "SystemExit(<status>)"
         self.exit_status = 1  # the status a failing process ends with (sys.exit's, else Python's 1)
+        self.loss_noticed = threading.Event()  # set once lost() runs: the process is about to exit 75
 
     def lost(self, peer: int | None, how: str) -> NoReturn:
+        self.loss_noticed.set()
         error = peer_lost_error(
             peer, how, self.process_id, self.num_processes, self.heartbeat_timeout_s, failing=self.failing
         )
         _report_and_exit(error)
+
+    def await_loss(self, seconds: float) -> None:
+        """Gives the watch ``seconds`` to notice a lost peer; once it has, waits for it to end the process."""
+        if self.peers and self.loss_noticed.wait(seconds):
+            # lost() is writing its line and will os._exit(75); this thread must not say
+            # goodbye first (that would end the process with status 1).
+            threading.Event().wait(30.0)
 
     def say_goodbye(self) -> None:
         """At exit: tell the peers this end is expected, or a failure after an uncaught exception.
@@ -427,6 +443,28 @@ def _follow(watch: _Watch, client: Any, host: str, init_timeout_s: int) -> None:
             return
 
 
+def _may_come_from_a_lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` (or an exception it was raised from) is one a dead peer can cause.
+
+    A collective cut short raises JAX's runtime error (gloo's closed connection
+    surfaces as one); a socket of the user's own to the dead host, an OSError.
+
+    Example:
+        >>> _may_come_from_a_lost_peer(ValueError("bad shape"))
+        False
+        >>> _may_come_from_a_lost_peer(ConnectionResetError())
+        True
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) or type(current).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _warn(text: str) -> None:
     with contextlib.suppress(Exception):
         sys.stderr.write(f"spmdtorch: {text}\n")
@@ -490,7 +528,9 @@ def start_peer_watch(
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         watch.failing = kind.__name__
-        previous_hook(kind, value, tb)
+        previous_hook(kind, value, tb)  # the error is shown either way
+        if _may_come_from_a_lost_peer(value):
+            watch.await_loss(LOSS_WAIT_S)
 
     sys.excepthook = excepthook
     previous_exit = sys.exit

@@ -6,6 +6,13 @@
 Process ``argv[1]`` kills itself (SIGKILL, no cleanup) after one collective
 step (with ``raise`` as ``argv[2]``: it raises an uncaught ``ValueError``; with ``exit``: ``sys.exit(3)``); the others keep running collective steps. They print ``SURVIVED`` if
 they are still alive after ``SURVIVE_S`` seconds (the test then fails).
+
+With ``race DIR`` as ``argv[2:]``, the survivors notice the death *before*
+their peer watch can: the victim creates ``DIR/dying`` and kills itself
+``RACE_DELAY_S`` later, and a survivor that sees the file raises the
+uncaught ``JaxRuntimeError`` a collective cut short by a dead peer raises
+(what a compiled step's result fetch does when the peer's gloo connection
+closes a moment before its watch connection).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import time
 import spmdtorch.runtime as xr
 
 SURVIVE_S = 90.0
+RACE_DELAY_S = 0.3
 
 if __name__ == "__main__":
     victim = int(sys.argv[1])
@@ -36,9 +44,19 @@ if __name__ == "__main__":
             raise ValueError("the victim fails")
         if sys.argv[2:] == ["exit"]:
             sys.exit(3)
+        if sys.argv[2:3] == ["race"]:
+            open(os.path.join(sys.argv[3], "dying"), "w").close()
+            time.sleep(RACE_DELAY_S)
         os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     while time.monotonic() - start < SURVIVE_S:
+        if sys.argv[2:3] == ["race"]:  # no programs: each needs every process, and the victim runs none
+            if os.path.exists(os.path.join(sys.argv[3], "dying")):
+                import jax
+
+                raise jax.errors.JaxRuntimeError("UNAVAILABLE: Gloo: connection closed by peer")
+            time.sleep(0.01)
+            continue
         x = x + 1
         x.sum().item()  # a cross-process reduction every step
         time.sleep(0.05)

@@ -128,6 +128,21 @@ def test_dead_peer_ends_the_survivor_with_a_named_error(devices8, victim):
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_an_error_raised_because_a_peer_died_is_reported_as_the_lost_peer(devices8, tmp_path):
+    # CI, stop 51: a SIGKILLed peer's gloo connection closed a moment before its watch
+    # connection; the survivor's step raised JaxRuntimeError and exited 1 before its watch
+    # saw the loss, so the launcher named the survivor, not the killed process, as the cause.
+    result, text, _ = run_job("dead_peer.py", "1", "race", str(tmp_path), heartbeat_timeout_s=30, grace_period_s=80.0)
+    assert not result.timed_out and "SURVIVED" not in text, _tail(text)
+    dead, survivor = result.ranks[1], result.ranks[0]
+    # The survivor's own error is shown (its traceback), then the loss it came from ends it.
+    assert "JaxRuntimeError: UNAVAILABLE: Gloo: connection closed by peer" in text, _tail(text)
+    assert dead.returncode == -signal.SIGKILL and survivor.returncode == PEER_LOST_EXIT_STATUS, _tail(text)
+    assert "process 1 of 2 was lost" in text and "ending on an uncaught JaxRuntimeError" in text, _tail(text)
+    assert result.first_failure == 1 and result.returncode == 128 + signal.SIGKILL, result
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
 def test_a_peer_failing_with_an_exception_ends_the_others_and_is_named_the_cause(devices8):
     result, text, _ = run_job("dead_peer.py", "1", "raise", heartbeat_timeout_s=30, grace_period_s=80.0)
     assert not result.timed_out and "SURVIVED" not in text, _tail(text)
