@@ -33,6 +33,7 @@ from torch import nn
 from spmdtorch import _checks
 from spmdtorch.fsdp import _fsdpv2
 from spmdtorch.mesh import Mesh, get_global_mesh
+from spmdtorch.programs import INTERNAL
 from spmdtorch.sharding import ShardingError, mark_sharding, shard_map, tensor_sharding
 from spmdtorch.tensor.xla_tensor import XlaTensor
 
@@ -44,7 +45,11 @@ class AccumulateGradientsError(ValueError):
 
 
 class _Step(nn.Module):
-    """``loss_fn(model, *batch)`` as the forward of a module owning ``model``, so ``functional_call`` swaps its weights."""
+    """``loss_fn(model, *batch)`` as the forward of a module owning ``model``, so ``functional_call`` swaps its weights.
+
+    A new one per call, so ``spmdtorch.compile`` must not guard it (``INTERNAL``):
+    a replay would find the traced one dead and trace every step again.
+    """
 
     def __init__(self, model: nn.Module, loss_fn: Callable[..., Any]) -> None:
         super().__init__()
@@ -53,6 +58,9 @@ class _Step(nn.Module):
 
     def forward(self, *batch: Any) -> Any:
         return self.loss_fn(self.model, *batch)
+
+
+setattr(_Step, INTERNAL, True)  # a per-call wrapper: spmdtorch.compile collects the model it calls, not it
 
 
 def _is_dtensor(t: Any) -> bool:

@@ -14,11 +14,14 @@ backward node that applies a recorded VJP (``_vjp_nodes``).
 Layer: above ``spmdtorch.tensor``, below ``sharding``/``fsdp`` and the
 user-facing packages. The names below are its API (``spmdtorch`` re-exports
 the public ones); the scan helpers are for ``spmdtorch.models``'s scanned
-decoders and ``BARRIER_HOOKS`` for compat's PyTorch/XLA environment.
+decoders, ``BARRIER_HOOKS`` for compat's PyTorch/XLA environment and
+``INTERNAL`` for the higher packages' own hooks and per-call wrapper modules,
+which ``compile`` neither guards nor keys (``_guards``).
 """
 
 from spmdtorch.programs._call_jax import CallJaxError, call_jax
 from spmdtorch.programs._compile import CompiledArgumentTypeError, CompiledFunction, compile
+from spmdtorch.programs._guards import INTERNAL
 from spmdtorch.programs._pure import AssumePureError, AssumePureTypeError, PureFunction, assume_pure
 from spmdtorch.programs._scan import (
     SCAN_LAYERS_HOOK,
@@ -36,6 +39,7 @@ from spmdtorch.programs._step import BARRIER_HOOKS, add_step_closure, mark_step,
 
 __all__ = [
     "BARRIER_HOOKS",
+    "INTERNAL",
     "SCAN_LAYERS_HOOK",
     "AssumePureError",
     "AssumePureTypeError",

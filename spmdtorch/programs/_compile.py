@@ -172,8 +172,13 @@ def _optimizer_post_hook(optimizer, args, kwargs):
 
 
 def _collect_module(module, args):
-    """Global forward pre-hook while tracing: note each module ``fn`` calls and its attributes then."""
-    if id(module) not in _TraceState.modules:
+    """Global forward pre-hook while tracing: note each module ``fn`` calls and its attributes then.
+
+    spmdtorch's own per-call wrappers (``_guards.is_internal_module``) are
+    left out: a new one each call would be a dead module at the next, and
+    every replay would refuse the recording.
+    """
+    if id(module) not in _TraceState.modules and not _guards.is_internal_module(module):
         _TraceState.modules[id(module)] = (module, _guards.plain_attributes(module))
 
 

@@ -9,7 +9,11 @@ plain attributes (``self.training``, ``self.scale = 0.5``, a flag a forward
 branches on). The recorders key or guard their recordings by these, taken
 from here. Hooks are compared by handle (``RemovableHandle`` ids, unique in a
 process); spmdtorch's own hooks (``compile`` observes the modules it traces
-with a global forward pre-hook) carry :data:`INTERNAL` and are left out.
+with a global forward pre-hook) carry :data:`INTERNAL` and are left out, and
+so are the modules of a class that carries it: a wrapper spmdtorch builds on
+every call (``accumulate_gradients``' runner around the user's model), which
+is a new object each time and so would never match a recording; the modules
+it calls are the user's and are kept.
 
 Example:
     >>> import torch
@@ -43,6 +47,7 @@ __all__ = [
     "INTERNAL",
     "HookKeys",
     "attributes_unchanged",
+    "is_internal_module",
     "global_backward_hooks",
     "global_forward_hooks",
     "module_hooks",
@@ -50,8 +55,13 @@ __all__ = [
     "user_hooks",
 ]
 
-#: Attribute that marks a hook function as spmdtorch's own (set it to True).
+#: Attribute that marks a hook function, or a module class, as spmdtorch's own (set it to True).
 INTERNAL = "spmdtorch_internal"
+
+
+def is_internal_module(m: nn.Module) -> bool:
+    """Whether ``m``'s class is spmdtorch's own per-call wrapper (carries :data:`INTERNAL`): recorders skip it."""
+    return getattr(type(m), INTERNAL, False) is True
 
 
 class HookKeys(NamedTuple):
