@@ -27,6 +27,7 @@ Usage:
     python examples/finetune_hf.py                         # make a tiny pretrained dir, 8 steps, save
     python examples/finetune_hf.py --pretrained PATH --out PATH --steps 20
     python examples/finetune_hf.py --layers 4 --hidden 128 --max-shard-size 200KB
+    python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 examples/finetune_hf.py   # one job, 2 processes
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ import sys
 import tempfile
 import time
 
-from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
+# Importing spmdtorch joins the job when a launcher started this process as one of several.
+from spmdtorch import runtime
+from spmdtorch.runtime.cpu_devices import requested_cpu_devices, simulate_cpu_devices
 
 DEFAULT_CPU_DEVICES = 8
 
@@ -62,12 +65,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed for the made model and the data")
-    p.add_argument("--cpu-devices", type=int, default=None, help="simulated CPU devices when running on CPU")
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help=f"simulated CPU devices of a single-process run on CPU (default {DEFAULT_CPU_DEVICES}); a "
+        "multi-process job's come from its launcher (--devices-per-proc, or SPMDTORCH_CPU_DEVICES under torchrun)",
+    )
     return p.parse_args(argv)
 
 
 def configure_cpu_devices(requested) -> None:
-    """Ask XLA for N simulated CPU devices before JAX starts (kept when XLA_FLAGS already sets a count)."""
+    """Ask XLA for N simulated CPU devices before JAX starts (kept when XLA_FLAGS already sets a count).
+
+    Without ``--cpu-devices`` it does nothing in a multi-process job or when
+    ``SPMDTORCH_CPU_DEVICES`` is set: joining the job (``import spmdtorch``)
+    already fixed the device count.
+    """
+    if requested is None and (runtime.is_distributed_initialized() or requested_cpu_devices()):
+        return
     existing = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
     n = int(existing.group(1)) if existing and requested is None else (requested or DEFAULT_CPU_DEVICES)
     simulate_cpu_devices(n, unless_accelerator=True)
@@ -133,14 +149,19 @@ def shard_batch(output, mesh) -> None:
 def main(args: argparse.Namespace) -> int:
     console = Console()
     spmdtorch.runtime.initialize_distributed()
-    n_dev = spmdtorch.device_count()
+    n_dev = runtime.global_runtime_device_count()  # every process's: the mesh spans the whole job
     mesh = Mesh(np.arange(n_dev), (n_dev,), ("fsdp",))
     console.print(f"[bold]devices:[/] {n_dev} x {spmdtorch.runtime.device_type()}  [bold]mesh:[/] fsdp={n_dev}")
 
-    work = tempfile.mkdtemp(prefix="finetune_hf-")
+    # The processes of a job share process 0's directories (one machine, or a shared file system):
+    # process 0 makes the pretrained directory and save_pretrained writes from process 0 only.
+    first = runtime.process_index() == 0
+    work = runtime.rendezvous("finetune_hf.work", tempfile.mkdtemp(prefix="finetune_hf-").encode() if first else b"")
+    work = work[0].decode()
     src = args.pretrained or os.path.join(work, "pretrained")
-    if args.pretrained is None:
+    if args.pretrained is None and first:
         make_pretrained(src, args)
+    runtime.rendezvous("finetune_hf.pretrained")  # the others read it once it is written
     files = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
     console.print(f"[bold]pretrained:[/] {src} ({len(files)} shard file(s))")
 
@@ -188,6 +209,7 @@ def main(args: argparse.Namespace) -> int:
     layout = checkpoint.save_pretrained(
         model, out, max_shard_size=args.max_shard_size, rename=lambda name: name.replace("_orig_module.", "")
     )
+    runtime.rendezvous("finetune_hf.saved")  # the others reload it once process 0 wrote it
     same_files = sorted(layout.files) == files
     index = "model.safetensors.index.json"
     same_map = layout.indexed == os.path.isfile(os.path.join(src, index))

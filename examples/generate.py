@@ -27,6 +27,7 @@ Usage:
     python examples/generate.py --sample --top-k 8     # sampled
     python examples/generate.py --mode lazy --new-tokens 64
     PJRT_DEVICE=TPU python examples/generate.py --hidden 1024 --layers 8
+    python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4 examples/generate.py   # one job, 2 processes
 
 Needs transformers (``pip install -e '.[test]'``).
 """
@@ -39,7 +40,9 @@ import re
 import sys
 import time
 
-from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
+# Importing spmdtorch joins the job when a launcher started this process as one of several.
+from spmdtorch import runtime
+from spmdtorch.runtime.cpu_devices import requested_cpu_devices, simulate_cpu_devices
 
 DEFAULT_CPU_DEVICES = 8
 
@@ -60,7 +63,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=8, help="top-k when sampling")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the eager CPU comparison")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and samples")
-    p.add_argument("--cpu-devices", type=int, default=None, help="simulated CPU devices when running on CPU")
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help=f"simulated CPU devices of a single-process run on CPU (default {DEFAULT_CPU_DEVICES}); a "
+        "multi-process job's come from its launcher (--devices-per-proc, or SPMDTORCH_CPU_DEVICES under torchrun)",
+    )
     args = p.parse_args(argv)
     if args.hidden % args.head_dim:
         p.error(f"--hidden {args.hidden} is not a multiple of --head-dim {args.head_dim}")
@@ -71,7 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 ARGS = parse_args() if __name__ == "__main__" else None
-if ARGS is not None:
+# A multi-process job's device count was fixed when importing spmdtorch joined it.
+if ARGS is not None and (
+    ARGS.cpu_devices is not None or not (runtime.is_distributed_initialized() or requested_cpu_devices())
+):
     existing = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
     n_cpu = ARGS.cpu_devices or (int(existing.group(1)) if existing else DEFAULT_CPU_DEVICES)
     simulate_cpu_devices(n_cpu, unless_accelerator=True)
@@ -116,7 +128,7 @@ def check_sampled(cpu_model, out, prompt_len, top_k) -> bool:
 
 
 def main(args) -> int:
-    n = spmdtorch.device_count()
+    n = runtime.global_runtime_device_count()  # every process's: the mesh spans the whole job
     platform = spmdtorch.runtime.device_type()
     print(f"devices: {n} x {platform}")
     mesh = Mesh(np.arange(n), (n,), ("tp",))

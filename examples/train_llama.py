@@ -57,7 +57,10 @@ Checkpoint:
 Multi-host:
     ``python -m spmdtorch.launch --nprocs 2 --devices-per-proc 4
     examples/train_llama.py`` (or torchrun, or a TPU pod): every process runs
-    this script; ``initialize_distributed()`` joins them.
+    this script; importing spmdtorch joins them, the launcher sets each
+    process's devices (``--cpu-devices`` is for single-process runs), the mesh
+    spans every process's devices and process 0's checkpoint directory is
+    used by all.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ import re
 import sys
 import time
 
-from spmdtorch.runtime.cpu_devices import simulate_cpu_devices
+# Importing spmdtorch joins the job when a launcher started this process as one of several.
+from spmdtorch import runtime
+from spmdtorch.runtime.cpu_devices import requested_cpu_devices, simulate_cpu_devices
 
 DEFAULT_CPU_DEVICES = 8
 
@@ -99,7 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--cpu-devices",
         type=int,
         default=None,
-        help=f"number of simulated CPU devices when running on CPU (default {DEFAULT_CPU_DEVICES})",
+        help=f"simulated CPU devices of a single-process run on CPU (default {DEFAULT_CPU_DEVICES}); a "
+        "multi-process job's come from its launcher (--devices-per-proc, or SPMDTORCH_CPU_DEVICES under torchrun)",
     )
     p.add_argument(
         "--mixed-precision",
@@ -151,8 +157,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--log-every must be >= 1")
     if args.layers is not None and args.layers < 1:
         p.error("--layers must be >= 1")
-    if args.checkpoint_dir is None:  # a fresh directory: a rerun never collides with an earlier save
-        args.checkpoint_dir = time.strftime("checkpoints/train_llama-%Y%m%d-%H%M%S")
     return args
 
 
@@ -160,11 +164,15 @@ def configure_cpu_devices(requested) -> None:
     """Ask XLA for N simulated CPU devices, before anything queries devices.
 
     Does nothing when ``PJRT_DEVICE`` or ``JAX_PLATFORMS`` asks for another
-    platform. An explicit ``--cpu-devices`` replaces a device count already in
+    platform, or, without ``--cpu-devices``, when this process is one of a
+    multi-process job or ``SPMDTORCH_CPU_DEVICES`` is set: joining the job
+    (``import spmdtorch``) already fixed its device count. An explicit ``--cpu-devices`` replaces a device count already in
     ``XLA_FLAGS``; otherwise an existing one is kept. XLA:CPU keeps its
     optimisation barriers, so ``--checkpoint-layers`` really recomputes
     (``spmdtorch.partition.CPU_REMAT_XLA_FLAG``; GPU/TPU keep them anyway).
     """
+    if requested is None and (runtime.is_distributed_initialized() or requested_cpu_devices()):
+        return
     existing = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
     if existing and requested is None:
         n = int(existing.group(1))
@@ -314,7 +322,7 @@ def main(args: argparse.Namespace) -> int:
     # On a multi-host job (torchrun, a TPU pod, python -m spmdtorch.launch)
     # this joins the hosts; alone it does nothing.
     spmdtorch.runtime.initialize_distributed()
-    n_dev = spmdtorch.device_count()
+    n_dev = runtime.global_runtime_device_count()  # every process's: the mesh spans the whole job
     mesh = make_mesh(parse_mesh(args.mesh, n_dev))
     axes = " x ".join(f"{n}={k}" for n, k in zip(mesh.axis_names, mesh.mesh_shape))
     console.print(
@@ -468,6 +476,11 @@ def main(args: argparse.Namespace) -> int:
     console.print(summary)
 
     if not args.no_save:
+        if args.checkpoint_dir is None:
+            # A fresh directory, so a rerun never collides with an earlier save; the processes of a job
+            # save into one checkpoint, process 0's (their clocks may read different seconds).
+            own = time.strftime("checkpoints/train_llama-%Y%m%d-%H%M%S").encode()
+            args.checkpoint_dir = runtime.rendezvous("train_llama.checkpoint_dir", own)[0].decode()
         # A standard Orbax checkpoint, each device writing its own shards; it
         # restores onto any mesh (see docs/checkpoint.md).
         state = {

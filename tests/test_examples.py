@@ -120,3 +120,32 @@ def test_train_dtensor_rejects_bad_mesh():
     proc = run_example("train_dtensor.py", "--mesh", "3")
     assert proc.returncode != 0
     assert "--mesh" in proc.stderr, proc.stderr
+
+
+# Each example as one job of 2 processes x 4 devices under python -m spmdtorch.launch: the devices come from
+# the launcher (the example simulates none of its own), the mesh spans the job's 8 devices and the processes
+# share process 0's files. Slow tier (~50 s each on a loaded 2-core machine: two processes, each compiling).
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize(
+    "name,flags,expected",
+    [
+        # No --checkpoint-dir: both processes save into process 0's default directory.
+        ("train_llama.py", ("--steps", "3", "--mode", "lazy"), ("mesh: fsdp=8", "OK: loss decreased")),
+        ("generate.py", ("--new-tokens", "4", "--layers", "1"), ("mesh: tp=8", "OK: tokens equal eager CPU")),
+        ("finetune_hf.py", ("--steps", "2", "--layers", "1"), ("mesh: fsdp=8", "reloaded max |param diff| │ 0 ")),
+    ],
+    ids=["train_llama", "generate", "finetune_hf"],
+)
+def test_example_runs_as_two_process_job(name, flags, expected, tmp_path):
+    proc = run_example(name, *flags, nprocs=2, devices_per_proc=4, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n{out[-6000:]}"
+    for rank in (0, 1):
+        lines = "\n".join(line for line in out.splitlines() if line.startswith(f"[rank {rank}] "))
+        assert "devices: 8 x CPU" in lines, out[-6000:]
+        for text in expected:
+            assert text in lines, out[-6000:]
+    if name == "train_llama.py":
+        (ckpt,) = (tmp_path / "checkpoints").iterdir()  # one directory: process 0's name
+        assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == ["3"], list(ckpt.iterdir())
