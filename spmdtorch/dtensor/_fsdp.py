@@ -48,10 +48,11 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils._pytree import tree_map
 
-from spmdtorch import _checks
+from spmdtorch import _checks, sharding
 from spmdtorch.dtensor._mesh import XlaDeviceMesh, as_xla_mesh, init_device_mesh
 from spmdtorch.dtensor._tensor import _annotate, _spec, distribute_tensor, from_local
 from spmdtorch.dtensor.errors import DTensorError, UnsupportedFSDPError
+from spmdtorch.tensor import is_xla_tensor
 
 __all__ = ["XlaFSDPModule", "fully_shard"]
 
@@ -423,7 +424,9 @@ def fully_shard(
     the data-parallel axis on that dim. A parameter that is already a
     DTensor on another sub-mesh of the same root (``parallelize_module``
     over ``mesh["tp"]`` first) keeps its placement there and gains FSDP's
-    over ``mesh``: one DTensor over both, as FSDP2 + TP gives. The module's
+    over ``mesh``: one DTensor over both, as FSDP2 + TP gives; its data is
+    resharded into that layout at once (the replaced parameter shares it), so
+    the first step program reshards no parameter. The module's
     class becomes ``FSDP<Class>``, an :class:`XlaFSDPModule` (so a
     ``torch.distributed.fsdp.FSDPModule``). The module docstring and
     docs/dtensor.md say what each option means under GSPMD.
@@ -514,6 +517,13 @@ def fully_shard(
             else:
                 target_mesh, placements = xmesh, [Replicate()] * (xmesh.ndim - 1) + [shard]
                 value = p.detach()
+            if is_xla_tensor(value):
+                # The parameter this one replaces lays its data out otherwise (parallelize_module's tensor-parallel
+                # layout, a mark_sharding): re-lay that data in place, so concrete data is resharded now (one
+                # device_put) and the new parameter is concrete. distribute_tensor would copy it instead, and the
+                # pending copy would reshard in the first step program (collective-permutes the steps after it
+                # have not). The replaced parameter shares the data, as an unannotated one already does.
+                sharding.clear_sharding(value)
             new = nn.Parameter(distribute_tensor(value, target_mesh, placements), requires_grad=p.requires_grad)
             replaced[id(p)] = new
         owner._parameters[name] = new

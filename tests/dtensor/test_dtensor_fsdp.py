@@ -217,7 +217,13 @@ def test_fsdp_over_tensor_parallel_on_a_2d_mesh(devices8):
     torch.manual_seed(3)
     ref = Block()
     model = parallelize_module(copy.deepcopy(ref), mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    spmdtorch.sync()
+    executed = debug.counter_value("ExecuteCount") or 0
     fully_shard(model, mesh=mesh["dp"])
+    # The tensor-parallel parameters' data is resharded into the composed layout at once (not a pending copy
+    # that the first step program would reshard, with collectives the later steps have not).
+    spmdtorch.sync()
+    assert (debug.counter_value("ExecuteCount") or 0) == executed
     expected = {
         "w1.weight": (Shard(0), Shard(0)),
         "w1.bias": (Shard(0), Shard(0)),

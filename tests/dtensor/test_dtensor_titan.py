@@ -296,25 +296,11 @@ def _summary(found: list[tuple[str, str, str]]) -> dict[str, int]:
     return dict(collections.Counter(kind for kind, _, _ in found))
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        pytest.param(
-            "spmdtorch",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known difference: FSDP's forward reads each weight gathered over dp and still split "
-                "over tp, and the DTensor program annotates those reads (16 tp-only shardings in its unoptimized "
-                "HLO), which the parameter-only mark_sharding program has not; for spmdtorch's Llama GSPMD then "
-                "moves wq/wk/wv shards with 12 more collective-permutes (f32[4,32], f32[8,32]; also without "
-                "activation checkpointing or loss_parallel) and, with checkpointing, gathers 2 of 54 arrays in "
-                "other shapes. transformers' Llama gives identical collectives",
-            ),
-        ),
-        "transformers",
-    ],
-)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_step_has_the_collectives_of_the_mark_sharding_program(mesh, family):
+    # The first step, as the other steps: fully_shard lays the tensor-parallel parameters' data out in the
+    # composed layout at once; a pending copy reshards them in the first step program instead (for spmdtorch's
+    # Llama, 12 more collective-permutes of the wq/wk/wv/w1/w3/embedding/head shards, from tp-only to (dp, tp)).
     build, forward = FAMILIES[family]
     torch.manual_seed(2)
     ref = build()
