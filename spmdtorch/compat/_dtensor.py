@@ -21,8 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,6 +39,7 @@ from spmdtorch.compat._placements import (
 )
 from spmdtorch.compat._sharded_tensor import XLAShardedTensor
 from spmdtorch.compat.errors import CompatError
+from spmdtorch.dtensor import register_mesh_hooks
 from spmdtorch.mesh import Mesh
 
 __all__ = [
@@ -195,23 +194,6 @@ def xla_distribute_tensor(
     return _wrap(global_tensor, mesh, spec)
 
 
-def _hook_arity(fn: Callable[..., Any], name: str) -> int:
-    n = len(inspect.signature(fn).parameters)
-    if n not in (2, 3):
-        raise DistributeModuleError(
-            f"xla_distribute_module: {name} should take in 3 arguments (module, inputs/outputs, device_mesh), but "
-            f"got {n} arguments!"
-        )
-    if n == 2:
-        warnings.warn(
-            f"Deprecating {name} that takes two arguments (inputs, device_mesh), please use {name} that takes in "
-            "(module, inputs, device_mesh) instead!",
-            FutureWarning,
-            stacklevel=3,
-        )
-    return n
-
-
 def xla_distribute_module(
     module: nn.Module,
     device_mesh: DeviceMesh | None = None,
@@ -247,16 +229,7 @@ def xla_distribute_module(
         else:
             for name, submod in module.named_modules():
                 partition_fn(name, submod, device_mesh)  # type: ignore[arg-type]  # PyTorch/XLA passes it as given
-    if input_fn is not None:
-        in_fn = input_fn
-        if _hook_arity(in_fn, "input_fn") == 2:
-            module.register_forward_pre_hook(lambda _mod, inputs: in_fn(inputs, device_mesh))
-        else:
-            module.register_forward_pre_hook(lambda mod, inputs: in_fn(mod, inputs, device_mesh))
-    if output_fn is not None:
-        out_fn = output_fn
-        if _hook_arity(out_fn, "output_fn") == 2:
-            module.register_forward_hook(lambda _mod, _inputs, outputs: out_fn(outputs, device_mesh))
-        else:
-            module.register_forward_hook(lambda mod, _inputs, outputs: out_fn(mod, outputs, device_mesh))
+    register_mesh_hooks(
+        module, device_mesh, input_fn, output_fn, caller="xla_distribute_module", error=DistributeModuleError
+    )
     return module

@@ -29,6 +29,9 @@ partitioner inserts the collectives.
   ``SPMDLoadPlanner``;
 * errors: :mod:`spmdtorch.dtensor.errors`.
 
+Declared internal API (for ``spmdtorch.compat``; not in ``__all__``, imported as ``X as X``):
+:func:`register_mesh_hooks`, ``distribute_module``'s input/output hooks.
+
 Example:
     >>> import torch
     >>> from torch.distributed.tensor import Replicate, Shard
@@ -48,6 +51,7 @@ from spmdtorch.dtensor._checkpoint import (
 from spmdtorch.dtensor._fsdp import XlaFSDPModule, fully_shard
 from spmdtorch.dtensor._mesh import XlaDeviceMesh, init_device_mesh, mesh_groups, root_axes, spmd_mesh
 from spmdtorch.dtensor._module import distribute_module, parallelize_module
+from spmdtorch.dtensor._module import register_mesh_hooks as register_mesh_hooks
 from spmdtorch.dtensor._placements import partition_spec, placements_of_spec
 from spmdtorch.dtensor._tensor import XlaDTensor, distribute_tensor, from_local
 from spmdtorch.dtensor._titan import UnknownModelFamilyError, parallelize_llama

@@ -57,18 +57,69 @@ def _replicate_rest(m: nn.Module, mesh: DeviceMesh) -> None:
             m._buffers[key] = distribute_tensor(buf, mesh, full)
 
 
-def _hook_arity(fn: Callable[..., Any], name: str) -> int:
+def _hook_arity(fn: Callable[..., Any], caller: str, name: str, error: type[Exception]) -> int:
     n = len(inspect.signature(fn).parameters)
-    if n not in (2, 3):
-        raise DTensorError(f"distribute_module: {name} takes (module, inputs/outputs, device_mesh); it has {n} params")
+    if n not in (2, 3):  # torch's wording (torch.distributed.tensor.distribute_module)
+        raise error(
+            f"{caller}: {name} should take in 3 arguments (module, inputs/outputs, device_mesh), but got {n}"
+            " arguments! Take (module, inputs, device_mesh) for input_fn, (module, outputs, device_mesh) "
+            "for output_fn"
+        )
     if n == 2:
         warnings.warn(
-            f"distribute_module: a two-argument {name} (inputs, device_mesh) is deprecated in torch; take "
-            "(module, inputs, device_mesh)",
+            f"{caller}: Deprecating {name} that takes two arguments (inputs, device_mesh), please use {name} that "
+            "takes in (module, inputs, device_mesh) instead!",
             FutureWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     return n
+
+
+def register_mesh_hooks(
+    module: nn.Module,
+    mesh: Any,
+    input_fn: Callable[..., Any] | None,
+    output_fn: Callable[..., Any] | None,
+    *,
+    caller: str,
+    error: type[Exception],
+) -> None:
+    """``distribute_module``'s ``input_fn`` / ``output_fn`` as forward hooks that are handed ``mesh``.
+
+    torch's contract: ``input_fn(module, inputs, mesh)`` becomes a forward
+    pre-hook and ``output_fn(module, outputs, mesh)`` a forward hook; the
+    deprecated two-argument forms ``(inputs, mesh)`` / ``(outputs, mesh)``
+    still work, with torch's ``FutureWarning``. Declared internal API of
+    ``spmdtorch.dtensor``: ``spmdtorch.compat``'s ``xla_distribute_module``
+    registers its hooks with it too.
+
+    Args:
+        module: the module to hook.
+        mesh: what the hooks receive as their mesh argument.
+        input_fn: the input hook, or None.
+        output_fn: the output hook, or None.
+        caller: the public function's name, which begins the messages.
+        error: the exception class raised for a hook of the wrong arity
+            (its constructor takes one message).
+
+    Raises:
+        error: ``input_fn`` or ``output_fn`` takes neither 2 nor 3 parameters
+            (nothing is registered then).
+    """
+    in_n = None if input_fn is None else _hook_arity(input_fn, caller, "input_fn", error)
+    out_n = None if output_fn is None else _hook_arity(output_fn, caller, "output_fn", error)
+    if input_fn is not None:
+        in_fn = input_fn
+        if in_n == 2:
+            module.register_forward_pre_hook(lambda _m, inputs: in_fn(inputs, mesh))
+        else:
+            module.register_forward_pre_hook(lambda m, inputs: in_fn(m, inputs, mesh))
+    if output_fn is not None:
+        out_fn = output_fn
+        if out_n == 2:
+            module.register_forward_hook(lambda _m, _i, outputs: out_fn(outputs, mesh))
+        else:
+            module.register_forward_hook(lambda m, _i, outputs: out_fn(m, outputs, mesh))
 
 
 def distribute_module(
@@ -103,18 +154,7 @@ def distribute_module(
         if partition_fn is not None:
             partition_fn(name, sub, mesh)
         _replicate_rest(sub, mesh)
-    if input_fn is not None:
-        in_fn = input_fn
-        if _hook_arity(in_fn, "input_fn") == 2:
-            module.register_forward_pre_hook(lambda _m, inputs: in_fn(inputs, mesh))
-        else:
-            module.register_forward_pre_hook(lambda m, inputs: in_fn(m, inputs, mesh))
-    if output_fn is not None:
-        out_fn = output_fn
-        if _hook_arity(out_fn, "output_fn") == 2:
-            module.register_forward_hook(lambda _m, _i, outputs: out_fn(outputs, mesh))
-        else:
-            module.register_forward_hook(lambda m, _i, outputs: out_fn(m, outputs, mesh))
+    register_mesh_hooks(module, mesh, input_fn, output_fn, caller="distribute_module", error=DTensorError)
     return module
 
 

@@ -24,6 +24,7 @@ from torch.distributed.tensor.parallel import (
 import spmdtorch
 from spmdtorch import debug
 from spmdtorch.dtensor import (
+    DTensorError,
     UnsupportedStyleError,
     XlaDTensor,
     distribute_module,
@@ -203,6 +204,20 @@ def test_distribute_module_hooks(mesh2):
     assert lin.bias.placements == (Replicate(), Replicate())  # left plain by partition_fn: replicated
     lin(torch.randn(2, 8, device="xla"))
     assert [c[0] for c in calls] == ["in", "out"] and calls[0][1] == mesh2
+
+
+def test_distribute_module_hook_arity(mesh2):
+    # torch's contract: a two-argument hook (outputs, mesh) still works, with torch's FutureWarning.
+    lin = nn.Linear(4, 4)
+    want = lin(torch.ones(2, 4)) + 1
+    with pytest.warns(FutureWarning, match="distribute_module: Deprecating output_fn that takes two arguments"):
+        distribute_module(lin, mesh2, output_fn=lambda outputs, mesh: outputs + 1)
+    torch.testing.assert_close(lin(torch.ones(2, 4, device="xla")).cpu(), want.detach())
+    # Any other arity is refused before a hook is registered (the valid input_fn is not left behind).
+    other = nn.Linear(4, 4)
+    with pytest.raises(DTensorError, match=r"output_fn should take in 3 arguments .* but got 1 arguments"):
+        distribute_module(other, mesh2, input_fn=lambda mod, inputs, mesh: None, output_fn=lambda outputs: outputs)
+    assert not other._forward_pre_hooks and not other._forward_hooks
 
 
 class _MyStyle(ParallelStyle):
