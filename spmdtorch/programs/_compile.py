@@ -489,6 +489,23 @@ class _Record:
                     return False
         return _global_hooks() == self.global_hooks
 
+    def mode_change(self) -> str:
+        """Why :meth:`modes_match` fails, in words (for the retrace log only: slower than the check)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            for ref, attrs, grads, hooks in self.modes:
+                m = ref()
+                if m is None:
+                    return "a module the trace called was freed (a module fn builds on every call never replays)"
+                name = type(m).__name__
+                if not _guards.attributes_unchanged(m, attrs):
+                    changed = [a[0] for a in attrs if not _guards.attributes_unchanged(m, (a,))]
+                    return f"attributes {changed} of a {name} changed"
+                if grads is not None and _own_grads(m) != grads:
+                    return f"the requires_grad of a {name}'s parameters changed"
+                if _guards.module_hooks(m) != hooks:
+                    return f"the hooks of a {name} changed"
+        return "the global module hooks changed"
+
 
 class _ModuleMode(NamedTuple):
     """A module a trace called, and what of it decides the program besides its tensors."""
@@ -574,7 +591,7 @@ class CompiledFunction:
                 return self._call(args, kwargs)
         return self._call(args, kwargs)
 
-    def _call(self, args, kwargs):  # noqa: C901  (why: the dispatch of one compiled call: cache hit, replay, retrace or fallback, in the order they are tried)
+    def _call(self, args, kwargs):  # noqa: C901, PLR0915  (why: the dispatch of one compiled call: cache hit, replay, retrace or fallback, in the order they are tried)
         flat, spec, spec_key = _flatten(args, kwargs)
         flat = [_to_xla_arg(a) for a in flat]
         executor.sync()  # inputs and state must be concrete
@@ -599,6 +616,8 @@ class CompiledFunction:
                 entry.stable.remove(rec)
                 entry.streak = 0
                 break
+        else:
+            self._log_modes_changed(entry.stable)
         if self._bake and entry.last is not None and _float_hparams_changed(entry.last.optimizers):
             # A scheduler changes float hyperparameters (OneCycleLR's lr and
             # betas): numbers become program inputs now, one trace earlier than
@@ -896,9 +915,18 @@ class CompiledFunction:
             stacklevel=3,
         )
 
+    @staticmethod
+    def _logs_retraces() -> bool:
+        return _log.isEnabledFor(logging.INFO) or config.settings().log_recompiles
+
+    def _log_modes_changed(self, stable: list[_Record]) -> None:
+        """Log why none of the replayable programs fits the modules as they are now (when retraces are logged)."""
+        if stable and self._logs_retraces():
+            self._log_retrace(stable[-1].mode_change())
+
     def _log_retrace(self, reason: str) -> None:
         """With ``SPMDTORCH_LOG_RECOMPILES`` (or INFO on ``spmdtorch.compile``): why a replayable step traces again."""
-        if _log.isEnabledFor(logging.INFO) or config.settings().log_recompiles:
+        if self._logs_retraces():
             _log.warning(f"spmdtorch.compile({getattr(self.fn, '__qualname__', self.fn)!r}): traced again ({reason})")
 
     def _warn_mutated_modules(self, mutated: tuple) -> None:

@@ -12,6 +12,7 @@ micro-batches must also keep the gradient reductions of one.
 from __future__ import annotations
 
 import copy
+import logging
 import re
 import warnings
 
@@ -160,3 +161,20 @@ def test_fsdpv2_accumulation_step_replays_and_reduces_one_micro_batch(devices8):
     # Every gradient is reduced (at least its bytes), and 4 micro-batches reduce exactly what one does.
     assert reduced >= grad_bytes, (reduced, grad_bytes, reductions)
     assert reductions[4] == reductions[1], reductions
+
+
+def test_the_retrace_log_names_a_module_built_on_every_call(devices8, caplog):
+    # What kept accumulation steps tracing, said by SPMDTORCH_LOG_RECOMPILES (it logged nothing before).
+    ref = nn.Linear(4, 4)
+    lin = copy.deepcopy(ref).to("xla")
+
+    @spmdtorch.compile
+    def step(x):
+        return nn.Sequential(lin)(x)  # a new container on every call: the guard finds the traced one freed
+
+    caplog.set_level(logging.INFO, logger="spmdtorch.compile")
+    x = torch.ones(8, 4)
+    for _ in range(3):
+        out = step(x.to("xla"))
+    torch.testing.assert_close(out.cpu(), ref(x).detach())
+    assert "traced again (a module the trace called was freed" in caplog.text, caplog.text
