@@ -27,7 +27,6 @@ with the parameter's placements.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -45,7 +44,7 @@ from spmdtorch.dtensor._mesh import as_xla_mesh, spans_root, spmd_mesh
 from spmdtorch.dtensor._placements import normalize_placements, spec_of
 from spmdtorch.dtensor.errors import DTensorError, InplaceGradError, LocalTensorError, PlacementError
 from spmdtorch.lazy import caches
-from spmdtorch.tensor import is_xla_tensor
+from spmdtorch.tensor import BACKWARD_FUNCS, BACKWARD_NOT_HANDLED, is_xla_tensor, run_backward
 
 __all__ = ["XlaDTensor", "distribute_tensor", "from_local"]
 
@@ -399,110 +398,13 @@ _ON_WRAPPER = {
 }
 
 
-# Each backward entry point -> the names of its parameters that hold the roots, their gradients and the inputs.
-_BACKWARD_ARGS: dict[Any, tuple[str, str, str]] = {
-    torch.Tensor.backward: ("self", "gradient", "inputs"),
-    torch.autograd.backward: ("tensors", "grad_tensors", "inputs"),
-    torch.autograd.grad: ("outputs", "grad_outputs", "inputs"),
-}
-_SIGNATURES = {f: inspect.signature(f) for f in _BACKWARD_ARGS}
-_NOT_HANDLED = object()  # _run_backward's answer for a call it leaves to the ordinary op path
-
-
-def _tensor_list(x: Any) -> list[Any] | None:
-    if x is None:
-        return None
-    if isinstance(x, torch.Tensor):
-        return [x]
-    return list(x) if isinstance(x, (list, tuple)) else [...]  # a form left to the old path (a dict)
-
-
-def _root_grad(root: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor | None:
+def _root_grad(root: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """The gradient a root's edge takes: a DTensor for a DTensor root (the root's own node has a DTensor input)."""
-    if grad is None:
-        if root.numel() != 1 or not root.is_floating_point():
-            return None  # torch's own error ("can be implicitly created only for scalar outputs") on the old path
-        with torch.no_grad():
-            return torch.ones_like(root, memory_format=torch.preserve_format)
     if isinstance(root, XlaDTensor) and not isinstance(grad, XlaDTensor):
         return XlaDTensor._make(_to_xla(grad), root._spec)
     if not isinstance(root, XlaDTensor) and isinstance(grad, XlaDTensor):
         return grad._local_tensor
     return grad
-
-
-def _run_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``Tensor.backward`` / ``torch.autograd.backward`` / ``torch.autograd.grad`` from the tensors' gradient edges.
-
-    Run as an ordinary op, the call would take each ``XlaDTensor`` through a new
-    ``_ToGlobal`` node: ``inputs`` would then name tensors no root depends on
-    (``backward(inputs=[p])`` left ``p.grad`` None, ``grad`` raised "not used in
-    the graph"). The edges are the DTensors' own graph positions, found with
-    subclass torch-function handling off (a leaf's edge is looked up through a
-    view of it, which this class's handler would make of the global tensor).
-    The engine then runs with the handling on, as the forward ran (a
-    non-reentrant checkpoint's recomputation must record the same ops on the
-    same tensor types), and ``_ToGlobal``'s backward hands each DTensor its
-    gradient with its placements. A ``backward`` ``inputs`` that is not a leaf
-    gets its ``.grad`` accumulated here, as torch does (an edge fills no
-    ``.grad``). Forms an edge cannot express (batched grads, ``grad_variables``,
-    a root that does not require grad, an implicit gradient of a non-scalar)
-    run as an ordinary op, where torch raises its own error for most.
-    """
-    roots_name, grads_name, inputs_name = _BACKWARD_ARGS[func]
-    try:
-        bound = _SIGNATURES[func].bind(*args, **kwargs).arguments
-    except TypeError:
-        return _NOT_HANDLED  # run as an ordinary op: torch reports the bad call
-    if bound.get("grad_variables") is not None or bound.get("is_grads_batched"):
-        return _NOT_HANDLED
-    roots, grads, inputs = (
-        _tensor_list(bound.get(roots_name)),
-        _tensor_list(bound.get(grads_name)),
-        _tensor_list(bound.get(inputs_name)),
-    )
-    if not roots or any(not isinstance(t, torch.Tensor) or not t.requires_grad for t in roots):
-        return _NOT_HANDLED
-    if inputs is not None and (
-        not inputs or any(not isinstance(t, torch.Tensor) or not t.requires_grad for t in inputs)
-    ):
-        return _NOT_HANDLED
-    if inputs is None and func is torch.autograd.grad:
-        return _NOT_HANDLED
-    grads = [None] * len(roots) if grads is None else grads
-    if len(grads) != len(roots) or any(g is not None and not isinstance(g, torch.Tensor) for g in grads):
-        return _NOT_HANDLED
-    seeds = [_root_grad(r, g) for r, g in zip(roots, grads, strict=True)]
-    if any(s is None for s in seeds):
-        return _NOT_HANDLED
-    edge = torch.autograd.graph.get_gradient_edge
-    with torch._C.DisableTorchFunctionSubclass():
-        root_edges = [edge(t) for t in roots]
-        input_edges = None if inputs is None else [edge(t) for t in inputs]
-    retain_graph, create_graph = bound.get("retain_graph"), bool(bound.get("create_graph", False))
-    if func is torch.autograd.grad and inputs is not None and input_edges is not None:  # (inputs: always here)
-        out = torch.autograd.grad(
-            root_edges,
-            input_edges,
-            seeds,
-            retain_graph=retain_graph,
-            create_graph=create_graph,
-            allow_unused=bound.get("allow_unused") or bound.get("materialize_grads"),
-        )
-        if bound.get("materialize_grads"):
-            out = tuple(torch.zeros_like(t) if g is None else g for t, g in zip(inputs, out, strict=True))
-        return out
-    if inputs is None or input_edges is None or all(t.grad_fn is None for t in inputs):
-        torch.autograd.backward(root_edges, seeds, retain_graph, create_graph, inputs=input_edges)
-        return None
-    got = torch.autograd.grad(
-        root_edges, input_edges, seeds, retain_graph=retain_graph, create_graph=create_graph, allow_unused=True
-    )
-    for t, g in zip(inputs, got, strict=True):
-        if g is not None:
-            g = g if create_graph else g.detach()
-            t.grad = g if t.grad is None else t.grad + g
-    return None
 
 
 class XlaDTensor(DTensor):
@@ -621,12 +523,15 @@ class XlaDTensor(DTensor):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if func in _BACKWARD_ARGS:
-            # Not under DisableTorchFunctionSubclass: the engine would run the whole backward so, an
+        if func in BACKWARD_FUNCS:
+            # From the DTensors' own gradient edges: run as an ordinary op, the call would take each DTensor
+            # through a new _ToGlobal node, and inputs= would name tensors no root depends on. Not under
+            # DisableTorchFunctionSubclass: the engine would run the whole backward so, an
             # activation-checkpointed layer's recomputation included, where xla tensors' own torch-function
-            # routing (fused SDPA) is off and SDPA falls to its math path (MetaFactoryLeak).
-            done = _run_backward(func, tuple(args), kwargs)
-            if done is not _NOT_HANDLED:
+            # routing (fused SDPA) is off and SDPA falls to its math path (MetaFactoryLeak). _ToGlobal's
+            # backward hands each DTensor its gradient with its placements.
+            done = run_backward(func, tuple(args), kwargs, seed_for=_root_grad)
+            if done is not BACKWARD_NOT_HANDLED:
                 return done
         if func in _ON_WRAPPER or func in _NO_WRAP or name in ("__get__", "__set__", "__delete__"):
             if name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.data:

@@ -33,6 +33,7 @@ import torch.utils._device
 
 from spmdtorch.ops import registry
 from spmdtorch.tensor import transfer
+from spmdtorch.tensor._backward import BACKWARD_FUNCS, BACKWARD_NOT_HANDLED, run_backward
 from spmdtorch.tensor._router import torch_function_handler
 from spmdtorch.tensor.autocast import autocast_inputs
 from spmdtorch.tensor.dispatch import (
@@ -193,7 +194,7 @@ _autocast_on = torch.is_autocast_enabled
 # No device argument to parse: the common case (no autocast at all) is one C call.
 _any_autocast = torch._C._is_any_autocast_enabled
 _INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
-_BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_BACKWARD = BACKWARD_FUNCS
 _NO_RETRY = _BACKWARD
 # Functions with a branch of their own below (CAPTURE_FUNCS grows at run time;
 # FUNCTION_OVERRIDES is complete once spmdtorch.tensor.dispatch is imported).
@@ -252,117 +253,6 @@ def _grad_back_to_xla(node: torch.autograd.graph.Node) -> None:
     node.register_hook(to_xla)
 
 
-_BACKWARD_PARAMS = {
-    # func -> (its parameters in order, the outputs', the output gradients', the inputs')
-    torch.Tensor.backward: (
-        ("self", "gradient", "retain_graph", "create_graph", "inputs"),
-        "self",
-        "gradient",
-        "inputs",
-    ),
-    torch.autograd.backward: (
-        ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs"),
-        "tensors",
-        "grad_tensors",
-        "inputs",
-    ),
-    torch.autograd.grad: (
-        (
-            "outputs",
-            "inputs",
-            "grad_outputs",
-            "retain_graph",
-            "create_graph",
-            "only_inputs",
-            "allow_unused",
-            "is_grads_batched",
-            "materialize_grads",
-        ),
-        "outputs",
-        "grad_outputs",
-        "inputs",
-    ),
-}
-
-
-def _as_list(x: Any) -> list[Any] | None:
-    """A backward argument's tensors as a list (None if not given); a form left to torch (a dict) as ``[...]``."""
-    if x is None:
-        return None
-    if isinstance(x, torch.Tensor):
-        return [x]
-    return list(x) if isinstance(x, (list, tuple)) else [...]
-
-
-def _run_backward(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run a backward pass (``func`` in ``_BACKWARD``) with subclass torch-function handling on, as the forward ran.
-
-    ``XlaTensor.__torch_function__`` turns that handling off for the call, and
-    the autograd engine keeps the state it started under for everything it
-    runs: Python backward code and, above all, a non-reentrant checkpoint's
-    recomputation, which must record the same ops on the same tensor types as
-    the forward did (a DTensor layer's forward runs on the global xla tensors
-    through the DTensor's handler; with the handling off its recomputation ran
-    on the DTensors and saved those). Calling ``func`` again with the handling
-    on would come back here, since it dispatches on its tensors; their
-    gradient edges (the same graph positions) are not tensors, so the engine
-    starts without that. Calls an edge cannot express (an output that does not
-    require grad, an implicit gradient of a non-scalar, a non-leaf ``inputs`` to
-    ``backward``, batched or materialized grads) run as before: torch raises
-    its own error for most of them.
-    """
-    names, out_name, grad_name, inputs_name = _BACKWARD_PARAMS[func]
-    if len(args) > len(names) or any(k not in names for k in kwargs):
-        return func(*args, **kwargs)
-    bound = dict(zip(names, args, strict=False))
-    bound.update(kwargs)
-    if bound.get("grad_variables") is not None or bound.get("is_grads_batched") or bound.get("materialize_grads"):
-        return func(*args, **kwargs)
-    outputs, grads, inputs = (
-        _as_list(bound.get(out_name)),
-        _as_list(bound.get(grad_name)),
-        _as_list(bound.get(inputs_name)),
-    )
-    if not outputs or any(not isinstance(t, torch.Tensor) or not t.requires_grad for t in outputs):
-        return func(*args, **kwargs)
-    if inputs is None:
-        if func is torch.autograd.grad:
-            return func(*args, **kwargs)
-    elif (
-        not inputs
-        or any(not isinstance(t, torch.Tensor) or not t.requires_grad for t in inputs)
-        or (func is not torch.autograd.grad and any(t.grad_fn is not None for t in inputs))
-    ):
-        return func(*args, **kwargs)
-    if grads is None:
-        grads = [None] * len(outputs)
-    if len(grads) != len(outputs) or any(g is not None and not isinstance(g, torch.Tensor) for g in grads):
-        return func(*args, **kwargs)
-    for i, (out, grad) in enumerate(zip(outputs, grads, strict=True)):
-        if grad is None:
-            if out.numel() != 1 or not out.is_floating_point():
-                return func(*args, **kwargs)
-            grads[i] = torch.ones_like(out, memory_format=torch.preserve_format)
-    # Found with the handling still off: a leaf's edge is looked up through a view of it, which a
-    # DTensor's handler would make of its global tensor instead (another node).
-    edge = torch.autograd.graph.get_gradient_edge
-    out_edges = [edge(t) for t in outputs]
-    in_edges = None if inputs is None else [edge(t) for t in inputs]
-    retain_graph, create_graph = bound.get("retain_graph"), bool(bound.get("create_graph", False))
-    with torch._C._EnableTorchFunction():
-        if func is torch.autograd.grad:
-            return torch.autograd.grad(
-                out_edges,
-                in_edges or [],  # (never None here: grad without inputs ran as before)
-                grads,
-                retain_graph=retain_graph,
-                create_graph=create_graph,
-                allow_unused=bound.get("allow_unused"),
-            )
-        torch.autograd.backward(out_edges, grads, retain_graph=retain_graph, create_graph=create_graph, inputs=in_edges)
-        return None
-
-
 @torch_function_handler
 def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # noqa: C901  (why: the torch-function hot path: each special case is one early return, inline for speed)
     """Run one torch call that has an xla tensor among its arguments.
@@ -394,7 +284,8 @@ def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         # (device meta); unlike a forward op, a backward pass cannot be
         # retried once it fails.
         with capture_meta_factories():
-            return _run_backward(func, args, kwargs)
+            out = run_backward(func, args, kwargs)
+            return func(*args, **kwargs) if out is BACKWARD_NOT_HANDLED else out
     if under_saved_tensor_hooks():
         # A checkpointed region (torch.utils.checkpoint): the retry below
         # would leave the failed attempt's saved tensors behind, and the

@@ -129,3 +129,17 @@ def test_under_non_reentrant_checkpoint(mesh):
     assert isinstance(got[0], XlaDTensor) and got[0].placements == model.weight.placements
     torch.testing.assert_close(_full(got[0]), expected[0])
     torch.testing.assert_close(got[1].cpu(), expected[1])
+
+
+def test_backward_inputs_mixing_non_leaf_and_leaf_runs_the_leafs_hooks(mesh):
+    # As torch: a non-leaf input retains its grad, a leaf accumulates through its own node (its hooks run).
+    ref, model, x, xx = _pair(mesh)
+    seen = []
+    model.weight.register_post_accumulate_grad_hook(lambda p: seen.append(type(p.grad).__name__))
+    out_ref, out = ref(x), model(xx)
+    out_ref.square().sum().backward(inputs=[out_ref, ref.weight])
+    out.square().sum().backward(inputs=[out, model.weight])
+    assert seen == ["XlaDTensor"]
+    assert out.retains_grad and out_ref.retains_grad
+    torch.testing.assert_close(_full(out.grad), out_ref.grad)
+    torch.testing.assert_close(_full(model.weight.grad), ref.weight.grad)
