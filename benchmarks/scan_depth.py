@@ -34,7 +34,10 @@ the second step (a second trace and compile under ``--compiled``; the twin
 only runs); ``step ms`` = the
 median steady-state step (after 3 warm-up steps, each step waited for);
 ``x unrolled`` = the step time over the same framework's unrolled step (issue
-18's target: spmdtorch's ratio no larger than the twin's).
+18's target: spmdtorch's ratio no larger than the twin's); ``outputs`` and
+``fusions`` = the first step's optimized XLA program: the arrays it returns
+and its entry computation's fusions (kernels), what its compile time grows
+with (``benchmarks/optimizer_layout.py``).
 
 Every (implementation, depth) runs in its own fresh process, so none inherits
 another's compile cache. Processes run one at a time, the four
@@ -150,6 +153,8 @@ def run_spmdtorch(impl: str, n_layers: int, compiled: bool) -> dict:
     loss0 = step()
     first, first_cpu = now() - t0, time.process_time() - c0
     compile_s = (debug.metric_data("CompileTime") or (0, 0.0, 0.0))[1]
+    program = debug.last_executable()  # the first step's program (read after the timing: as_text costs)
+    shape = program_shape(program, len(debug.last_executable_outputs())) if program is not None else {}
     t0 = now()
     step()
     second = now() - t0
@@ -167,7 +172,14 @@ def run_spmdtorch(impl: str, n_layers: int, compiled: bool) -> dict:
         "second_s": second,
         "step_ms": 1e3 * statistics.median(times),
         "loss": loss0,
+        **shape,
     }
+
+
+def program_shape(compiled, outputs: int) -> dict:
+    """What the first step's optimized XLA program holds: its outputs, its entry's fusions (kernels)."""
+    entry = compiled.as_text().split("\nENTRY", 1)[-1]
+    return {"outputs": outputs, "fusions": entry.count(" fusion(")}
 
 
 def run_jax(n_layers: int, scanned: bool) -> dict:
@@ -220,6 +232,7 @@ def run_jax(n_layers: int, scanned: bool) -> dict:
     params, opt_state, loss = compiled(params, opt_state, tok)
     loss0 = float(loss)
     first, first_cpu = now() - t0, time.process_time() - c0
+    shape = program_shape(compiled, len(jax.tree.leaves(compiled.out_info)))
     t0 = now()
     params, opt_state, loss = compiled(params, opt_state, tok)
     float(loss)
@@ -240,6 +253,7 @@ def run_jax(n_layers: int, scanned: bool) -> dict:
         "second_s": second,
         "step_ms": 1e3 * statistics.median(times),
         "loss": loss0,
+        **shape,
     }
 
 
@@ -330,16 +344,16 @@ def main(argv=None) -> int:
                 results.setdefault((impl, n), []).append(res)
                 print(f"  round {r + 1} {impl:>21} {n:>3} layers: first step {res['first_s']:.2f} s "
                       f"(CPU {res['first_cpu_s']:.2f} s, compile {res['compile_s']:.2f} s), 2nd step {res['second_s']:.2f} s, "
-                      f"step {res['step_ms']:.1f} ms",
+                      f"step {res['step_ms']:.1f} ms; program {res.get('outputs')} outputs, {res.get('fusions')} fusions",
                       file=sys.stderr, flush=True)  # fmt: skip
     mode = "under spmdtorch.compile" if args.compiled else "lazy"
     print(f"\nFirst step (trace + compile + run) and steady step, FSDPv2 on {_NUM_DEVICES} devices, "
           f"spmdtorch steps {mode}, median of {args.rounds} round(s)\n")  # fmt: skip
     print(
         "| layers | implementation | first step s | x jax scan | CPU s | x jax scan | compile s | 2nd step s "
-        "| step ms | x jax scan | x unrolled |"
+        "| step ms | x jax scan | x unrolled | outputs | fusions |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def med(impl: str, n: int, field: str) -> float | None:
         rs = results.get((impl, n))
@@ -357,7 +371,9 @@ def main(argv=None) -> int:
             fr = f"{f / bf:.2f}" if bf else "-"
             sr = f"{s / bs:.2f}" if bs else "-"
             ur = f"{s / unrolled:.2f}" if unrolled else "-"
-            print(f"| {n} | {impl} | {f:.2f} | {fr} | {fc:.2f} | {cr} | {c:.2f} | {s2:.2f} | {s:.1f} | {sr} | {ur} |")
+            outs, fus = results[(impl, n)][0].get("outputs", "-"), results[(impl, n)][0].get("fusions", "-")
+            print(f"| {n} | {impl} | {f:.2f} | {fr} | {fc:.2f} | {cr} | {c:.2f} | {s2:.2f} | {s:.1f} | {sr} | {ur} "
+                  f"| {outs} | {fus} |")  # fmt: skip
     return 0
 
 
