@@ -577,12 +577,14 @@ class CheckpointManager:
         if not steps:
             raise StepNotFoundError(f"{self._directory} holds no saved step; save one first")
         failures: list[CheckpointCorruptionError] = []
-        for s in reversed(steps if fallback else steps[-1:]):
+        candidates = steps if fallback else steps[-1:]
+        for i, s in enumerate(reversed(candidates)):
             try:
                 out = io.load(self.step_path(s), state, strict=strict, cast=cast)
             except CheckpointCorruptionError as e:
                 failures.append(e)
-                warnings.warn(f"step {s} is damaged, trying an older step: {e}", RuntimeWarning, stacklevel=2)
+                if i + 1 < len(candidates):  # only when there is an older step to try (never with fallback=False)
+                    warnings.warn(f"step {s} is damaged, trying an older step: {e}", RuntimeWarning, stacklevel=2)
                 continue
             self._restored_step = s
             return out
