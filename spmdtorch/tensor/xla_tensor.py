@@ -17,6 +17,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from types import MethodWrapperType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Self, SupportsIndex, cast, overload
 
 import jax
@@ -76,6 +77,53 @@ MetaFlag = _MetaFlag()
 
 PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 _NO_SUBCLASS_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
+
+# Calls that ``XlaTensor.__torch_function__`` runs at once, without the handler
+# (``spmdtorch.tensor.device_mode.torch_function``): none builds a tensor, so
+# neither autocast, index lists nor meta-helper capture applies to them, and
+# the handler would only run them as they are. A training step makes hundreds
+# (``opt.zero_grad()`` and AdamW read and write ``p.grad`` and test
+# ``torch.is_complex(p)`` per parameter), each paying the handler's checks.
+# Attribute reads and writes (``t.grad``, ``t.shape``, ``p.grad = None``)
+# arrive as the C property's bound ``__get__`` / ``__set__`` (a method-wrapper);
+# only properties that compute nothing are listed (``.real``, ``.mT`` run ops).
+_METHOD_WRAPPER = MethodWrapperType
+_ATTRIBUTE_ACCESS = frozenset({"__get__", "__set__", "__delete__"})
+_PLAIN_ATTRIBUTES = frozenset(
+    {
+        "grad",
+        "_grad",
+        "data",
+        "shape",
+        "dtype",
+        "device",
+        "layout",
+        "ndim",
+        "is_sparse",
+        "requires_grad",
+        "retains_grad",
+        "is_leaf",
+        "grad_fn",
+        "_grad_fn",
+        "_base",
+        "_version",
+        "_backward_hooks",
+        "_post_accumulate_grad_hooks",
+        "itemsize",
+        "nbytes",
+    }
+)
+_QUERIES: frozenset[Callable[..., Any]] = frozenset(
+    {
+        torch.is_complex,
+        torch.is_floating_point,
+        torch.Tensor.is_complex,
+        torch.Tensor.is_floating_point,
+        torch.Tensor.dim,
+        torch.Tensor.size,
+        torch.Tensor.numel,
+    }
+)
 
 
 class MetaKey(NamedTuple):
@@ -153,6 +201,13 @@ class XlaTensor(torch.Tensor):
         # Only calls with an xla tensor argument come here (plain CPU torch
         # never does): autocast, index lists and meta-helper capture need the
         # torch-level function; nested calls go straight to __torch_dispatch__.
+        if func in _QUERIES or (
+            type(func) is _METHOD_WRAPPER
+            and func.__name__ in _ATTRIBUTE_ACCESS
+            and func.__self__.__name__ in _PLAIN_ATTRIBUTES  # type: ignore[attr-defined]  # the getset descriptor
+        ):
+            with _NO_SUBCLASS_TORCH_FUNCTION():
+                return func(*args, **kwargs) if kwargs else func(*args)
         with _NO_SUBCLASS_TORCH_FUNCTION():
             return torch_function(func, args, kwargs or {})
 
@@ -343,8 +398,10 @@ class XlaTensor(torch.Tensor):
         # subclass with none for an already-fake input. The context is the same
         # for every tensor of a dtype: TorchDynamo guards on it, and neither the
         # storage nor the sharding changes the captured graph (the engine
-        # compiles one XLA program per input sharding by itself).
-        return ["_meta"], _FlattenContext(self.dtype)
+        # compiles one XLA program per input sharding by itself). Its guards
+        # call this per xla input on every call of a compiled function: the
+        # stored MetaKey's dtype, not ``self.dtype`` (a torch-function round trip).
+        return ["_meta"], _mk(_FlattenContext, (self._mk.dtype,))
 
     @property
     def _meta(self) -> torch.Tensor:
