@@ -73,7 +73,7 @@ def _spec(mesh: DeviceMesh, placements: Sequence[Placement], t: torch.Tensor) ->
     return spec
 
 
-# (spec, id(its mesh), creating) -> (spmdtorch Mesh, partition spec) to annotate with, or None when the
+# (spec, id(its mesh), rank, creating) -> the sharding.ShardingSpec to annotate with, or None when the
 # layout leaves root axes open (see _annotate). Specs hash once (torch caches it) and are shared (_SPECS).
 _LAYOUTS = caches.bounded("dtensor.layouts", maxsize=4096)
 
@@ -101,25 +101,32 @@ def _annotate(t: torch.Tensor, spec: DTensorSpec, *, creating: bool = False) -> 
         if not creating and not spans_root(spec.mesh):
             layout = None
         else:
-            layout = (spmd_mesh(spec.mesh), spec_of(spec.mesh, spec.placements, rank))
+            # A ShardingSpec converts its spec to a NamedSharding once (mark_sharding would on every call).
+            layout = sharding.ShardingSpec(spmd_mesh(spec.mesh), spec_of(spec.mesh, spec.placements, rank))
         _LAYOUTS.put(key, layout)
     if layout is None:
         return t
-    mesh, spec_ = layout
     try:
-        return sharding.mark_sharding(t, mesh, spec_)
+        return cast(sharding.ShardingSpec, layout).apply(t)
     except sharding.ShardingError:
         # t shares its storage with a tensor laid out otherwise (the caller's, a
         # view's base). A copy may inherit that annotation (a clone of concrete
         # data keeps its layout), so it is cleared first; the copy is free in XLA.
-        copy = sharding.clear_sharding(t.clone())
-        return sharding.mark_sharding(copy, mesh, spec_)
+        return cast(sharding.ShardingSpec, layout).apply(sharding.clear_sharding(t.clone()))
 
 
 def _grad_spec(spec: DTensorSpec, t: torch.Tensor) -> DTensorSpec:
     # A gradient is never a pending sum: Partial placements become Replicate.
+    if not any(isinstance(p, Partial) for p in spec.placements) and _meta(t) == spec.tensor_meta:
+        return spec  # (the usual case: the gradient has its tensor's layout and metadata)
     placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
     return _spec(spec.mesh, placements, t)
+
+
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    # An alias of t, straight to the dispatcher: xla tensors' torch-level routing has nothing to do for detach.
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.detach()
 
 
 def _to_xla(t: torch.Tensor) -> torch.Tensor:
@@ -141,11 +148,12 @@ class _ToGlobal(torch.autograd.Function):
         ctx.grad_spec = grad_spec if grad_spec is not None else d._spec
         # A leaf (a parameter made by distribute_tensor) gets its gradient laid
         # out as itself, on a sub-mesh too (see _annotate's `creating`).
-        ctx.leaf = d.is_leaf
+        with torch._C.DisableTorchFunctionSubclass():  # (read past XlaDTensor's torch-function override)
+            ctx.leaf = d.is_leaf
         ctx.constrain = constrain or ctx.leaf
         # An alias of the global tensor that autograd does not treat as a view
         # (a view of a Function's input could not be written in place).
-        return d._local_tensor.detach()
+        return _detached(d._local_tensor)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -162,7 +170,7 @@ class _FromGlobal(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, spec: DTensorSpec) -> XlaDTensor:
-        return XlaDTensor._make(t.detach(), spec)
+        return XlaDTensor._make(_detached(t), spec)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:

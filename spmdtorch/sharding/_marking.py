@@ -182,28 +182,33 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
         # annotation becomes an op in the captured graph, applied when it runs.
         return mark_sharding_in_graph(t, mesh, partition_spec)
     xt = _check_tensor(t)
-    sharding = _named_sharding(mesh, partition_spec, xt)
+    _mark_tensor(xt, _named_sharding(mesh, partition_spec, xt), partition_spec)
+    return t
+
+
+def _mark_tensor(xt: XlaTensor, sharding: jax.sharding.NamedSharding, partition_spec: Sequence[Any]) -> None:
+    """:func:`mark_sharding` of an xla tensor, its spec already checked and converted to ``sharding``."""
     if view_chain(xt):
         step = view_constraint(xt)
         if step is not None and step.annotated:
             if step.sharding == sharding:
-                return t
-            raise _already_annotated(t, step.sharding, partition_spec)
+                return
+            raise _already_annotated(xt, step.sharding, partition_spec)
         # A view's own value is constrained; what clear_sharding left is replaced.
         chain = view_chain(xt) if step is None else view_chain(xt)[:-1]
         set_view_chain(xt, constrained_chain(chain, sharding, annotated=True))
-        return t
+        return
     st = storage_of(xt)
     if st.annotated:
         if st.sharding == sharding:
-            return t
-        raise _already_annotated(t, cast(jax.sharding.Sharding, st.sharding), partition_spec)
+            return
+        raise _already_annotated(xt, cast(jax.sharding.Sharding, st.sharding), partition_spec)
     if st.host is not None:
         # Still on the host (deferred upload): each device gets only its shard.
         st.upload(sharding)
         st.sharding = sharding
         st.annotated = True
-        return t
+        return
     value = base_value(st)
     cleared = constrained_input(value)
     if isinstance(cleared, jax.Array):
@@ -231,7 +236,6 @@ def mark_sharding(t: Any, mesh: Mesh, partition_spec: Any) -> Any:
             st.set(_pad_program(target, sharding)(jax.device_put(value, home)))
     st.sharding = sharding
     st.annotated = True
-    return t
 
 
 # When a captured graph runs on xla tensors, its annotation ops (spmdtorch.sharding._in_graph) are mark_sharding.
@@ -468,5 +472,23 @@ class ShardingSpec:
         object.__setattr__(self, "partition_spec", spec)
 
     def apply(self, t: _T) -> _T:
-        """``mark_sharding(t, self.mesh, self.partition_spec)``."""
+        """``mark_sharding(t, self.mesh, self.partition_spec)``.
+
+        The spec was checked when this object was made, so applying it to an
+        xla tensor only checks the rank (callers that annotate every op's
+        result, such as ``spmdtorch.dtensor``, keep one per layout).
+        """
+        if isinstance(t, XlaTensor) and not _tracing(t):
+            sharding = _SPEC_SHARDINGS.get(self)
+            if sharding is None:
+                sharding = self.mesh.named_sharding(self.partition_spec)
+                _SPEC_SHARDINGS.put(self, sharding)
+            if len(self.partition_spec) != t.dim():
+                _named_sharding(self.mesh, self.partition_spec, t)  # raises mark_sharding's error
+            _mark_tensor(t, sharding, self.partition_spec)
+            return t
         return mark_sharding(t, self.mesh, self.partition_spec)
+
+
+# ShardingSpec -> its NamedSharding (kept out of the frozen dataclass: a NamedSharding does not pickle).
+_SPEC_SHARDINGS = caches.bounded("sharding.spec_shardings", maxsize=1024)

@@ -177,3 +177,48 @@ def test_optimizers_over_dtensor_parameters_take_their_foreach_and_fused_paths(m
     assert ("_foreach_add_", dtensor_impl.XlaDTensor) in seen
     fused = [t for name, t in seen if name == "_fused_adamw_"]
     assert fused == ([dtensor_impl.XlaDTensor] * 2 if opt_cls is torch.optim.AdamW else [])
+
+
+def test_a_cached_op_converts_no_partition_spec(mesh2, monkeypatch):
+    # Each result's annotation reuses its layout's NamedSharding (a ShardingSpec per layout in dtensor.layouts).
+    from spmdtorch.mesh import Mesh
+
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    w = distribute_tensor(b, mesh2, [Replicate(), Shard(1)]).requires_grad_(True)
+    x = distribute_tensor(a, mesh2, [Shard(0), Replicate()])
+    first = (x * w).relu()
+    converted = []
+    real = Mesh.named_sharding
+    monkeypatch.setattr(Mesh, "named_sharding", lambda self, *a, **k: converted.append(a) or real(self, *a, **k))
+    again = (x * w).relu()
+    again.sum().backward()
+    assert converted == [], "a cached DTensor op converted a partition spec again"
+    assert again.placements == first.placements
+    torch.testing.assert_close(_full(again), (a * b).relu())
+    torch.testing.assert_close(_full(w.grad), (a * b > 0).float() * a)
+
+
+def test_a_cached_step_builds_specs_only_for_gradients_of_other_metadata(mesh2, monkeypatch):
+    # A gradient with its tensor's placements (no Partial) and metadata takes the tensor's own spec.
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(16, 8)
+    model = copy.deepcopy(ref).to("xla")
+    for name, p in list(model.named_parameters()):
+        pl = [Replicate(), Shard(0)]
+        model.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh2, pl)))
+    x = torch.randn(4, 16)
+    dx = distribute_tensor(x, mesh2, [Shard(0), Replicate()])
+    model(dx).relu().sum().backward()  # the first step fills the caches
+    real = dtensor_impl._spec
+    built: list[tuple] = []
+    monkeypatch.setattr(dtensor_impl, "_spec", lambda *a: built.append((a[1], dtensor_impl._meta(a[2]))) or real(*a))
+    model.zero_grad()
+    loss = model(dx).relu().sum()
+    built.clear()
+    loss.backward()
+    # (only sum's gradient, an expanded tensor (stride 0), has metadata of its own)
+    assert [meta[1] for _, meta in built] == [(0, 0)], f"the backward of a cached step built specs for {built}"
+    ref(x).relu().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.grad.placements == p.placements
+        torch.testing.assert_close(_full(p.grad), q.grad, rtol=1e-5, atol=1e-5)

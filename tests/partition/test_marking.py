@@ -176,6 +176,26 @@ def test_sharding_spec_value_type(mesh):
         spec.minibatch = True
 
 
+def test_sharding_spec_converts_its_spec_once_and_applies_as_mark_sharding(mesh, monkeypatch):
+    spec = ShardingSpec(mesh, ("data", None))
+    views = [torch.arange(16.0).reshape(2, 8).to("xla").t() for _ in range(3)]
+    spec.apply(views[0])  # the first application converts the spec
+    converted = []
+    real = Mesh.named_sharding
+    monkeypatch.setattr(Mesh, "named_sharding", lambda self, *a, **k: converted.append(a) or real(self, *a, **k))
+    pending = spec.apply(torch.ones(8, 2).to("xla") * 3)  # a pending value: a constraint
+    view = spec.apply(views[1])  # a view: its own value is constrained
+    assert converted == [], "ShardingSpec.apply converted its spec again"
+    marked = mark_sharding(views[2], mesh, ("data", None))
+    assert spec_of(pending) == spec_of(view) == spec_of(marked) == ("data", None)
+    torch.testing.assert_close(view.cpu(), torch.arange(16.0).reshape(2, 8).t())
+    torch.testing.assert_close(pending.cpu(), torch.full((8, 2), 3.0))
+    with pytest.raises(ShardingError, match="has 2 entries but the tensor has 1 dims"):
+        spec.apply(torch.ones(8).to("xla"))
+    with pytest.raises(ShardingError, match="already annotated"):
+        ShardingSpec(mesh, (None, "model")).apply(pending)
+
+
 def test_local_shards_roundtrip(mesh):
     src = torch.arange(32.0).reshape(8, 4)
     x = mark_sharding(src.to("xla"), mesh, ("data", "model"))
