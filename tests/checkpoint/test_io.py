@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import subprocess
@@ -216,6 +217,8 @@ def test_flipped_byte_is_detected(tmp_path):
     assert torch.equal(big.cpu(), torch.zeros(64, 64))  # untouched
 
 
+# The test alters the arrays with plain Orbax, which warns that it restores without shardings.
+@pytest.mark.filterwarnings("ignore:Sharding info not provided when restoring:UserWarning")
 def test_altered_array_fails_its_fingerprint(tmp_path):
     # Orbax alone restores this silently: a well-formed file holding other values.
     path = _saved(tmp_path)
@@ -246,6 +249,10 @@ def test_truncated_and_deleted_files_raise(tmp_path):
 @pytest.mark.parametrize(
     "name", ["arrays/_METADATA", "arrays/manifest.ocdbt", "_CHECKPOINT_METADATA", "arrays/_sharding"]
 )
+# Orbax, after a read that failed (no manifest.ocdbt), leaves a callback for its asyncio loop, which it has
+# closed; when collected it reports "RuntimeError: Event loop is closed" as an unraisable exception (Orbax's,
+# not spmdtorch's: the load has already raised its named error).
+@pytest.mark.filterwarnings("ignore:Exception ignored:pytest.PytestUnraisableExceptionWarning")
 def test_deleted_metadata_file_never_gives_wrong_values(tmp_path, name):
     """Either a named error, or (Orbax not needing that file) exactly the saved values."""
     path = _saved(tmp_path)
@@ -255,6 +262,8 @@ def test_deleted_metadata_file_never_gives_wrong_values(tmp_path, name):
         out = checkpoint.load(path, target)
     except checkpoint.CheckpointError:
         assert torch.equal(target["model"]["w"].cpu(), torch.zeros(3, 4))
+        # What Orbax's failed read leaves behind is finalised here, inside this test (see its mark).
+        gc.collect()
         return
     assert torch.equal(target["model"]["w"].cpu(), torch.arange(12.0).reshape(3, 4)) and out["step"] == 5
     assert torch.equal(target["model"]["b"], torch.ones(4))

@@ -813,8 +813,8 @@ def test_batch_norm(training):
     rm_t, rv_t = rm.clone(), rv.clone()
     check(aten.native_batch_norm.default, x, w, b, rm_t, rv_t, training, 0.1, 1e-5, rtol=1e-4, atol=1e-4)
     got = check(aten._native_batch_norm_legit_functional.default, x, w, b, rm, rv, training, 0.1, 1e-5, cmp=False)
-    torch.testing.assert_close(torch.from_numpy(np.asarray(got[3])), rm_t, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(torch.from_numpy(np.asarray(got[4])), rv_t, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(np.array(got[3])), rm_t, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(np.array(got[4])), rv_t, rtol=1e-4, atol=1e-5)
     check(aten._native_batch_norm_legit_no_training.default, x, w, b, rm, rv, 0.1, 1e-5, rtol=1e-4, atol=1e-4)
     _, sm, si = aten.native_batch_norm.default(x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5)
     check(
