@@ -123,6 +123,12 @@ def _grad_spec(spec: DTensorSpec, t: torch.Tensor) -> DTensorSpec:
     return _spec(spec.mesh, placements, t)
 
 
+def _requires_grad(d: torch.Tensor) -> bool:
+    # The wrapper's own flag, read past XlaDTensor's torch-function override (a __get__ call through it).
+    with torch._C.DisableTorchFunctionSubclass():
+        return d.requires_grad
+
+
 def _detached(t: torch.Tensor) -> torch.Tensor:
     # An alias of t, straight to the dispatcher: xla tensors' torch-level routing has nothing to do for detach.
     with torch._C.DisableTorchFunctionSubclass():
@@ -560,7 +566,7 @@ class XlaDTensor(DTensor):
         parts: list[Any] = [func, grad]
 
         def unwrap(x: XlaDTensor) -> torch.Tensor:
-            g = _ToGlobal.apply(x, None, False) if grad and x.requires_grad else x._local_tensor
+            g = _ToGlobal.apply(x, None, False) if grad and _requires_grad(x) else x._local_tensor
             specs[id(g)] = (g, x._spec)
             originals[id(g)] = x
             return g

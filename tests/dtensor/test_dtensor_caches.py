@@ -222,3 +222,26 @@ def test_a_cached_step_builds_specs_only_for_gradients_of_other_metadata(mesh2, 
     for p, q in zip(model.parameters(), ref.parameters()):
         assert p.grad.placements == p.placements
         torch.testing.assert_close(_full(p.grad), q.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cached_forward_reads_no_dtensor_attribute_through_torch_function(mesh2, monkeypatch):
+    # The joints read requires_grad and is_leaf off the wrappers directly: each read through
+    # XlaDTensor.__torch_function__ is a whole torch-function call (about 1.5 us).
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    w = distribute_tensor(b, mesh2, [Replicate(), Shard(1)]).requires_grad_(True)
+    x = distribute_tensor(a, mesh2, [Shard(0), Replicate()])
+    (x * w).relu().sum()  # fills the caches
+    reads: list[str] = []
+    real = dtensor_impl.XlaDTensor.__torch_function__.__func__
+
+    def counting(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "__get__":
+            reads.append(func.__self__.__name__)
+        return real(cls, func, types, args, kwargs)
+
+    monkeypatch.setattr(dtensor_impl.XlaDTensor, "__torch_function__", classmethod(counting))
+    loss = (x * w).relu().sum()
+    assert reads == [], f"a cached forward read {reads} through __torch_function__"
+    loss.backward()
+    torch.testing.assert_close(_full(loss), (a * b).relu().sum(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_full(w.grad), (a * b > 0).float() * a)
