@@ -45,6 +45,7 @@ from spmdtorch.lazy import metrics
 
 if TYPE_CHECKING:
     import jax
+    import numpy as np
 
 # The engine's tables hold storages (lazy._storage.Storage), program keys
 # (lazy.executor.ProgramKey) and lazy references (lazy.graph.LazyRef). Those
@@ -280,7 +281,8 @@ class Engine:
         self.before_next_lock = threading.Lock()
         # Least recently used first (executor.scalar_array / packed_array).
         self.scalar_arrays: collections.OrderedDict[Hashable, jax.Array] = collections.OrderedDict()
-        self.packed_arrays: collections.OrderedDict[Hashable, jax.Array] = collections.OrderedDict()
+        # A numpy vector: a set seen once, for a call (executor._packed_array).
+        self.packed_arrays: collections.OrderedDict[Hashable, jax.Array | np.ndarray] = collections.OrderedDict()
         # Not caches (clear_caches leaves them alone): the engine's live data model.
         self.pending = PendingSet()
         self.holders: dict[int, weakref.ref[Storage]] = {}
