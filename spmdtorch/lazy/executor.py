@@ -638,8 +638,13 @@ def _packed_array(
         for v in values:
             _check_int32(v)
     vec = np.array(values, dtype=np_dtype)
-    # Several processes: their replicated inputs stay global arrays, as before.
-    first_for_call = for_call and jax.process_count() == 1
+    # Not with several processes (replicated inputs stay global arrays) nor under a
+    # jax.transfer_guard that refuses or logs implicit copies (the call's copy is one).
+    first_for_call = (
+        for_call
+        and jax.process_count() == 1
+        and getattr(jax.config, "jax_transfer_guard_host_to_device", None) in (None, "allow")
+    )
     arr = cache[key] = vec if first_for_call else jax.device_put(vec, _replicated_on(mesh))
     return arr
 

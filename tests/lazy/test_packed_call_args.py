@@ -78,3 +78,17 @@ def test_a_lowered_program_gets_device_arrays(device_puts):
     assert "multiply" in hlo
     assert device_puts, "lowering put the new numbers on the devices"
     torch.testing.assert_close(y.cpu(), _step(torch.arange(4.0), 1.5 + 1 / 3, 0.125))
+
+
+def test_under_a_transfer_guard_new_numbers_are_put_explicitly(device_puts):
+    # The call's copy of a numpy vector is an implicit transfer, which a guard refuses.
+    x = torch.arange(4.0).to("xla")
+    for scale in (2.5, 2.25):  # compiles
+        y = _step(x, scale, 0.5)
+        spmdtorch.sync()
+    device_puts.clear()
+    with jax.transfer_guard_host_to_device("disallow"):
+        y = _step(x, 1.5 + 2 / 7, 0.375)
+        spmdtorch.sync()
+    assert len(device_puts) == 1
+    torch.testing.assert_close(y.cpu(), _step(torch.arange(4.0), 1.5 + 2 / 7, 0.375))
