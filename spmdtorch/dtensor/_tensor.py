@@ -139,6 +139,28 @@ def _to_xla(t: torch.Tensor) -> torch.Tensor:
     return t if is_xla_tensor(t) else t.to("xla")
 
 
+def _grad_dtensor(grad: torch.Tensor, spec: DTensorSpec) -> XlaDTensor:
+    """A gradient's global tensor as an ``XlaDTensor`` (in the joints' backward).
+
+    Under ``create_graph`` the gradient has a history that a second backward
+    must reach: the wrapper is then made through ``_FromGlobal``, an edge to
+    it. A bare wrapper would drop it (the gradient would not require grad).
+    """
+    if grad.requires_grad and torch.is_grad_enabled():
+        return cast(XlaDTensor, _FromGlobal.apply(grad, spec))
+    return XlaDTensor._make(grad, spec)
+
+
+def _grad_global(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient as a global xla tensor (in the joints' backward): an ``XlaDTensor``'s, through ``_ToGlobal``
+    when it has a history to keep (``create_graph``; its bare ``_local_tensor`` is a detached alias)."""
+    if not isinstance(grad, XlaDTensor):
+        return grad
+    if _requires_grad(grad) and torch.is_grad_enabled():
+        return cast(torch.Tensor, _ToGlobal.apply(grad, None, False))
+    return grad._local_tensor
+
+
 # -- autograd joints ----------------------------------------------------------------
 class _ToGlobal(torch.autograd.Function):
     """``XlaDTensor`` -> its global xla tensor; the gradient comes back as an ``XlaDTensor``.
@@ -163,12 +185,11 @@ class _ToGlobal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if isinstance(grad, XlaDTensor):
-            grad = grad._local_tensor
+        grad = _grad_global(grad)
         spec = _grad_spec(ctx.grad_spec, grad)
         if ctx.constrain:
             grad = _annotate(grad, spec, creating=ctx.leaf)
-        return XlaDTensor._make(grad, spec), None, None
+        return _grad_dtensor(grad, spec), None, None
 
 
 class _FromGlobal(torch.autograd.Function):
@@ -180,7 +201,7 @@ class _FromGlobal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return (grad._local_tensor if isinstance(grad, XlaDTensor) else grad), None
+        return _grad_global(grad), None
 
 
 class _Redistribute(torch.autograd.Function):
@@ -195,10 +216,10 @@ class _Redistribute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        g = grad._local_tensor if isinstance(grad, XlaDTensor) else grad
+        g = _grad_global(grad)
         g = g.clone() if g.dtype == ctx.dtype else g.to(ctx.dtype)
         spec = _grad_spec(ctx.source, g)
-        return XlaDTensor._make(_annotate(g, spec), spec), None, None
+        return _grad_dtensor(_annotate(g, spec), spec), None, None
 
 
 # -- placement propagation ------------------------------------------------------------
@@ -415,7 +436,7 @@ _ON_WRAPPER = {
 def _root_grad(root: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """The gradient a root's edge takes: a DTensor for a DTensor root (the root's own node has a DTensor input)."""
     if isinstance(root, XlaDTensor) and not isinstance(grad, XlaDTensor):
-        return XlaDTensor._make(_to_xla(grad), root._spec)
+        return _grad_dtensor(_to_xla(grad), root._spec)
     if not isinstance(root, XlaDTensor) and isinstance(grad, XlaDTensor):
         return grad._local_tensor
     return grad

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import AxisType, Mesh, NamedSharding, make_single_device_sharding
 from jax.sharding import PartitionSpec as P
 
 from spmdtorch.sharding import (
@@ -132,8 +132,9 @@ def test_explicit_device_order(mesh24, devices8):
 def test_single_device_is_maximal(devices8):
     mesh = Mesh(np.array(devices8[3:4]), ("x",))
     assert hlo_sharding_string(NamedSharding(mesh, P("x")), 2) == "{maximal device=3}"
-    assert hlo_sharding_string(SingleDeviceSharding(devices8[5]), 2) == "{maximal device=5}"
-    assert sharding_type_of(SingleDeviceSharding(devices8[5]), 2) is ShardingType.MAXIMAL
+    # (make_single_device_sharding: jax 0.12 deprecates constructing SingleDeviceSharding directly)
+    assert hlo_sharding_string(make_single_device_sharding(devices8[5]), 2) == "{maximal device=5}"
+    assert sharding_type_of(make_single_device_sharding(devices8[5]), 2) is ShardingType.MAXIMAL
 
 
 def test_manual_axes(devices8):
