@@ -249,10 +249,6 @@ def test_truncated_and_deleted_files_raise(tmp_path):
 @pytest.mark.parametrize(
     "name", ["arrays/_METADATA", "arrays/manifest.ocdbt", "_CHECKPOINT_METADATA", "arrays/_sharding"]
 )
-# Orbax, after a read that failed (no manifest.ocdbt), leaves a callback for its asyncio loop, which it has
-# closed; when collected it reports "RuntimeError: Event loop is closed" as an unraisable exception (Orbax's,
-# not spmdtorch's: the load has already raised its named error).
-@pytest.mark.filterwarnings("ignore:Exception ignored:pytest.PytestUnraisableExceptionWarning")
 def test_deleted_metadata_file_never_gives_wrong_values(tmp_path, name):
     """Either a named error, or (Orbax not needing that file) exactly the saved values."""
     path = _saved(tmp_path)
@@ -262,7 +258,7 @@ def test_deleted_metadata_file_never_gives_wrong_values(tmp_path, name):
         out = checkpoint.load(path, target)
     except checkpoint.CheckpointError:
         assert torch.equal(target["model"]["w"].cpu(), torch.zeros(3, 4))
-        # What Orbax's failed read leaves behind is finalised here, inside this test (see its mark).
+        # What Orbax's failed read leaves behind is finalised here, inside this test (pyproject.toml names it).
         gc.collect()
         return
     assert torch.equal(target["model"]["w"].cpu(), torch.arange(12.0).reshape(3, 4)) and out["step"] == 5
