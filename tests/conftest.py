@@ -7,7 +7,6 @@ XLA reads ``XLA_FLAGS`` and ``NPROC`` when its CPU backend starts
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import sys
 
@@ -41,22 +40,3 @@ def devices8():
             pytrace=False,
         )
     return devs
-
-
-def _reference_stack() -> bool:
-    """Whether this is the stack CI runs first (Python 3.11, torch 2.13, jax 0.10): the one whose warnings are all named."""
-    return (
-        sys.version_info[:2] == (3, 11)
-        and importlib.metadata.version("torch").startswith("2.13.")
-        and importlib.metadata.version("jax").startswith("0.10.")
-    )
-
-
-def pytest_configure(config):
-    # Warnings are errors (pyproject.toml's filterwarnings) on the reference stack, where every warning
-    # the suite meets is named. The newer stacks' libraries (torch 2.14/2.15, jax 0.11/0.12, the
-    # transformers they take) deprecate something in nearly every release, in their own code as in the
-    # calls they receive: there the warnings are shown in the run's summary instead of failing it, so
-    # that an upstream release does not fail every submission before its warning is named.
-    if not _reference_stack():
-        config.addinivalue_line("filterwarnings", "default")
