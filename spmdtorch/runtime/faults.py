@@ -42,6 +42,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -270,7 +271,7 @@ class _Watch:
         if self.peers and self.loss_noticed.wait(seconds):
             # lost() is writing its line and will os._exit(75); this thread must not say
             # goodbye first (that would end the process with status 1).
-            threading.Event().wait(30.0)
+            time.sleep(30.0)
 
     def say_goodbye(self) -> None:
         """At exit: tell the peers this end is expected, or a failure after an uncaught exception.
